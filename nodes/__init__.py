@@ -1,0 +1,21 @@
+"""ComfyUI nodes of TPU Diffusers (V3 schema). Each node builds or refines a handle, or runs one."""
+
+from comfy_api.latest import ComfyExtension, io
+
+from ..runtime.device import detect_device
+from . import unload_hook
+from .loader import TPULoader
+from .mode_selector import TPUModeSelector
+from .sampler import TPUSampler
+
+
+class TPUDiffusersExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return [TPULoader, TPUModeSelector, TPUSampler]
+
+
+async def comfy_entrypoint() -> TPUDiffusersExtension:
+    # ComfyUI 0.3.75 never calls ComfyExtension.on_load, so set-up happens here.
+    detect_device()  # logs the device line (and why TPU was not used) at start-up
+    unload_hook.install()
+    return TPUDiffusersExtension()

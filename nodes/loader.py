@@ -1,0 +1,48 @@
+"""TPU Loader: pick a diffusers model; checked now, loaded only when a Sampler needs it."""
+
+from comfy_api.latest import io
+
+import folder_paths
+
+from ..runtime.device import resolve_device
+from ..runtime.handle import DTYPES, PipelineHandle
+from ..runtime.loading import inspect_source, list_model_folders, resolve_model_folder
+from .types import CATEGORY, TPUPipeline
+
+DEVICES = ("auto", "tpu", "cuda", "cpu")
+
+
+def model_roots() -> list[str]:
+    return folder_paths.get_folder_paths("diffusers")
+
+
+class TPULoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TPULoader",
+            display_name="TPU Loader",
+            category=CATEGORY,
+            description="Chooses a diffusers pipeline (FLUX.1, SD3/SD3.5, FLUX.2, QwenImage) and checks it. "
+                        "Weights are loaded later, once, by the Sampler, and reused across runs.",
+            inputs=[
+                io.Combo.Input("model", options=list_model_folders(model_roots()),
+                               tooltip="A diffusers-format folder (with model_index.json) in models/diffusers."),
+                io.String.Input("hub_id", default="",
+                                tooltip="Optional Hugging Face id such as 'black-forest-labs/FLUX.1-schnell'; "
+                                        "overrides 'model'. Needs network or the local hub cache."),
+                io.Combo.Input("dtype", options=list(DTYPES), default="auto",
+                               tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU."),
+                io.Combo.Input("device", options=list(DEVICES), default="auto",
+                               tooltip="Where to run. auto = TPU if TorchTPU finds a chip, else CUDA, else CPU."),
+            ],
+            outputs=[TPUPipeline.Output(display_name="pipeline",
+                                              tooltip="The model choice; connect to Mode Selector or Sampler.")],
+        )
+
+    @classmethod
+    def execute(cls, model: str, hub_id: str, dtype: str, device: str) -> io.NodeOutput:
+        resolve_device(device)  # an absent device is reported here, on the Loader
+        source = hub_id.strip() or resolve_model_folder(model, model_roots())
+        handle = PipelineHandle(source=source, pipeline_class=inspect_source(source), dtype=dtype, device=device)
+        return io.NodeOutput(handle)

@@ -1,0 +1,36 @@
+"""TPU Mode Selector: how the pipeline executes and where its weights live."""
+
+import dataclasses
+
+from comfy_api.latest import io
+
+from ..runtime.modes import ExecutionMode, Placement
+from .types import CATEGORY, TPUPipeline
+
+
+class TPUModeSelector(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TPUModeSelector",
+            display_name="TPU Mode Selector",
+            category=CATEGORY,
+            description="Sets the execution mode (strict eager or fused eager) and the placement (whole "
+                        "pipeline on the chip, or model CPU offload for models larger than one chip).",
+            inputs=[
+                TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader."),
+                io.Combo.Input("mode", options=[m.value for m in ExecutionMode], default=ExecutionMode.EAGER.value,
+                               tooltip="eager: ops run one at a time (EagerMode.DEFER_NEVER). fused_eager: ops are "
+                                       "deferred and fused into larger graphs (EagerMode.DEFER_AND_FUSE), faster "
+                                       "after a longer first run; TPU only, CUDA/CPU run eager and say so."),
+                io.Combo.Input("placement", options=[p.value for p in Placement], default=Placement.DEVICE.value,
+                               tooltip="device: the whole pipeline stays on the accelerator (fastest). "
+                                       "model_cpu_offload: each model moves to the accelerator only while it runs, "
+                                       "for models that do not fit (e.g. FLUX.1 on one v6e chip)."),
+            ],
+            outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline with these settings.")],
+        )
+
+    @classmethod
+    def execute(cls, pipeline, mode: str, placement: str) -> io.NodeOutput:
+        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode(mode), placement=Placement(placement)))

@@ -1,0 +1,140 @@
+"""Which accelerator runs the pipelines, and what that implies.
+
+One table row per device type (compile backend, process-group backend, default dtype,
+whether fused eager exists). Detection goes through `torch.accelerator`: TorchTPU's
+`torch.tpu.is_available()` and friends raise when called from user code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import importlib.util
+import logging
+import os
+
+log = logging.getLogger("tpu_diffusers")
+
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def tpu_on_pci_bus() -> bool:
+    """True when a Google TPU chip is visible on this host's PCI bus (what torch_tpu's autoload checks)."""
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(path) as f:
+                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def prepare_tpu_environment() -> None:
+    """Keep libtpu from querying the cloud metadata server on hosts without a TPU.
+
+    With torch_tpu installed and no chip, libtpu's first start retries the metadata server
+    for minutes (measured 640 s). `TPU_SKIP_MDS_QUERY=1` makes it instant. Call this before
+    torch starts libtpu; a value the user set is left alone.
+    """
+    if not tpu_on_pci_bus():
+        os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    type: str  # "tpu" | "cuda" | "cpu"
+    compile_backend: str
+    process_group_backend: str
+    has_fused_eager: bool
+    default_dtype: str
+    reason: str  # why this device was chosen, for the log and the node's info
+
+    def torch_device(self):
+        import torch
+
+        return torch.device(self.type)
+
+
+_DEVICE_TABLE = {
+    "tpu": dict(compile_backend="tpu", process_group_backend="tpu_dist", has_fused_eager=True, default_dtype="bfloat16"),
+    "cuda": dict(compile_backend="inductor", process_group_backend="nccl", has_fused_eager=False, default_dtype="bfloat16"),
+    "cpu": dict(compile_backend="inductor", process_group_backend="gloo", has_fused_eager=False, default_dtype="float32"),
+}
+
+
+def device_info(device_type: str, reason: str = "") -> DeviceInfo:
+    return DeviceInfo(type=device_type, reason=reason, **_DEVICE_TABLE[device_type])
+
+
+@functools.cache
+def detect_device() -> DeviceInfo:
+    """tpu if TorchTPU registered a chip, else cuda, else cpu; logs one line saying which and why."""
+    import torch
+
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
+    kind = accelerator.type if accelerator is not None else "cpu"
+    if kind == "tpu":
+        info = device_info("tpu", f"TorchTPU found {torch.accelerator.device_count()} TPU chip(s)")
+    elif kind == "cuda":
+        info = device_info("cuda", f"CUDA found {torch.accelerator.device_count()} GPU(s)")
+    else:
+        info = device_info("cpu", "no TPU or CUDA device found")
+    if info.type != "tpu" and importlib.util.find_spec("torch_tpu") is not None:
+        log.warning("TPU Diffusers: torch_tpu is installed but no TPU chip is usable (%s); falling back to %s.",
+                    _why_no_tpu(), info.type)
+    else:
+        log.info("TPU Diffusers: running on %s (%s).", info.type, info.reason)
+    return info
+
+
+def _why_no_tpu() -> str:
+    if not tpu_on_pci_bus():
+        return "no TPU on the PCI bus"
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+        return "TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept torch from loading torch_tpu; unset it"
+    return "a TPU is on the PCI bus but TorchTPU did not register it; check libtpu and that no other process holds the chips"
+
+
+def resolve_device(requested: str = "auto") -> DeviceInfo:
+    """The device for a handle: the detected one for "auto", else the one asked for, if present."""
+    detected = detect_device()
+    if requested in ("auto", detected.type):
+        return detected
+    if requested == "cpu":
+        return device_info("cpu", "asked for cpu")
+    from .errors import UserInputError
+
+    raise UserInputError(f"device '{requested}' was asked for but this machine has {detected.type} "
+                         f"({detected.reason}); choose 'auto' or '{detected.type}'.")
+
+
+def synchronize(info: DeviceInfo) -> None:
+    import torch
+
+    if info.type != "cpu":
+        torch.accelerator.synchronize()
+
+
+def empty_cache(info: DeviceInfo) -> None:
+    import torch
+
+    if info.type != "cpu":
+        torch.accelerator.empty_cache()
+
+
+def peak_memory_bytes(info: DeviceInfo) -> int | None:
+    """Peak accelerator memory since the last reset; None on cpu (use the process RSS there)."""
+    import torch
+
+    if info.type == "cpu":
+        return None
+    return torch.accelerator.max_memory_allocated()
+
+
+def reset_peak_memory(info: DeviceInfo) -> None:
+    import torch
+
+    if info.type != "cpu":
+        torch.accelerator.reset_peak_memory_stats()

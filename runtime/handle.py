@@ -1,0 +1,35 @@
+"""PipelineHandle: the lazy, hashable description of what to run.
+
+Nodes pass handles along graph edges and refine them with `dataclasses.replace`; nothing
+is loaded until a Sampler realises one. Only `load_key` decides whether a loaded
+pipeline can be reused, so changing the prompt, seed, steps or mode reloads nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .device import DeviceInfo
+from .modes import ExecutionMode, Placement
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineHandle:
+    source: str  # absolute path of a diffusers folder, or a hub id
+    pipeline_class: str  # from model_index.json, e.g. "FluxPipeline"
+    dtype: str = "auto"  # "auto" = the device's default (bf16 on tpu/cuda, float32 on cpu)
+    device: str = "auto"  # "auto" = detected (tpu > cuda > cpu)
+    mode: ExecutionMode = ExecutionMode.EAGER
+    placement: Placement = Placement.DEVICE
+
+    def resolved_dtype(self, device: DeviceInfo) -> str:
+        return device.default_dtype if self.dtype == "auto" else self.dtype
+
+    def load_key(self, device: DeviceInfo) -> tuple:
+        """What a loaded pipeline depends on; two handles with equal keys share one pipeline."""
+        return (self.source, self.pipeline_class, self.resolved_dtype(device), device.type, self.placement)
+
+    def describe(self) -> str:
+        return f"{self.pipeline_class} from {self.source} [{self.dtype}, {self.mode.value}, {self.placement.value}]"

@@ -1,0 +1,249 @@
+"""Find a model, check it, load it, and keep loaded pipelines for reuse.
+
+A source is a diffusers-format folder (what ComfyUI's `models/diffusers` holds) or a
+Hugging Face hub id. `inspect_source` only reads `model_index.json` and safetensors
+headers, so the Loader node can reject a bad model at once; `PipelineCache` does the
+heavy part when a Sampler needs it, one component at a time so that progress is
+reported and cancel is honoured between components.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import importlib
+import json
+import logging
+import os
+import re
+import threading
+from typing import Callable
+
+from .device import DeviceInfo, empty_cache
+from .errors import ModelLoadError, UserInputError
+from .families import family_for
+from .handle import PipelineHandle
+from .modes import Placement
+
+log = logging.getLogger("tpu_diffusers")
+
+# model_index.json names the library of each component; importing anything else from a
+# shared workflow's model folder would let a JSON file choose which module runs.
+ALLOWED_LIBRARIES = ("diffusers", "transformers")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# on_progress(done, total, what): called as work advances; it may raise to cancel.
+ProgressCallback = Callable[[int, int, str], None]
+
+
+def list_model_folders(roots: list[str]) -> list[str]:
+    """Names (relative to a root) of the diffusers folders under the given model roots."""
+    names = set()
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            if "model_index.json" in filenames:
+                names.add(os.path.relpath(dirpath, root).replace(os.sep, "/"))
+                dirnames.clear()  # a pipeline's subfolders are its components, not more models
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return sorted(names)
+
+
+def resolve_model_folder(name: str, roots: list[str]) -> str:
+    """The absolute folder for a model name from a workflow, never outside the model roots."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or os.path.isabs(name) or ".." in parts:
+        raise UserInputError(f"model name '{name}' is not a folder name inside models/diffusers; "
+                             "pick a model from the list.")
+    for root in roots:
+        root = os.path.abspath(root)
+        candidate = os.path.normpath(os.path.join(root, *parts))
+        if os.path.commonpath([root, candidate]) == root and os.path.isdir(candidate):
+            return candidate
+    raise UserInputError(f"model folder '{name}' was not found in {', '.join(roots) or 'models/diffusers'}; "
+                         "put the diffusers folder there (it has a model_index.json) or pick another model.")
+
+
+def _read_model_index(source: str, is_folder: bool) -> dict:
+    if is_folder:
+        path = os.path.join(source, "model_index.json")
+        if not os.path.isfile(path):
+            raise UserInputError(f"'{source}' is not a diffusers pipeline folder: it has no model_index.json. "
+                                 "Point the loader at the folder that contains model_index.json.")
+    else:
+        path = _hub_model_index(source)
+    try:
+        with open(path) as f:
+            index = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"model_index.json of '{source}' cannot be read ({e}); re-download the model.") from e
+    if not isinstance(index, dict) or "_class_name" not in index:
+        raise UserInputError(f"model_index.json of '{source}' names no pipeline class (_class_name); "
+                             "it is not a diffusers pipeline.")
+    return index
+
+
+def _hub_model_index(repo_id: str) -> str:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return hf_hub_download(repo_id, "model_index.json")
+    except LocalEntryNotFoundError as e:
+        raise UserInputError(
+            f"'{repo_id}' is not in the local Hugging Face cache and this machine cannot download it "
+            f"(offline or HF_HUB_OFFLINE=1). Download it where there is network, e.g. "
+            f"`huggingface-cli download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, "
+            f"then pick that folder in the list.") from e
+
+
+def components(index: dict) -> dict[str, tuple[str, str]]:
+    """{component name: (library, class)} for the components a pipeline folder provides."""
+    out = {}
+    for name, value in index.items():
+        if name.startswith("_") or not isinstance(value, list) or len(value) != 2 or None in value:
+            continue
+        out[name] = (value[0], value[1])
+    return out
+
+
+def inspect_source(source: str) -> str:
+    """Check a folder or hub id without loading weights; returns its pipeline class name.
+
+    Catches what a user can fix before any sampling starts: not a pipeline, an unsupported
+    pipeline, a missing component folder, a truncated or corrupt safetensors file.
+    """
+    is_folder = os.path.isdir(source)
+    if not is_folder and not HUB_ID.match(source):
+        raise UserInputError(f"'{source}' is neither a model folder nor a hub id like 'owner/name'.")
+    index = _read_model_index(source, is_folder)
+    pipeline_class = index["_class_name"]
+    family_for(pipeline_class, where=f"'{source}'")
+    for name, (library, cls) in components(index).items():
+        if library not in ALLOWED_LIBRARIES:
+            raise UserInputError(f"component '{name}' of '{source}' comes from library '{library}'; "
+                                 f"only {', '.join(ALLOWED_LIBRARIES)} components are loaded.")
+        if is_folder:
+            _check_component_folder(source, name, cls)
+    return pipeline_class
+
+
+def _check_component_folder(source: str, name: str, cls: str) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    folder = os.path.join(source, name)
+    if not os.path.isdir(folder):
+        raise ModelLoadError(f"'{source}' lists component '{name}' ({cls}) but has no '{name}' folder; "
+                             "the download is incomplete: download the model again.")
+    for file in sorted(os.listdir(folder)):
+        if not file.endswith(".safetensors"):
+            continue
+        try:
+            with safe_open(os.path.join(folder, file), "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"weights file {name}/{file} of '{source}' is truncated or corrupt ({e}); "
+                                 "download the model again.") from e
+
+
+def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None):
+    """Load every component with its own library class, then assemble and place the pipeline."""
+    import diffusers
+    import torch
+
+    inspect_source(handle.source)  # the folder may have changed since the Loader checked it
+    is_folder = os.path.isdir(handle.source)
+    index = _read_model_index(handle.source, is_folder)
+    dtype = getattr(torch, handle.resolved_dtype(device))
+    parts = components(index)
+    total = len(parts) + 1
+    loaded = {}
+    for done, (name, (library, cls)) in enumerate(parts.items()):
+        if on_progress:
+            on_progress(done, total, f"loading {name}")
+        loaded[name] = _load_component(handle.source, name, library, cls, dtype, is_folder)
+    pipeline_cls = getattr(diffusers, handle.pipeline_class)
+    pipe = pipeline_cls.from_pretrained(handle.source, dtype=dtype, local_files_only=is_folder, **loaded)
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            # Inference only. Frozen parameters also keep libtpu from starting autograd machinery.
+            module.eval().requires_grad_(False)
+    if handle.placement is Placement.MODEL_CPU_OFFLOAD:
+        pipe.enable_model_cpu_offload(device=device.torch_device())
+    else:
+        pipe.to(device.torch_device())
+    if on_progress:
+        on_progress(total, total, "placed on " + device.type)
+    return pipe
+
+
+def _load_component(source: str, name: str, library: str, cls: str, dtype, is_folder: bool):
+    import torch
+
+    component_cls = getattr(importlib.import_module(library), cls, None)
+    if component_cls is None:
+        raise ModelLoadError(f"component '{name}' needs {library}.{cls}, which the installed {library} lacks; "
+                             f"upgrade {library}.")
+    kwargs = {"subfolder": name, "local_files_only": is_folder}
+    if isinstance(component_cls, type) and issubclass(component_cls, torch.nn.Module):
+        kwargs["dtype"] = dtype
+    try:
+        return component_cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"could not load component '{name}' ({cls}) from '{source}': {e}. "
+                             "If the files are damaged, download the model again.") from e
+
+
+@dataclasses.dataclass
+class CacheStats:
+    loads: int = 0  # pipelines loaded from disk since start
+    hits: int = 0  # realisations served from memory
+
+
+class PipelineCache:
+    """Loaded pipelines keyed by `PipelineHandle.load_key`, least recently used evicted first.
+
+    The default capacity is one pipeline: accelerator memory is the scarce resource, and a
+    second model is better loaded after the first is gone than beside it.
+    """
+
+    def __init__(self, capacity: int = 1):
+        self.capacity = capacity
+        self.stats = CacheStats()
+        self._pipelines: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None):
+        key = handle.load_key(device)
+        with self._lock:
+            if key in self._pipelines:
+                self._pipelines.move_to_end(key)
+                self.stats.hits += 1
+                return self._pipelines[key], False
+            while len(self._pipelines) >= self.capacity:
+                self._evict_oldest(device)
+            log.info("TPU Diffusers: loading %s on %s", handle.describe(), device.type)
+            pipe = load_pipeline(handle, device, on_progress)
+            self._pipelines[key] = pipe
+            self.stats.loads += 1
+            return pipe, True
+
+    def _evict_oldest(self, device: DeviceInfo) -> None:
+        key, pipe = self._pipelines.popitem(last=False)
+        pipe.remove_all_hooks()
+        del pipe
+        gc.collect()
+        empty_cache(device)
+
+    def clear(self, device: DeviceInfo) -> int:
+        """Drop every loaded pipeline and give the device memory back; returns how many were dropped."""
+        with self._lock:
+            count = len(self._pipelines)
+            while self._pipelines:
+                self._evict_oldest(device)
+            return count
+
+    def __len__(self) -> int:
+        return len(self._pipelines)

@@ -1,0 +1,47 @@
+"""Execution modes and placements, and how each applies on each device.
+
+TorchTPU switches eager mode at run time (`torch.tpu.set_eager_mode`), so the mode is
+applied around a run rather than at load time: changing it reloads nothing. CUDA and CPU
+have no fused eager; there the run is strict eager and the returned name says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+
+from .device import DeviceInfo
+
+log = logging.getLogger("tpu_diffusers")
+
+
+class ExecutionMode(str, enum.Enum):
+    EAGER = "eager"  # EagerMode.DEFER_NEVER: ops dispatched one by one
+    FUSED_EAGER = "fused_eager"  # EagerMode.DEFER_AND_FUSE: ops deferred and fused into graphs
+
+
+class Placement(str, enum.Enum):
+    DEVICE = "device"  # the whole pipeline lives on the accelerator
+    MODEL_CPU_OFFLOAD = "model_cpu_offload"  # each model moves to the accelerator only while it runs
+
+
+_TPU_EAGER_MODES = {ExecutionMode.EAGER: "DEFER_NEVER", ExecutionMode.FUSED_EAGER: "DEFER_AND_FUSE"}
+
+
+@contextlib.contextmanager
+def execution_mode(mode: ExecutionMode, device: DeviceInfo):
+    """Run the body in `mode`; yields a description of the mode that actually runs."""
+    if device.type == "tpu":
+        import torch
+
+        tpu_mode = getattr(torch.tpu.EagerMode, _TPU_EAGER_MODES[mode])
+        with torch.tpu.set_eager_mode(tpu_mode):
+            yield f"{mode.value} (EagerMode.{tpu_mode.name})"
+        return
+    if mode is ExecutionMode.FUSED_EAGER:
+        ran = f"eager (fused eager needs TorchTPU; {device.type} has no equivalent, ran strict eager)"
+        log.info("TPU Diffusers: %s", ran)
+        yield ran
+        return
+    yield "eager"

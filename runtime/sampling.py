@@ -1,0 +1,89 @@
+"""Turn a sampling request into a pipeline call and the pipeline's output into images.
+
+Seeds go through one CPU `torch.Generator` per image (seed, seed+1, ...), as the guide
+does, so a seed gives the same image on every device and in every batch position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .errors import UserInputError
+from .families import Family
+
+# on_step(done, total): called after each denoising step; it may raise to cancel the run.
+StepCallback = Callable[[int, int], None]
+
+MAX_SEED = 2**64 - 1  # ComfyUI's seed widgets go up to here; torch.Generator takes all of it
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRequest:
+    prompt: str
+    negative_prompt: str = ""
+    width: int = 1024
+    height: int = 1024
+    steps: int = 4
+    guidance: float = 0.0
+    seed: int = 0
+    batch_size: int = 1
+
+
+def nearest_sizes(value: int, multiple: int) -> tuple[int, int]:
+    lower = max(multiple, value // multiple * multiple)
+    return lower, lower + multiple
+
+
+def validate_request(family: Family, request: SampleRequest) -> None:
+    """Reject what the family cannot take, with a message that says what to change."""
+    if not request.prompt.strip():
+        raise UserInputError(f"{family.name} needs a prompt: the prompt is empty. Describe the image to generate.")
+    if request.steps < 1:
+        raise UserInputError(f"steps is {request.steps}; at least 1 denoising step is needed "
+                             f"({family.name} models usually use {family.default_steps}).")
+    if request.batch_size < 1:
+        raise UserInputError(f"batch size is {request.batch_size}; it must be at least 1.")
+    if not 0 <= request.seed <= MAX_SEED:
+        raise UserInputError(f"seed {request.seed} is outside 0..{MAX_SEED}.")
+    for name, value in (("width", request.width), ("height", request.height)):
+        if value < family.size_multiple or value % family.size_multiple:
+            below, above = nearest_sizes(value, family.size_multiple)
+            raise UserInputError(f"{name} {value} cannot be used with {family.name}: it must be a multiple of "
+                                 f"{family.size_multiple}. Nearest valid {name}s: {below} or {above}.")
+
+
+def pipeline_kwargs(family: Family, request: SampleRequest) -> dict:
+    import torch
+
+    kwargs = dict(
+        prompt=request.prompt,
+        height=request.height,
+        width=request.width,
+        num_inference_steps=request.steps,
+        generator=[torch.Generator("cpu").manual_seed((request.seed + i) % (MAX_SEED + 1)) for i in range(request.batch_size)],
+        num_images_per_prompt=request.batch_size,
+        output_type="pt",
+    )
+    kwargs[family.guidance_kwarg] = request.guidance
+    if family.takes_negative_prompt:
+        # diffusers runs QwenImage's true CFG only when a negative prompt is given; " " is its own default.
+        kwargs["negative_prompt"] = request.negative_prompt or " "
+    return kwargs
+
+
+def run_pipeline(pipe, family: Family, request: SampleRequest, on_step: StepCallback | None = None):
+    """Sample; returns a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE layout)."""
+    import torch
+
+    validate_request(family, request)
+
+    def step_end(_pipe, step, _timestep, callback_kwargs):
+        if on_step:
+            on_step(step + 1, request.steps)
+        return callback_kwargs
+
+    with torch.inference_mode():
+        output = pipe(**pipeline_kwargs(family, request), callback_on_step_end=step_end)
+    images = output.images  # [B, C, H, W] in 0..1 for output_type="pt"
+    return images.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1).contiguous()
