@@ -52,4 +52,6 @@ class TPUSampler(io.ComfyNode):
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress())
-        return io.NodeOutput(generation.images, generation.info.summary())
+        info = generation.info
+        # The run's facts also go to the UI/history as node output, where the page and API clients read them.
+        return io.NodeOutput(generation.images, info.summary(), ui={"tpu_run_info": [info.as_dict()]})

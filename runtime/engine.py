@@ -32,6 +32,9 @@ class RunInfo:
     sample_seconds: float
     notes: tuple[str, ...] = ()
 
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
     def summary(self) -> str:
         load = f"loaded in {self.load_seconds:.1f}s" if self.loaded else "reused loaded pipeline"
         lines = [f"device: {self.device}", f"mode: {self.mode}", f"placement: {self.placement}",

@@ -1,0 +1,123 @@
+import json
+import shutil
+
+import pytest
+
+from runtime.device import device_info
+from runtime.errors import ModelLoadError, UserInputError
+from runtime.handle import PipelineHandle
+from runtime.loading import PipelineCache, inspect_source, list_model_folders, resolve_model_folder
+
+CPU = device_info("cpu")
+
+
+def test_lists_pipeline_folders_under_the_model_roots(tiny_dir):
+    names = list_model_folders([str(tiny_dir), "/does/not/exist"])
+    assert "tiny-flux1-schnell" in names and "tiny-sd3" in names
+    assert not any("/" in n for n in names)  # component subfolders are not models
+
+
+@pytest.mark.parametrize("name", ["../models", "tiny-sd3/../../x", "/etc", "..", ""])
+def test_model_names_cannot_escape_the_model_folders(tiny_dir, name):
+    with pytest.raises(UserInputError):
+        resolve_model_folder(name, [str(tiny_dir)])
+
+
+def test_missing_model_folder_names_the_folder(tiny_dir):
+    with pytest.raises(UserInputError, match="model folder 'nope' was not found"):
+        resolve_model_folder("nope", [str(tiny_dir)])
+    assert resolve_model_folder("tiny-sd3", [str(tiny_dir)]) == str(tiny_dir / "tiny-sd3")
+
+
+def test_each_family_is_detected_from_model_index(tiny):
+    assert inspect_source(tiny("flux1-schnell")) == "FluxPipeline"
+    assert inspect_source(tiny("sd3")) == "StableDiffusion3Pipeline"
+    assert inspect_source(tiny("flux2")) == "Flux2Pipeline"
+    assert inspect_source(tiny("qwenimage")) == "QwenImagePipeline"
+
+
+@pytest.fixture
+def copy_of(tiny, tmp_path):
+    def make(name):
+        dest = tmp_path / name
+        shutil.copytree(tiny(name), dest)
+        return dest
+    return make
+
+
+def test_folder_without_model_index_is_not_a_pipeline(tmp_path):
+    with pytest.raises(UserInputError, match="no model_index.json"):
+        inspect_source(str(tmp_path))
+
+
+def test_unsupported_pipeline_class_names_the_supported_ones(copy_of):
+    folder = copy_of("flux1-schnell")
+    index = json.loads((folder / "model_index.json").read_text())
+    index["_class_name"] = "StableDiffusionXLPipeline"
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(UserInputError, match="StableDiffusionXLPipeline.*Supported pipelines: FLUX.1"):
+        inspect_source(str(folder))
+
+
+def test_component_from_another_library_is_refused(copy_of):
+    folder = copy_of("flux1-schnell")
+    index = json.loads((folder / "model_index.json").read_text())
+    index["vae"] = ["os", "system"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(UserInputError, match="library 'os'"):
+        inspect_source(str(folder))
+
+
+def test_truncated_weights_are_reported_before_loading(copy_of):
+    folder = copy_of("flux1-schnell")
+    weights = next((folder / "transformer").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="transformer/.*truncated or corrupt"):
+        inspect_source(str(folder))
+
+
+def test_missing_component_folder_is_reported(copy_of):
+    folder = copy_of("flux1-schnell")
+    shutil.rmtree(folder / "vae")
+    with pytest.raises(ModelLoadError, match="no 'vae' folder"):
+        inspect_source(str(folder))
+
+
+def test_hub_id_offline_says_how_to_get_the_folder():
+    with pytest.raises(UserInputError, match="huggingface-cli download someone/some-model"):
+        inspect_source("someone/some-model")
+
+
+def test_second_realisation_of_the_same_spec_loads_nothing(tiny):
+    cache = PipelineCache()
+    handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline")
+    first, loaded_first = cache.get(handle, CPU)
+    second, loaded_second = cache.get(handle, CPU)
+    assert (loaded_first, loaded_second) == (True, False)
+    assert first is second and cache.stats.loads == 1 and cache.stats.hits == 1
+
+
+def test_another_model_replaces_the_loaded_one_and_clear_drops_all(tiny):
+    cache = PipelineCache(capacity=1)
+    cache.get(PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline"), CPU)
+    cache.get(PipelineHandle(source=tiny("sd3"), pipeline_class="StableDiffusion3Pipeline"), CPU)
+    assert len(cache) == 1 and cache.stats.loads == 2
+    assert cache.clear(CPU) == 1 and len(cache) == 0
+
+
+def test_loading_reports_progress_per_component_and_can_be_cancelled(tiny):
+    class Cancelled(Exception):
+        pass
+
+    seen = []
+
+    def cancel_after_two(done, total, what):
+        seen.append(what)
+        if done == 2:
+            raise Cancelled
+
+    cache = PipelineCache()
+    with pytest.raises(Cancelled):
+        cache.get(PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline"), CPU, cancel_after_two)
+    assert len(seen) == 3 and seen[0].startswith("loading ")
+    assert len(cache) == 0 and cache.stats.loads == 0  # nothing half-loaded is kept

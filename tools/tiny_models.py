@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""Build real diffusers pipelines with random weights and locally built tokenizers, fully offline.
+
+No model hub can be reached here, so tests, the offline demo and benchmarks use pipelines built by this
+script and saved with ``save_pretrained``; ``DiffusionPipeline.from_pretrained(folder)`` loads them offline.
+
+    python tools/tiny_models.py OUT_DIR [--only flux1-schnell,sd3,...] [--size tiny|bench]
+
+size="tiny":  1-3 MB per pipeline; a 64x64 image samples in about a second on CPU.
+size="bench": the transformer has the real layer widths but only one or two blocks, so the transformer's
+              compute dominates a step while it stays about 1.5 GB in float32. Text encoders and VAEs stay
+              small; only their output widths match what the transformer expects.
+
+Every VAE uses 4 down blocks, so vae_scale_factor is 8 as in the real models: image sizes must be
+multiples of 16.
+Every component is built right after torch.manual_seed(...), so a given set of versions of torch,
+diffusers, transformers, tokenizers and sentencepiece writes byte-identical files in any process.
+Works both as a script and when imported by path (it uses no package-relative imports).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import io
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage")
+SIZES = ("tiny", "bench")
+
+# Training text for the tokenizers: prompt-like words and every printable ASCII character, so that
+# no character of a normal prompt maps to <unk>.
+CORPUS = [
+    "a photo of a cat sitting on a red chair",
+    "a painting of a squirrel eating a burger",
+    "an astronaut riding a horse on the moon",
+    "a dog is dancing in the rain, high quality, detailed, 4k",
+    "portrait of a woman, cinematic lighting, sharp focus, masterpiece",
+    "landscape with mountains and a lake at sunset, photorealistic",
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz 0123456789",
+    "! \" # $ % & ' ( ) * + , - . / : ; < = > ? @ [ \\ ] ^ _ ` { | } ~",
+]
+
+
+# ----------------------------------------------------------------------------------------- tokenizers
+# Each builder returns (tokenizer, raw_files). raw_files ({name: bytes}) are the vocabulary files the
+# tokenizer was read from; transformers 5 saves only tokenizer.json, so they are written next to it for
+# the slow tokenizers of transformers 4.
+
+
+def _clip_byte_chars() -> list[str]:
+    """CLIP's (GPT-2's) 256 byte symbols, in CLIP's vocab order: printable bytes first as themselves,
+    then the other bytes as chr(256 + n)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + n) for n in range(len(others))]
+
+
+def _clip_merges(n_merges: int = 200) -> list[tuple[str, str]]:
+    """Learn CLIP-style BPE merges (words end in '</w>') from CORPUS, in pure Python so it is
+    deterministic; ties are broken by the pair itself."""
+    counts = collections.Counter(re.findall(r"[a-z]+", " ".join(CORPUS).lower()))
+    words = {w: list(w[:-1]) + [w[-1] + "</w>"] for w in counts}
+    merges = []
+    for _ in range(n_merges):
+        pairs = collections.Counter()
+        for w, symbols in words.items():
+            for pair in zip(symbols, symbols[1:]):
+                pairs[pair] += counts[w]
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        for w, symbols in words.items():
+            merged, i = [], 0
+            while i < len(symbols):
+                if tuple(symbols[i:i + 2]) == best:
+                    merged.append(symbols[i] + symbols[i + 1])
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            words[w] = merged
+    return merges
+
+
+def clip_tokenizer(pad_token: str = "<|endoftext|>"):
+    """CLIPTokenizer read from a vocab.json + merges.txt in CLIP's layout (256 byte symbols, the same
+    with '</w>', the merges, then <|startoftext|> and <|endoftext|>)."""
+    from transformers import CLIPTokenizer
+
+    base = _clip_byte_chars()
+    merges = _clip_merges()
+    tokens = base + [c + "</w>" for c in base] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+    raw = {
+        "vocab.json": json.dumps(vocab).encode(),
+        "merges.txt": ("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode(),
+    }
+    with tempfile.TemporaryDirectory(prefix="tiny_tok_") as d:
+        for name, data in raw.items():
+            Path(d, name).write_bytes(data)
+        tok = CLIPTokenizer.from_pretrained(d, model_max_length=77, pad_token=pad_token)
+    return tok, raw
+
+
+def t5_tokenizer(vocab_size: int = 150):
+    """T5TokenizerFast from a sentencepiece unigram model trained on CORPUS (pad=0, eos=1, unk=2 as in
+    T5, plus the 100 <extra_id_*> tokens). One thread keeps the training deterministic."""
+    import sentencepiece as spm
+    from transformers import T5TokenizerFast
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 10), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
+        hard_vocab_limit=False, character_coverage=1.0, num_threads=1, minloglevel=2,
+    )
+    raw = {"spiece.model": buf.getvalue()}
+    with tempfile.TemporaryDirectory(prefix="tiny_tok_") as d:
+        Path(d, "spiece.model").write_bytes(raw["spiece.model"])
+        tok = T5TokenizerFast.from_pretrained(d, model_max_length=512)
+    return tok, raw
+
+
+def _byte_level_bpe(vocab_size: int, specials: list[str], corpus: list[str], pre_tokenizer):
+    """A tokenizers.Tokenizer with byte-level BPE trained on `corpus` (every byte is in the alphabet,
+    so nothing is ever unknown)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizer
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(corpus, trainer)
+    return tk
+
+
+# Mistral-Small-3.1's first special tokens, at their real ids (<s>=1, </s>=2, [IMG]=10, <pad>=11).
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
+                    "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"]
+
+# Flux2Pipeline calls apply_chat_template with a system and a user message whose content is a list of
+# {"type": "text", ...} parts; plain string contents are accepted too.
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['content'] is string %}{% set parts = [{'type': 'text', 'text': message['content']}] %}"
+    "{% else %}{% set parts = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]{% for c in parts %}{{ c['text'] }}{% endfor %}[/SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[INST]{% for c in parts %}{% if c['type'] == 'text' %}{{ c['text'] }}"
+    "{% else %}[IMG]{% endif %}{% endfor %}[/INST]"
+    "{% else %}{% for c in parts %}{{ c['text'] }}{% endfor %}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def mistral_tokenizer(vocab_size: int = 512):
+    """FLUX.2's text tokenizer: a Tekken-like byte-level BPE with Mistral's special tokens and a chat
+    template. The real repository stores a PixtralProcessor, which transformers 5 only builds with
+    torchvision; text-to-image needs nothing but apply_chat_template, so a plain tokenizer is saved."""
+    from tokenizers import pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = _byte_level_bpe(vocab_size, MISTRAL_SPECIALS, CORPUS * 10,
+                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                  pad_token="<pad>", model_max_length=131072)
+    tok.chat_template = MISTRAL_CHAT_TEMPLATE
+    return tok, {}
+
+
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+# QwenImagePipeline's prompt template up to the user's text.
+QWEN_TEMPLATE_PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+                        "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+                        "<|im_start|>user\n")
+QWEN_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen_tokenizer(vocab_size: int = 700):
+    """Byte-level BPE with Qwen2's split regex and special tokens. QwenImagePipeline drops the first 34
+    tokens of the encoded prompt (its template prefix); the prefix is trained into the vocabulary often
+    enough that it also encodes to 34 tokens here."""
+    from tokenizers import Regex, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    prefix_text = re.sub(r"<\|im_(start|end)\|>", "", QWEN_TEMPLATE_PREFIX)
+    tk = _byte_level_bpe(vocab_size, QWEN_SPECIALS, CORPUS * 10 + [prefix_text] * 50, pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  model_max_length=32768)
+    return tok, {}
+
+
+# ------------------------------------------------------------------------------------ text encoders
+def clip_text_model(tok, hidden: int, with_projection: bool, seed: int = 0):
+    """2-layer CLIP text encoder; its pooled output (and projection) is `hidden` wide."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cfg = CLIPTextConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=37, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=77, projection_dim=hidden, hidden_act="quick_gelu",
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
+
+
+def t5_encoder(tok, d_model: int):
+    """2-layer T5 v1.1-style encoder (gated-gelu, like t5-xxl); its output is `d_model` wide, while the
+    attention and feed-forward stay narrow."""
+    from transformers import T5Config, T5EncoderModel
+
+    cfg = T5Config(
+        vocab_size=len(tok), d_model=d_model, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=32, feed_forward_proj="gated-gelu",
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )
+    torch.manual_seed(0)
+    return T5EncoderModel(cfg)
+
+
+# --------------------------------------------------------------------------------------------- VAEs
+def flux_sd3_vae(scaling_factor: float, shift_factor: float):
+    """16-channel AutoencoderKL like FLUX.1's / SD3's, with narrow blocks."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 16, 16, 16), layers_per_block=1,
+        latent_channels=16, norm_num_groups=8, sample_size=64, scaling_factor=scaling_factor,
+        shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False, force_upcast=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------- pipelines
+# Each builder returns (pipeline, {tokenizer_subfolder: raw_files}).
+
+
+def flux1(size: str, dev: bool):
+    """FLUX.1-schnell / FLUX.1-dev (dev adds the guidance embedding and dynamic shifting).
+    bench: the real width (24 heads x 128 = 3072, T5 width 4096, CLIP pooled width 768) with one double
+    block and no single block (~394M parameters, 1.6 GB; one more single block would add 141M)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    bench = size == "bench"
+    tok, tok_raw = clip_tokenizer()
+    tok2, tok2_raw = t5_tokenizer()
+    te = clip_text_model(tok, hidden=768 if bench else 32, with_projection=False)
+    te2 = t5_encoder(tok2, d_model=4096 if bench else 32)
+    torch.manual_seed(0)
+    if bench:
+        transformer = FluxTransformer2DModel(
+            patch_size=1, in_channels=64, num_layers=1, num_single_layers=0, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=dev,
+            axes_dims_rope=(16, 56, 56),
+        )
+    else:
+        transformer = FluxTransformer2DModel(
+            patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=dev,
+            axes_dims_rope=(4, 6, 6),
+        )
+    vae = flux_sd3_vae(scaling_factor=0.3611, shift_factor=0.1159)
+    # The real scheduler configs: schnell has a fixed shift of 1, dev shifts with the image size.
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0 if dev else 1.0, use_dynamic_shifting=dev, base_shift=0.5, max_shift=1.15,
+        base_image_seq_len=256, max_image_seq_len=4096,
+    )
+    pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, text_encoder_2=te2,
+                        tokenizer_2=tok2, transformer=transformer)
+    return pipe, {"tokenizer": tok_raw, "tokenizer_2": tok2_raw}
+
+
+def sd3(size: str):
+    """Stable Diffusion 3.5: CLIP-L + CLIP-G (with projection) + T5, MMDiT with RMS qk-norm.
+    tiny: SD3.5-large-like, 4 heads x 8. bench: SD3.5-medium-like (24 heads x 64 = 1536, dual attention
+    in the first block, pooled 768+1280, T5 width 4096), 2 blocks; pos_embed_max_size is 128 instead of
+    384 (images up to 2048 px) because that buffer is saved and would weigh 0.9 GB."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    bench = size == "bench"
+    tok, tok_raw = clip_tokenizer()
+    tok2, tok2_raw = clip_tokenizer(pad_token="!")  # the CLIP-G tokenizer pads with "!"
+    tok3, tok3_raw = t5_tokenizer()
+    # CLIP-L and CLIP-G have different widths as in the real model (768 / 1280); SD3 zero-pads their
+    # concatenated hidden states to the T5 width, so T5 must be at least as wide as both together.
+    clip_l, clip_g, t5_width = (768, 1280, 4096) if bench else (32, 64, 96)
+    te = clip_text_model(tok, hidden=clip_l, with_projection=True, seed=0)
+    te2 = clip_text_model(tok2, hidden=clip_g, with_projection=True, seed=1)
+    te3 = t5_encoder(tok3, d_model=t5_width)
+    torch.manual_seed(0)
+    if bench:
+        transformer = SD3Transformer2DModel(
+            sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=64,
+            num_attention_heads=24, joint_attention_dim=t5_width, caption_projection_dim=1536,
+            pooled_projection_dim=clip_l + clip_g, pos_embed_max_size=128, qk_norm="rms_norm",
+            dual_attention_layers=(0,),
+        )
+    else:
+        transformer = SD3Transformer2DModel(
+            sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=8,
+            num_attention_heads=4, joint_attention_dim=t5_width, caption_projection_dim=32,
+            pooled_projection_dim=clip_l + clip_g, pos_embed_max_size=32, qk_norm="rms_norm",
+        )
+    vae = flux_sd3_vae(scaling_factor=1.5305, shift_factor=0.0609)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    pipe = StableDiffusion3Pipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok,
+                                    text_encoder_2=te2, tokenizer_2=tok2, text_encoder_3=te3, tokenizer_3=tok3,
+                                    transformer=transformer)
+    return pipe, {"tokenizer": tok_raw, "tokenizer_2": tok2_raw, "tokenizer_3": tok3_raw}
+
+
+def flux2(size: str):
+    """FLUX.2-dev layout: Mistral3ForConditionalGeneration text encoder, AutoencoderKLFlux2 (32 latent
+    channels, patchified to 128), Flux2Transformer2DModel fed with 3 stacked text-encoder layers.
+    The text encoder has 30 layers so the pipeline's default text_encoder_out_layers=(10, 20, 30) work.
+    bench: FLUX.2-dev's own width (48 x 128 = 6144, text width 15360) is 2.3B parameters even with one
+    block of each kind, so FLUX.2-klein-4B's width is used (24 x 128 = 3072, text width 3 x 2560 = 7680,
+    mlp_ratio 3) with one double block and no single block (~451M parameters, 1.8 GB)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    bench = size == "bench"
+    tok, _ = mistral_tokenizer()
+    hidden = 2560 if bench else 32
+    cfg = Mistral3Config(
+        text_config={
+            "model_type": "mistral", "vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 64,
+            "num_hidden_layers": 30, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "max_position_embeddings": 1024, "rope_theta": 1000000000.0, "sliding_window": None,
+            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11,
+        },
+        vision_config={
+            "model_type": "pixtral", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 32, "image_size": 64, "patch_size": 8, "head_dim": 8,
+        },
+        image_token_index=tok.convert_tokens_to_ids("[IMG]"), spatial_merge_size=1, vision_feature_layer=-1,
+    )
+    torch.manual_seed(0)
+    te = Mistral3ForConditionalGeneration(cfg)
+    torch.manual_seed(0)
+    if bench:
+        transformer = Flux2Transformer2DModel(
+            patch_size=1, in_channels=128, num_layers=1, num_single_layers=0, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3 * hidden, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
+            guidance_embeds=True,
+        )
+    else:
+        transformer = Flux2Transformer2DModel(
+            patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=3 * hidden, axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=True,
+        )
+    torch.manual_seed(0)
+    vae = AutoencoderKLFlux2(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 16, 16, 16), layers_per_block=1,
+        latent_channels=32, norm_num_groups=8, sample_size=64, use_quant_conv=True, use_post_quant_conv=True,
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+        max_image_seq_len=4096, time_shift_type="exponential",
+    )
+    pipe = Flux2Pipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, transformer=transformer)
+    return pipe, {}
+
+
+def qwenimage(size: str):
+    """Qwen-Image: Qwen2.5-VL text encoder (its last hidden state is the transformer's text input),
+    AutoencoderKLQwenImage, QwenImageTransformer2DModel.
+    bench: the real width (24 heads x 128 = 3072, text width 3584) with one block (~380M parameters,
+    1.5 GB; a second block would add 340M); the text encoder has Qwen2.5-VL-7B's attention shape
+    (28 heads x 128, 4 KV heads) but one layer with a tiny MLP."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    bench = size == "bench"
+    tok, _ = qwen_tokenizer()
+    ids = tok.convert_tokens_to_ids
+    if bench:  # Qwen2.5-VL fixes head_dim = hidden / heads; mrope_section must sum to head_dim / 2
+        hidden, layers, heads, kv_heads, mrope = 3584, 1, 28, 4, [16, 24, 24]
+    else:
+        hidden, layers, heads, kv_heads, mrope = 16, 2, 2, 2, [1, 1, 2]
+    cfg = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 32, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": mrope},
+            "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+        },
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
+                       "out_hidden_size": hidden},
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+    )
+    torch.manual_seed(0)
+    te = Qwen2_5_VLForConditionalGeneration(cfg)
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 2, 2], num_res_blocks=1,
+                                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
+                                 latents_std=[1.0] * 16)
+    torch.manual_seed(0)
+    if bench:
+        transformer = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=hidden, guidance_embeds=False, axes_dims_rope=(16, 56, 56),
+        )
+    else:
+        transformer = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=hidden, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+        )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256,
+        max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+    )
+    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, transformer=transformer)
+    return pipe, {}
+
+
+_BUILDERS = {
+    "flux1-schnell": lambda size: flux1(size, dev=False),
+    "flux1-dev": lambda size: flux1(size, dev=True),
+    "sd3": sd3,
+    "flux2": flux2,
+    "qwenimage": qwenimage,
+}
+
+
+# -------------------------------------------------------------------------------------------- saving
+# transformers 5 records tokenizer classes that older transformers lack; the real hub repositories use
+# T5TokenizerFast, and PreTrainedTokenizerFast exists in transformers 4 and 5.
+_TOKENIZER_CLASS_RENAMES = {"T5Tokenizer": "T5TokenizerFast", "TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def _fix_model_index(pipe_dir: Path) -> None:
+    """Rewrite tokenizer class names in model_index.json that only transformers 5 knows."""
+    path = pipe_dir / "model_index.json"
+    index = json.loads(path.read_text())
+    for key, value in index.items():
+        if isinstance(value, list) and len(value) == 2 and value[1] in _TOKENIZER_CLASS_RENAMES:
+            index[key] = [value[0], _TOKENIZER_CLASS_RENAMES[value[1]]]
+    path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def build(name: str, out_dir, size: str = "tiny") -> Path:
+    """Build pipeline family `name` at `size` ("tiny" or "bench") and save it into out_dir in the
+    diffusers layout; returns out_dir as a Path."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown family {name!r}; expected one of {FAMILIES}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
+    out = Path(out_dir)
+    pipe, raw_tokenizer_files = _BUILDERS[name](size)
+    pipe.save_pretrained(out)
+    for subfolder, files in raw_tokenizer_files.items():
+        for filename, data in files.items():
+            target = out / subfolder / filename
+            if not target.exists():
+                target.write_bytes(data)
+    _fix_model_index(out)
+    return out
+
+
+def _disk_size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families (default: all)")
+    parser.add_argument("--size", choices=SIZES, default="tiny")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # transformers 5 shows a bar for every saved model
+    for name in names:
+        t0 = time.time()
+        path = build(name, args.out_dir / name, args.size)
+        print(f"{path}  {_disk_size(path) / 2**20:.1f} MiB  ({time.time() - t0:.1f}s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
