@@ -109,25 +109,47 @@ def components(index: dict) -> dict[str, tuple[str, str]]:
     return out
 
 
+def is_hub_id(source: str) -> bool:
+    """Folders are always absolute paths; anything else must be an 'owner/name' hub id, so a
+    workflow cannot smuggle in a relative path that diffusers would read as a local folder."""
+    return not os.path.isabs(source)
+
+
 def inspect_source(source: str) -> str:
     """Check a folder or hub id without loading weights; returns its pipeline class name.
 
     Catches what a user can fix before any sampling starts: not a pipeline, an unsupported
     pipeline, a missing component folder, a truncated or corrupt safetensors file.
     """
-    is_folder = os.path.isdir(source)
-    if not is_folder and not HUB_ID.match(source):
-        raise UserInputError(f"'{source}' is neither a model folder nor a hub id like 'owner/name'.")
-    index = _read_model_index(source, is_folder)
+    hub = is_hub_id(source)
+    if hub and not HUB_ID.match(source):
+        raise UserInputError(f"'{source}' is not a hub id like 'owner/name'. To use a local model, put its "
+                             "folder in models/diffusers and pick it in the list.")
+    if not hub and not os.path.isdir(source):
+        raise UserInputError(f"model folder '{source}' does not exist.")
+    index = _read_model_index(source, is_folder=not hub)
     pipeline_class = index["_class_name"]
     family_for(pipeline_class, where=f"'{source}'")
     for name, (library, cls) in components(index).items():
         if library not in ALLOWED_LIBRARIES:
             raise UserInputError(f"component '{name}' of '{source}' comes from library '{library}'; "
                                  f"only {', '.join(ALLOWED_LIBRARIES)} components are loaded.")
-        if is_folder:
+        if not hub:
             _check_component_folder(source, name, cls)
     return pipeline_class
+
+
+def local_folder(source: str) -> str:
+    """The folder to load from: the source itself, or the hub snapshot diffusers downloads (or finds cached)."""
+    if not is_hub_id(source):
+        return source
+    from diffusers import DiffusionPipeline
+
+    try:
+        return DiffusionPipeline.download(source)
+    except OSError as e:
+        raise UserInputError(f"'{source}' could not be downloaded ({e}). Download it where there is network, "
+                             f"then put the folder in models/diffusers and pick it in the list.") from e
 
 
 def _check_component_folder(source: str, name: str, cls: str) -> None:
@@ -154,8 +176,8 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     import torch
 
     inspect_source(handle.source)  # the folder may have changed since the Loader checked it
-    is_folder = os.path.isdir(handle.source)
-    index = _read_model_index(handle.source, is_folder)
+    folder = local_folder(handle.source)
+    index = _read_model_index(folder, is_folder=True)
     dtype = getattr(torch, handle.resolved_dtype(device))
     parts = components(index)
     total = len(parts) + 1
@@ -163,9 +185,9 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     for done, (name, (library, cls)) in enumerate(parts.items()):
         if on_progress:
             on_progress(done, total, f"loading {name}")
-        loaded[name] = _load_component(handle.source, name, library, cls, dtype, is_folder)
+        loaded[name] = _load_component(folder, name, library, cls, dtype)
     pipeline_cls = getattr(diffusers, handle.pipeline_class)
-    pipe = pipeline_cls.from_pretrained(handle.source, dtype=dtype, local_files_only=is_folder, **loaded)
+    pipe = pipeline_cls.from_pretrained(folder, dtype=dtype, local_files_only=True, **loaded)
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             # Inference only. Frozen parameters also keep libtpu from starting autograd machinery.
@@ -179,20 +201,20 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     return pipe
 
 
-def _load_component(source: str, name: str, library: str, cls: str, dtype, is_folder: bool):
+def _load_component(folder: str, name: str, library: str, cls: str, dtype):
     import torch
 
     component_cls = getattr(importlib.import_module(library), cls, None)
     if component_cls is None:
         raise ModelLoadError(f"component '{name}' needs {library}.{cls}, which the installed {library} lacks; "
                              f"upgrade {library}.")
-    kwargs = {"subfolder": name, "local_files_only": is_folder}
+    kwargs = {"subfolder": name, "local_files_only": True}
     if isinstance(component_cls, type) and issubclass(component_cls, torch.nn.Module):
         kwargs["dtype"] = dtype
     try:
-        return component_cls.from_pretrained(source, **kwargs)
+        return component_cls.from_pretrained(folder, **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
-        raise ModelLoadError(f"could not load component '{name}' ({cls}) from '{source}': {e}. "
+        raise ModelLoadError(f"could not load component '{name}' ({cls}) from '{folder}': {e}. "
                              "If the files are damaged, download the model again.") from e
 
 

@@ -13,9 +13,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import tiny_models  # noqa: E402
 
-SAMPLE_SIZE = 64  # smallest size every tiny family takes
-
-
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """Every supported family, built once per test session with random weights."""

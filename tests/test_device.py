@@ -3,9 +3,9 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
-
 from runtime import device
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_cpu_row_of_the_device_table():

@@ -88,6 +88,14 @@ def test_hub_id_offline_says_how_to_get_the_folder():
         inspect_source("someone/some-model")
 
 
+def test_a_relative_path_is_treated_as_a_hub_id_never_as_a_local_folder(tiny_dir, monkeypatch):
+    monkeypatch.chdir(tiny_dir.parent)  # "diffusers/tiny-sd3" is a real folder relative to here
+    with pytest.raises(UserInputError, match="cannot download it"):
+        inspect_source("diffusers/tiny-sd3")
+    with pytest.raises(UserInputError, match="is not a hub id"):
+        inspect_source("diffusers/../diffusers/tiny-sd3")
+
+
 def test_second_realisation_of_the_same_spec_loads_nothing(tiny):
     cache = PipelineCache()
     handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline")

@@ -1,8 +1,6 @@
 import pytest
 import torch
 
-from conftest import SAMPLE_SIZE
-
 from runtime.engine import Engine
 from runtime.errors import UserInputError
 from runtime.families import FAMILIES
@@ -11,6 +9,7 @@ from runtime.loading import inspect_source
 from runtime.modes import ExecutionMode, Placement
 from runtime.sampling import SampleRequest
 
+SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
 FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage"]
 
 

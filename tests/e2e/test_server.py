@@ -1,0 +1,204 @@
+"""The pack inside a real ComfyUI 0.3.75 server: import, schemas, workflows, unload, bad input."""
+
+import json
+import re
+import time
+
+import pytest
+from PIL import Image
+
+from comfy_host import ROOT, PromptRejected, execution_error
+
+OUR_NODES = ("TPULoader", "TPUModeSelector", "TPUSampler")
+
+
+def run_ok(server, prompt):
+    entry = server.run(prompt, timeout=300)
+    error = execution_error(entry)
+    assert error is None, error and error.get("exception_message")
+    return entry
+
+
+def run_info(entry):
+    return entry["outputs"]["3"]["tpu_run_info"][0]
+
+
+def test_pack_imports_without_error(server):
+    assert server.pack_import_line(), server.log_tail()
+    assert "IMPORT FAILED" not in server.pack_import_line()
+    assert "torch_tpu is installed but no TPU chip is usable (no TPU on the PCI bus); falling back to cpu" \
+        in server.log_text()
+
+
+def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
+    info = server.get("/object_info")
+    for node_id in OUR_NODES:
+        node = info[node_id]
+        assert node["category"] == "TPU Diffusers" and node["description"]
+        inputs = {**node["input"]["required"], **node["input"].get("optional", {})}
+        for name, spec in inputs.items():
+            assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
+    assert "tiny-flux1-schnell" in info["TPULoader"]["input"]["required"]["model"][1]["options"]
+    assert info["TPUSampler"]["output"] == ["IMAGE", "STRING"]
+
+
+def test_the_ui_workflow_matches_the_api_workflow(server, workflow):
+    """Both shipped formats describe the same graph with the same widget values."""
+    ui = json.loads((ROOT / "workflows" / "tpu_demo_tiny_flux.json").read_text())
+    api = workflow()
+    info = server.get("/object_info")
+    for node in ui["nodes"]:
+        inputs = api[str(node["id"])]["inputs"]
+        schema = info[node["type"]]["input"]
+        widget_names = [n for section in ("required", "optional") for n, spec in schema.get(section, {}).items()
+                        if isinstance(spec[0], list) or spec[0] in ("STRING", "INT", "FLOAT", "BOOLEAN", "COMBO")]
+        values = [v for v in node["widgets_values"] if v not in ("fixed", "randomize", "increment", "decrement")]
+        assert dict(zip(widget_names, values)) == {n: inputs[n] for n in widget_names}, node["type"]
+
+
+def test_shipped_workflow_writes_a_png_of_the_requested_size(server, workflow):
+    prompt = workflow()
+    entry = run_ok(server, prompt)
+    [png] = server.output_images(entry)
+    with Image.open(png) as image:
+        assert image.size == (prompt["3"]["inputs"]["width"], prompt["3"]["inputs"]["height"])
+
+
+@pytest.mark.parametrize("model, negative", [("tiny-flux1-schnell", ""), ("tiny-flux1-dev", ""),
+                                             ("tiny-sd3", "blurry"), ("tiny-flux2", ""),
+                                             ("tiny-qwenimage", "blurry")])
+def test_each_family_runs_through_the_server(server, workflow, model, negative):
+    prompt = workflow()
+    prompt["1"]["inputs"]["model"] = model
+    prompt["3"]["inputs"].update(width=96, height=64, steps=2, negative_prompt=negative, guidance=2.0)
+    entry = run_ok(server, prompt)
+    [png] = server.output_images(entry)
+    with Image.open(png) as image:
+        assert image.size == (96, 64)
+
+
+def test_second_run_loads_nothing_and_unload_models_releases_the_pipeline(server, workflow):
+    prompt = workflow()
+    prompt["1"]["inputs"]["model"] = "tiny-sd3"
+    prompt["3"]["inputs"].update(width=64, height=64, steps=2, seed=100)
+    run_ok(server, prompt)
+    prompt["3"]["inputs"]["seed"] = 101  # a changed input, so ComfyUI runs the Sampler again
+    assert run_info(run_ok(server, prompt))["loaded"] is False
+
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    deadline = time.monotonic() + 30
+    while "unloaded 1 pipeline(s)" not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "unloaded 1 pipeline(s)" in server.log_text()
+    prompt["3"]["inputs"]["seed"] = 102
+    assert run_info(run_ok(server, prompt))["loaded"] is True
+
+
+def test_sampler_reports_the_mode_that_actually_ran(server, workflow):
+    prompt = workflow()
+    prompt["2"]["inputs"].update(mode="fused_eager", placement="model_cpu_offload")
+    prompt["3"]["inputs"].update(width=64, height=64, steps=2, seed=5)
+    info = run_info(run_ok(server, prompt))
+    assert info["mode"].startswith("eager (fused eager needs TorchTPU") and info["placement"] == "model_cpu_offload"
+
+
+# --- bad input: each ends in a clear message, and the server still runs a good prompt afterwards
+
+def rejected(server, prompt) -> dict:
+    with pytest.raises(PromptRejected) as caught:
+        server.queue(prompt)
+    assert caught.value.status == 400
+    return caught.value.body["node_errors"]
+
+
+def failed(server, prompt) -> dict:
+    entry = server.run(prompt, timeout=300)
+    error = execution_error(entry)
+    assert error is not None, "the prompt should have failed"
+    return error
+
+
+@pytest.fixture
+def then_a_good_prompt_succeeds(server, workflow):
+    yield
+    prompt = workflow()
+    prompt["3"]["inputs"].update(width=64, height=64, steps=1, seed=int(time.time() * 1000) % 100000)
+    run_ok(server, prompt)
+
+
+@pytest.mark.usefixtures("then_a_good_prompt_succeeds")
+class TestBadInput:
+    @pytest.mark.parametrize("name, message", [
+        ("does-not-exist", "model folder 'does-not-exist' was not found"),
+        ("../tiny-sd3", "is not a folder name inside models/diffusers"),
+        ("../../../../etc", "is not a folder name inside models/diffusers"),
+        ("tiny-sd3/../tiny-sd3", "is not a folder name inside models/diffusers"),
+    ])
+    def test_unknown_or_escaping_model_names_are_refused(self, server, workflow, name, message):
+        """ComfyUI 0.3.75 does not check V3 combo values (newer versions answer 400
+        value_not_in_list), so the Loader itself must refuse them."""
+        prompt = workflow()
+        prompt["1"]["inputs"]["model"] = name
+        try:
+            error = failed(server, prompt)
+        except PromptRejected as e:
+            assert e.body["node_errors"]["1"]["errors"][0]["type"] == "value_not_in_list"
+        else:
+            assert error["node_id"] == "1" and message in error["exception_message"]
+
+    def test_path_in_hub_id_cannot_reach_outside_the_model_folders(self, server, workflow):
+        prompt = workflow()
+        prompt["1"]["inputs"]["hub_id"] = "../../../../etc"
+        error = failed(server, prompt)
+        assert error["node_id"] == "1" and "is not a hub id like 'owner/name'" in error["exception_message"]
+
+    def test_offline_hub_id_says_to_download_the_folder(self, server, workflow):
+        prompt = workflow()
+        prompt["1"]["inputs"]["hub_id"] = "black-forest-labs/FLUX.1-schnell"
+        error = failed(server, prompt)
+        assert "huggingface-cli download black-forest-labs/FLUX.1-schnell" in error["exception_message"]
+
+    @pytest.mark.parametrize("model, message", [
+        ("not-a-pipeline", "names no pipeline class"),
+        ("unsupported-sdxl", "'StableDiffusionXLPipeline', which TPU Diffusers does not run"),
+        ("corrupt-flux", r"transformer/.*truncated or corrupt.*download the model again"),
+    ])
+    def test_bad_model_folders_fail_on_the_loader(self, server, workflow, model, message):
+        prompt = workflow()
+        prompt["1"]["inputs"]["model"] = model
+        error = failed(server, prompt)
+        assert error["node_id"] == "1" and re.search(message, error["exception_message"])
+
+    @pytest.mark.parametrize("inputs, message", [
+        (dict(width=1000), "width 1000 cannot be used with FLUX.1: it must be a multiple of 16. "
+                           "Nearest valid widths: 992 or 1008"),
+        (dict(height=72), "Nearest valid heights: 64 or 80"),
+        (dict(prompt="  "), "FLUX.1 needs a prompt"),
+    ])
+    def test_requests_the_family_cannot_take_fail_on_the_sampler(self, server, workflow, inputs, message):
+        prompt = workflow()
+        prompt["3"]["inputs"].update(inputs)
+        error = failed(server, prompt)
+        assert error["node_id"] == "3" and message in error["exception_message"]
+
+    def test_zero_steps_is_rejected_by_validation(self, server, workflow):
+        prompt = workflow()
+        prompt["3"]["inputs"]["steps"] = 0
+        errors = rejected(server, prompt)
+        assert errors["3"]["errors"][0]["type"] == "value_smaller_than_min"
+
+
+def test_cancel_stops_a_long_run_and_the_next_run_succeeds(server, workflow):
+    prompt = workflow()
+    prompt["3"]["inputs"].update(width=512, height=512, steps=1000, seed=9)
+    prompt_id = server.queue(prompt)
+    deadline = time.monotonic() + 120
+    while not server.get("/queue")["queue_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # some steps in
+    server.post("/interrupt", {})
+    entry = server.wait(prompt_id, timeout=60)
+    assert entry["status"]["status_str"] == "error"
+    assert any(kind == "execution_interrupted" for kind, _ in entry["status"]["messages"])
+    prompt["3"]["inputs"].update(width=64, height=64, steps=1)
+    run_ok(server, prompt)
