@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import time
 
-from .device import DeviceInfo, resolve_device
+from .device import peak_memory_bytes, reset_peak_memory, resolve_device
 from .families import family_for
 from .handle import PipelineHandle
 from .loading import PipelineCache, ProgressCallback
@@ -30,6 +30,7 @@ class RunInfo:
     loaded: bool  # False when the pipeline came from the cache
     load_seconds: float
     sample_seconds: float
+    peak_device_memory_mb: float | None = None  # None on cpu, where the process RSS is the measure
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -73,11 +74,14 @@ class Engine:
             if on_progress:
                 on_progress(done, total, "sampling")
 
+        reset_peak_memory(device)
         start = time.perf_counter()
         with execution_mode(handle.mode, device) as mode_ran:
             images = run_pipeline(pipe, family, request, on_step)
+        peak = peak_memory_bytes(device)
         info = RunInfo(device=device.type, mode=mode_ran, placement=handle.placement.value, loaded=loaded,
-                       load_seconds=load_seconds, sample_seconds=time.perf_counter() - start, notes=tuple(notes))
+                       load_seconds=load_seconds, sample_seconds=time.perf_counter() - start,
+                       peak_device_memory_mb=None if peak is None else peak / 2**20, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
         return Generation(images=images, info=info)
 

