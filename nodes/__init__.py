@@ -4,6 +4,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from ..runtime.device import detect_device
 from . import unload_hook
+from .compile_transformer import TPUCompileTransformer
 from .loader import TPULoader
 from .mode_selector import TPUModeSelector
 from .sampler import TPUSampler
@@ -11,7 +12,7 @@ from .sampler import TPUSampler
 
 class TPUDiffusersExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [TPULoader, TPUModeSelector, TPUSampler]
+        return [TPULoader, TPUModeSelector, TPUCompileTransformer, TPUSampler]
 
 
 async def comfy_entrypoint() -> TPUDiffusersExtension:

@@ -4,7 +4,9 @@ import dataclasses
 
 from comfy_api.latest import io
 
+from ..runtime.compile_cache import CompileSpec
 from ..runtime.modes import ExecutionMode, Placement
+from .compile_transformer import default_cache_dir
 from .types import CATEGORY, TPUPipeline
 
 
@@ -15,14 +17,16 @@ class TPUModeSelector(io.ComfyNode):
             node_id="TPUModeSelector",
             display_name="TPU Mode Selector",
             category=CATEGORY,
-            description="Sets the execution mode (strict eager or fused eager) and the placement (whole "
-                        "pipeline on the chip, or model CPU offload for models larger than one chip).",
+            description="Sets the execution mode (strict eager, fused eager or compiled) and the placement "
+                        "(whole pipeline on the chip, or model CPU offload for models larger than one chip).",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader."),
                 io.Combo.Input("mode", options=[m.value for m in ExecutionMode], default=ExecutionMode.EAGER.value,
                                tooltip="eager: ops run one at a time (EagerMode.DEFER_NEVER). fused_eager: ops are "
                                        "deferred and fused into larger graphs (EagerMode.DEFER_AND_FUSE), faster "
-                                       "after a longer first run; TPU only, CUDA/CPU run eager and say so."),
+                                       "after a longer first run; TPU only, CUDA/CPU run eager and say so. "
+                                       "compiled: the transformer runs through torch.compile with static shapes "
+                                       "(options: TPU Compile Transformer node; without it, its defaults)."),
                 io.Combo.Input("placement", options=[p.value for p in Placement], default=Placement.DEVICE.value,
                                tooltip="device: the whole pipeline stays on the accelerator (fastest). "
                                        "model_cpu_offload: each model moves to the accelerator only while it runs, "
@@ -33,4 +37,8 @@ class TPUModeSelector(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, mode: str, placement: str) -> io.NodeOutput:
-        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode(mode), placement=Placement(placement)))
+        compile_spec = pipeline.compile
+        if mode == ExecutionMode.COMPILED.value and compile_spec is None:
+            compile_spec = CompileSpec(cache_dir=default_cache_dir())  # Compile Transformer's defaults
+        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode(mode), placement=Placement(placement),
+                                                 compile=compile_spec))

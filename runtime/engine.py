@@ -10,14 +10,18 @@ import dataclasses
 import logging
 import time
 
-from .device import peak_memory_bytes, reset_peak_memory, resolve_device
-from .families import family_for
+from . import compile_cache
+from .compile_cache import CompileSpec, CompileState
+from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory, resolve_device
+from .families import Family, family_for
 from .handle import PipelineHandle
-from .loading import PipelineCache, ProgressCallback
-from .modes import execution_mode
+from .loading import LoadedPipeline, PipelineCache, ProgressCallback
+from .modes import ExecutionMode, execution_mode
 from .sampling import SampleRequest, run_pipeline, validate_request
 
 log = logging.getLogger("tpu_diffusers")
+
+WARMUP_STEPS = 2  # the step count does not change the compiled graph; two steps exercise the whole loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,8 @@ class RunInfo:
     load_seconds: float
     sample_seconds: float
     peak_device_memory_mb: float | None = None  # None on cpu, where the process RSS is the measure
+    compiled_now: bool | None = None  # None when not in compiled mode
+    compile_seconds: float = 0.0  # dynamo's compile time in this run (warm-up included)
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -53,11 +59,14 @@ class Engine:
     def __init__(self, cache: PipelineCache | None = None):
         self.cache = cache or PipelineCache()
 
-    def realise(self, handle: PipelineHandle, on_progress: ProgressCallback | None = None):
-        """The loaded, placed pipeline for a handle; (pipe, device, loaded_now)."""
+    def realise(self, handle: PipelineHandle,
+                on_progress: ProgressCallback | None = None) -> tuple[LoadedPipeline, DeviceInfo, bool]:
+        """The loaded, placed pipeline for a handle, compiled or not as the handle says; and whether
+        it was loaded just now."""
         device = resolve_device(handle.device)
-        pipe, loaded = self.cache.get(handle, device, on_progress)
-        return pipe, device, loaded
+        entry, loaded = self.cache.get(handle, device, on_progress)
+        self._apply_compile(entry, handle, device)
+        return entry, device, loaded
 
     def generate(self, handle: PipelineHandle, request: SampleRequest,
                  on_progress: ProgressCallback | None = None) -> Generation:
@@ -67,27 +76,89 @@ class Engine:
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
         start = time.perf_counter()
-        pipe, device, loaded = self.realise(handle, on_progress)
+        entry, device, loaded = self.realise(handle, on_progress)
         load_seconds = time.perf_counter() - start
 
         def on_step(done: int, total: int) -> None:
             if on_progress:
                 on_progress(done, total, "sampling")
 
-        reset_peak_memory(device)
-        start = time.perf_counter()
         with execution_mode(handle.mode, device) as mode_ran:
-            images = run_pipeline(pipe, family, request, on_step)
+            warmup = self._warm_up(entry, family, request, device, on_progress)
+            reset_peak_memory(device)
+            start = time.perf_counter()
+            images, activity = self._run(entry, family, request, on_step)
+            sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
+        if entry.compiled:
+            notes += warmup.notes
+            notes.append("compile: " + compile_cache.describe(entry.compiled, shape_of(request), activity))
         info = RunInfo(device=device.type, mode=mode_ran, placement=handle.placement.value, loaded=loaded,
-                       load_seconds=load_seconds, sample_seconds=time.perf_counter() - start,
-                       peak_device_memory_mb=None if peak is None else peak / 2**20, notes=tuple(notes))
+                       load_seconds=load_seconds, sample_seconds=sample_seconds,
+                       peak_device_memory_mb=None if peak is None else peak / 2**20,
+                       compiled_now=bool(activity.graphs) if entry.compiled else None,
+                       compile_seconds=activity.seconds + warmup.seconds, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
         return Generation(images=images, info=info)
 
     def unload(self) -> int:
         """Drop all loaded pipelines (ComfyUI's "Unload Models"); returns how many were dropped."""
         return self.cache.clear(resolve_device("auto"))
+
+    # --- compiled mode
+    @staticmethod
+    def _apply_compile(entry: LoadedPipeline, handle: PipelineHandle, device: DeviceInfo) -> None:
+        """Compile, recompile with other options, or go back to eager, as the handle asks."""
+        spec = handle.compile or CompileSpec()
+        wanted = handle.mode is ExecutionMode.COMPILED
+        if entry.compiled and (not wanted or not entry.compiled.matches(spec, handle.placement, device)):
+            compile_cache.remove_compile(entry.pipe)
+            entry.compiled = None
+        if wanted and entry.compiled is None:
+            entry.compiled = compile_cache.compile_transformer(entry.pipe, spec, handle.placement, device)
+            entry.compiled.warmup_sizes = spec.warmup_sizes
+
+    def _run(self, entry: LoadedPipeline, family: Family, request: SampleRequest, on_step):
+        """One pipeline call; with a compiled transformer, its compiles are counted and explained."""
+        state: CompileState | None = entry.compiled
+        if state is None:
+            return run_pipeline(entry.pipe, family, request, on_step), compile_cache.CompileActivity()
+        with compile_cache.explained_compile_failures(state, entry.pipe), compile_cache.watch_compiles() as activity:
+            images = run_pipeline(entry.pipe, family, request, on_step)
+        compile_cache.record_run(state, shape_of(request), activity)
+        return images, activity
+
+    def _warm_up(self, entry: LoadedPipeline, family: Family, request: SampleRequest, device: DeviceInfo,
+                 on_progress: ProgressCallback | None) -> "Warmup":
+        """Compile the spec's warm-up sizes ahead, once per loaded pipeline, with progress and cancel."""
+        state = entry.compiled
+        result = Warmup()
+        if state is None:
+            return result
+        pending = [(w, h) for w, h in state.warmup_sizes if (w, h, request.batch_size) not in state.warmed]
+        for index, (width, height) in enumerate(pending):
+            warm_request = dataclasses.replace(request, width=width, height=height, steps=WARMUP_STEPS)
+            validate_request(family, warm_request)
+
+            def on_step(_done, _total, index=index, label=f"warm-up {width}x{height}"):
+                if on_progress:
+                    on_progress(index, len(pending), label)
+
+            _, activity = self._run(entry, family, warm_request, on_step)
+            state.warmed.add(shape_of(warm_request))
+            result.seconds += activity.seconds
+            result.notes.append(f"warm-up: {compile_cache.describe(state, shape_of(warm_request), activity)}")
+        return result
+
+
+@dataclasses.dataclass
+class Warmup:
+    seconds: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def shape_of(request: SampleRequest) -> tuple[int, int, int]:
+    return request.width, request.height, request.batch_size
 
 
 ENGINE = Engine()

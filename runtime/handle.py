@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .compile_cache import CompileSpec
 from .device import DeviceInfo
 from .modes import ExecutionMode, Placement
 
@@ -23,6 +24,7 @@ class PipelineHandle:
     device: str = "auto"  # "auto" = detected (tpu > cuda > cpu)
     mode: ExecutionMode = ExecutionMode.EAGER
     placement: Placement = Placement.DEVICE
+    compile: CompileSpec | None = None  # compiled mode's options; None = CompileSpec() defaults
 
     def resolved_dtype(self, device: DeviceInfo) -> str:
         return device.default_dtype if self.dtype == "auto" else self.dtype
@@ -32,4 +34,4 @@ class PipelineHandle:
         return (self.source, self.pipeline_class, self.resolved_dtype(device), device.type, self.placement)
 
     def describe(self) -> str:
-        return f"{self.pipeline_class} from {self.source} [{self.dtype}, {self.mode.value}, {self.placement.value}]"
+        return f"{self.pipeline_class} from {self.source} [{self.dtype}, {self.placement.value}]"

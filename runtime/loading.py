@@ -219,6 +219,14 @@ def _load_component(folder: str, name: str, library: str, cls: str, dtype):
 
 
 @dataclasses.dataclass
+class LoadedPipeline:
+    """A loaded, placed pipeline and what has been done to it since (compiling, warm-up)."""
+
+    pipe: object
+    compiled: object = None  # compile_cache.CompileState while the transformer is compiled
+
+
+@dataclasses.dataclass
 class CacheStats:
     loads: int = 0  # pipelines loaded from disk since start
     hits: int = 0  # realisations served from memory
@@ -234,10 +242,12 @@ class PipelineCache:
     def __init__(self, capacity: int = 1):
         self.capacity = capacity
         self.stats = CacheStats()
-        self._pipelines: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self._pipelines: collections.OrderedDict[tuple, LoadedPipeline] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None):
+    def get(self, handle: PipelineHandle, device: DeviceInfo,
+            on_progress: ProgressCallback | None = None) -> tuple[LoadedPipeline, bool]:
+        """The loaded pipeline for `handle`, and whether it was loaded just now."""
         key = handle.load_key(device)
         with self._lock:
             if key in self._pipelines:
@@ -247,15 +257,15 @@ class PipelineCache:
             while len(self._pipelines) >= self.capacity:
                 self._evict_oldest(device)
             log.info("TPU Diffusers: loading %s on %s", handle.describe(), device.type)
-            pipe = load_pipeline(handle, device, on_progress)
-            self._pipelines[key] = pipe
+            entry = LoadedPipeline(load_pipeline(handle, device, on_progress))
+            self._pipelines[key] = entry
             self.stats.loads += 1
-            return pipe, True
+            return entry, True
 
     def _evict_oldest(self, device: DeviceInfo) -> None:
-        key, pipe = self._pipelines.popitem(last=False)
-        pipe.remove_all_hooks()
-        del pipe
+        _, entry = self._pipelines.popitem(last=False)
+        entry.pipe.remove_all_hooks()
+        del entry
         gc.collect()
         empty_cache(device)
 

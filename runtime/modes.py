@@ -19,6 +19,7 @@ log = logging.getLogger("tpu_diffusers")
 class ExecutionMode(str, enum.Enum):
     EAGER = "eager"  # EagerMode.DEFER_NEVER: ops dispatched one by one
     FUSED_EAGER = "fused_eager"  # EagerMode.DEFER_AND_FUSE: ops deferred and fused into graphs
+    COMPILED = "compiled"  # transformer through torch.compile (backend tpu / inductor); the rest strict eager
 
 
 class Placement(str, enum.Enum):
@@ -31,7 +32,14 @@ _TPU_EAGER_MODES = {ExecutionMode.EAGER: "DEFER_NEVER", ExecutionMode.FUSED_EAGE
 
 @contextlib.contextmanager
 def execution_mode(mode: ExecutionMode, device: DeviceInfo):
-    """Run the body in `mode`; yields a description of the mode that actually runs."""
+    """Run the body in `mode`; yields a description of the mode that actually runs.
+
+    Compiled mode changes no eager setting: the transformer runs its compiled graphs
+    (`set_eager_mode` must not wrap torch.compile), the code around it runs eager.
+    """
+    if mode is ExecutionMode.COMPILED:
+        yield f"{mode.value} (backend {device.compile_backend})"
+        return
     if device.type == "tpu":
         import torch
 
@@ -44,4 +52,4 @@ def execution_mode(mode: ExecutionMode, device: DeviceInfo):
         log.info("TPU Diffusers: %s", ran)
         yield ran
         return
-    yield "eager"
+    yield mode.value

@@ -46,7 +46,11 @@ def validate_request(family: Family, request: SampleRequest) -> None:
         raise UserInputError(f"batch size is {request.batch_size}; it must be at least 1.")
     if not 0 <= request.seed <= MAX_SEED:
         raise UserInputError(f"seed {request.seed} is outside 0..{MAX_SEED}.")
-    for name, value in (("width", request.width), ("height", request.height)):
+    validate_size(family, request.width, request.height)
+
+
+def validate_size(family: Family, width: int, height: int) -> None:
+    for name, value in (("width", width), ("height", height)):
         if value < family.size_multiple or value % family.size_multiple:
             below, above = nearest_sizes(value, family.size_multiple)
             raise UserInputError(f"{name} {value} cannot be used with {family.name}: it must be a multiple of "
