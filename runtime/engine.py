@@ -13,10 +13,13 @@ import time
 from . import compile_cache
 from .compile_cache import CompileSpec, CompileState
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory, resolve_device
+from .distributed.group import WorkerGroupError, WorkerGroups
+from .distributed.mesh import check_mesh, world_size
+from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
-from .modes import ExecutionMode, execution_mode
+from .modes import ExecutionMode, Placement, execution_mode
 from .sampling import SampleRequest, run_pipeline, validate_request
 
 log = logging.getLogger("tpu_diffusers")
@@ -37,6 +40,9 @@ class RunInfo:
     peak_device_memory_mb: float | None = None  # None on cpu, where the process RSS is the measure
     compiled_now: bool | None = None  # None when not in compiled mode
     compile_seconds: float = 0.0  # dynamo's compile time in this run (warm-up included)
+    world_size: int = 1  # ranks that ran it (tensor parallelism)
+    transformer_bytes_per_rank: tuple[int, ...] = ()  # weight bytes each rank holds (tensor parallelism)
+    worker_pids: tuple[int, ...] = ()  # the worker group's launcher process (tensor parallelism, local launch)
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -56,8 +62,10 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, cache: PipelineCache | None = None):
+    def __init__(self, cache: PipelineCache | None = None, distribute: bool = True):
         self.cache = cache or PipelineCache()
+        # Handles with a TP mesh go to a worker group, except inside a worker, which runs them itself.
+        self.workers = WorkerGroups() if distribute else None
 
     def realise(self, handle: PipelineHandle,
                 on_progress: ProgressCallback | None = None) -> tuple[LoadedPipeline, DeviceInfo, bool]:
@@ -75,6 +83,8 @@ class Engine:
         notes = []
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
+        if handle.mesh is not None and self.workers is not None:
+            return self._generate_on_workers(handle, request, notes, on_progress)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
         load_seconds = time.perf_counter() - start
@@ -102,8 +112,39 @@ class Engine:
         return Generation(images=images, info=info)
 
     def unload(self) -> int:
-        """Drop all loaded pipelines (ComfyUI's "Unload Models"); returns how many were dropped."""
-        return self.cache.clear(resolve_device("auto"))
+        """Drop all loaded pipelines and stop the worker group (ComfyUI's "Unload Models");
+        returns how many were dropped."""
+        return self.cache.clear(resolve_device("auto")) + (self.workers.stop() if self.workers else 0)
+
+    # --- tensor parallelism
+    def _generate_on_workers(self, handle: PipelineHandle, request: SampleRequest, notes: list[str],
+                             on_progress: ProgressCallback | None) -> Generation:
+        """One process per chip: checked here, before anything launches; run by the worker group."""
+        device = resolve_device(handle.device)
+        if handle.placement is not Placement.DEVICE:
+            raise UserInputError("tensor parallelism keeps every shard on its chip; set the Mode Selector's "
+                                 "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
+        notes += check_mesh(handle.mesh, handle.source, device)
+        size = world_size(handle.mesh, device)
+        start = time.perf_counter()
+        group, launched = self.workers.get(handle, device, size)
+        try:
+            images, info = group.generate(handle, request, on_progress)
+        except WorkerGroupError:
+            self.workers.stop()  # the next run relaunches
+            raise
+        rank_pids = info.pop("rank_pids")
+        fields = {f.name for f in dataclasses.fields(RunInfo)}
+        info = {k: v for k, v in info.items() if k in fields}
+        info.update(load_seconds=time.perf_counter() - start - info["sample_seconds"] if launched
+                    else info["load_seconds"],
+                    transformer_bytes_per_rank=tuple(info["transformer_bytes_per_rank"]),
+                    worker_pids=(*group.pids(), *rank_pids),
+                    notes=(*notes, f"tensor parallel over {group.world_size} ranks "
+                                   f"({'attached' if group.process is None else 'launched here'})", *info["notes"]))
+        run = RunInfo(**info)
+        log.info("TPU Diffusers: %s", run.summary().replace("\n", "; "))
+        return Generation(images=images, info=run)
 
     # --- compiled mode
     @staticmethod

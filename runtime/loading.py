@@ -18,13 +18,15 @@ import logging
 import os
 import re
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .device import DeviceInfo, empty_cache
 from .errors import ModelLoadError, UserInputError
 from .families import family_for
-from .handle import PipelineHandle
 from .modes import Placement
+
+if TYPE_CHECKING:  # handle.py imports the mesh spec, which uses this module
+    from .handle import PipelineHandle
 
 log = logging.getLogger("tpu_diffusers")
 
@@ -170,8 +172,13 @@ def _check_component_folder(source: str, name: str, cls: str) -> None:
                                  "download the model again.") from e
 
 
-def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None):
-    """Load every component with its own library class, then assemble and place the pipeline."""
+def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None,
+                  sharding=None):
+    """Load every component with its own library class, then assemble and place the pipeline.
+
+    `sharding` (distributed.sharding.Sharding, on a TP rank) adds each component's sharding
+    arguments and says which components it placed itself.
+    """
     import diffusers
     import torch
 
@@ -185,14 +192,19 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     for done, (name, (library, cls)) in enumerate(parts.items()):
         if on_progress:
             on_progress(done, total, f"loading {name}")
-        loaded[name] = _load_component(folder, name, library, cls, dtype)
+        loaded[name] = _load_component(folder, name, library, cls, dtype,
+                                       sharding.load_kwargs(folder, name) if sharding else {})
     pipeline_cls = getattr(diffusers, handle.pipeline_class)
     pipe = pipeline_cls.from_pretrained(folder, dtype=dtype, local_files_only=True, **loaded)
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             # Inference only. Frozen parameters also keep libtpu from starting autograd machinery.
             module.eval().requires_grad_(False)
-    if handle.placement is Placement.MODEL_CPU_OFFLOAD:
+    if sharding:
+        for name, module in pipe.components.items():
+            if isinstance(module, torch.nn.Module) and name not in sharding.sharded:
+                module.to(device.torch_device())  # replicated on every rank; sharded ones are placed already
+    elif handle.placement is Placement.MODEL_CPU_OFFLOAD:
         pipe.enable_model_cpu_offload(device=device.torch_device())
     else:
         pipe.to(device.torch_device())
@@ -201,14 +213,14 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     return pipe
 
 
-def _load_component(folder: str, name: str, library: str, cls: str, dtype):
+def _load_component(folder: str, name: str, library: str, cls: str, dtype, extra_kwargs: dict):
     import torch
 
     component_cls = getattr(importlib.import_module(library), cls, None)
     if component_cls is None:
         raise ModelLoadError(f"component '{name}' needs {library}.{cls}, which the installed {library} lacks; "
                              f"upgrade {library}.")
-    kwargs = {"subfolder": name, "local_files_only": True}
+    kwargs = {"subfolder": name, "local_files_only": True, **extra_kwargs}
     if isinstance(component_cls, type) and issubclass(component_cls, torch.nn.Module):
         kwargs["dtype"] = dtype
     try:
@@ -239,8 +251,9 @@ class PipelineCache:
     second model is better loaded after the first is gone than beside it.
     """
 
-    def __init__(self, capacity: int = 1):
+    def __init__(self, capacity: int = 1, loader=load_pipeline):
         self.capacity = capacity
+        self.loader = loader  # (handle, device, on_progress) -> pipeline
         self.stats = CacheStats()
         self._pipelines: collections.OrderedDict[tuple, LoadedPipeline] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -257,7 +270,7 @@ class PipelineCache:
             while len(self._pipelines) >= self.capacity:
                 self._evict_oldest(device)
             log.info("TPU Diffusers: loading %s on %s", handle.describe(), device.type)
-            entry = LoadedPipeline(load_pipeline(handle, device, on_progress))
+            entry = LoadedPipeline(self.loader(handle, device, on_progress))
             self._pipelines[key] = entry
             self.stats.loads += 1
             return entry, True

@@ -1,0 +1,70 @@
+"""The control channel between the ComfyUI process and rank 0 of a worker group.
+
+Built on `multiprocessing.connection`: its HMAC challenge with a per-launch random key runs
+before a single message is read, so an unauthenticated peer gets nothing. Messages are JSON
+(and raw bytes for images), never pickles. Rank 0 binds to loopback unless told another
+address (attach mode across hosts). Every wait on the ComfyUI side has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener
+
+from ..errors import UserInputError
+
+KEY_ENV = "TPU_DIFFUSERS_CONTROL_KEY"
+
+
+def new_key() -> str:
+    return secrets.token_hex(32)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserInputError(f"address '{address}' is not host:port (e.g. 10.0.0.2:7777).")
+    return host.strip("[]"), int(port)
+
+
+def listen(address: str, key: str) -> Listener:
+    return Listener(parse_address(address), authkey=bytes.fromhex(key))
+
+
+def connect(address: str, key: str, timeout: float) -> Connection:
+    """Connect and authenticate within `timeout` seconds; a wrong key is refused at once."""
+    result: dict = {}
+
+    def attempt():
+        try:
+            result["conn"] = Client(parse_address(address), authkey=bytes.fromhex(key))
+        except (OSError, AuthenticationError, ValueError) as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=attempt, daemon=True)  # Client() itself has no timeout
+    thread.start()
+    thread.join(timeout)
+    if "conn" in result:
+        return result["conn"]
+    error = result.get("error")
+    if isinstance(error, AuthenticationError) or isinstance(error, ValueError):
+        raise UserInputError(f"the workers at {address} refused the key: check the key they printed at start.")
+    raise ConnectionError(f"no worker control channel answered at {address} within {timeout:.0f}s ({error}).")
+
+
+def send(conn: Connection, message: dict, payload: bytes | None = None) -> None:
+    conn.send_bytes(json.dumps({**message, "has_payload": payload is not None}).encode())
+    if payload is not None:
+        conn.send_bytes(payload)
+
+
+def receive(conn: Connection, timeout: float | None = None) -> tuple[dict, bytes | None] | None:
+    """The next message and its payload; None if nothing came within `timeout` seconds."""
+    if timeout is not None and not conn.poll(timeout):
+        return None
+    message = json.loads(conn.recv_bytes())
+    payload = conn.recv_bytes() if message.pop("has_payload") else None
+    return message, payload

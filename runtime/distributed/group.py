@@ -1,0 +1,229 @@
+"""Launch (or attach to) a tensor-parallel worker group and run prompts on it.
+
+A local group is `python -m torch.distributed.run --standalone --nproc_per_node=N worker.py`:
+torch's own launcher starts, watches and stops the ranks. We only keep the launcher process,
+its log, and an authenticated connection to rank 0. The group stays up between prompts;
+"Unload Models", a new model or mesh, a failure and ComfyUI's exit stop it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .. import device as device_module
+from ..errors import UserInputError
+from . import channel
+from .mesh import ATTACH, MeshSpec
+
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")
+LAUNCH_TIMEOUT = float(os.environ.get("TPU_DIFFUSERS_LAUNCH_TIMEOUT", "600"))
+# Longest quiet spell from a busy group (no step finished) before it counts as hung: a first
+# TPU compile of a big transformer takes many minutes.
+SILENCE_TIMEOUT = float(os.environ.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT", "3600"))
+POLL_SECONDS = 0.25
+
+
+class WorkerGroupError(RuntimeError):
+    """A worker failed; the message names the rank and the cause when torchrun reported them."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def root_cause(log_text: str) -> str:
+    """The failing rank and cause from torchrun's "Root Cause" report (or the log's last lines)."""
+    section = log_text.split("Root Cause (first observed failure):", 1)
+    if len(section) == 2:
+        fields = dict(re.findall(r"^\s*(rank|exitcode|traceback)\s*:\s*(.*)$", section[1], re.M))
+        lines = [line.strip() for line in section[1].split("=" * 20, 1)[0].splitlines() if line.strip()]
+        cause = lines[-1] if lines else fields.get("traceback", "")
+        return (f"worker rank {fields.get('rank', '?')} failed (exit code {fields.get('exitcode', '?')}): "
+                f"{cause.removeprefix('traceback : ')}")
+    tail = [line for line in log_text.splitlines() if line.strip()][-5:]
+    return "the worker group stopped: " + (" | ".join(tail) or "no output")
+
+
+class WorkerGroup:
+    def __init__(self, conn, world_size: int, process: subprocess.Popen | None = None, log_path: Path | None = None):
+        self.conn, self.world_size, self.process, self.log_path = conn, world_size, process, log_path
+
+    # --- start
+    @classmethod
+    def launch(cls, world_size: int, device: device_module.DeviceInfo) -> "WorkerGroup":
+        key, port = channel.new_key(), _free_port()
+        env = {**os.environ, channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
+        if device.type == "tpu":
+            import torch
+
+            torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=world_size)
+            env.update(os.environ)
+        log_path = Path(tempfile.gettempdir()) / f"tpu_diffusers_workers_{os.getpid()}_{port}.log"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+                   "--max_restarts=0", str(WORKER_SCRIPT), "--control", f"127.0.0.1:{port}"]
+        with open(log_path, "w") as log:
+            # Own session: a Ctrl-C meant for ComfyUI does not tear through the ranks mid-step; they
+            # leave when ComfyUI's connection closes, whichever way ComfyUI ends.
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while True:
+            if process.poll() is not None:
+                raise WorkerGroupError(root_cause(log_path.read_text(errors="replace")))
+            try:
+                conn = channel.connect(f"127.0.0.1:{port}", key, timeout=5)
+                break
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    cls(None, world_size, process, log_path).stop()
+                    raise WorkerGroupError(f"the {world_size} workers did not start within {LAUNCH_TIMEOUT:.0f}s "
+                                           f"(log: {log_path}).") from None
+                time.sleep(0.5)
+        group = cls(conn, world_size, process, log_path)
+        group._hello()
+        return group
+
+    @classmethod
+    def attach(cls, spec: MeshSpec) -> "WorkerGroup":
+        key = spec.key or os.environ.get(channel.KEY_ENV, "")
+        if not key:
+            raise UserInputError(f"attach needs the workers' key: type it in the node, or set ${channel.KEY_ENV} "
+                                 "for the ComfyUI process (keeps it out of shared workflows).")
+        conn = channel.connect(spec.address, key, timeout=30)
+        group = cls(conn, 0)
+        group.world_size = group._hello()
+        if spec.chips and spec.chips != group.world_size:
+            group.stop()
+            raise UserInputError(f"the workers at {spec.address} are {group.world_size} ranks, the mesh asks for "
+                                 f"{spec.chips}; set chips to {group.world_size} (or 0).")
+        return group
+
+    def _hello(self) -> int:
+        channel.send(self.conn, {"op": "hello"})
+        message, _ = self._next_message()
+        return message["world_size"]
+
+    # --- use
+    def alive(self) -> bool:
+        return self.conn is not None and (self.process is None or self.process.poll() is None)
+
+    def pids(self) -> list[int]:
+        return [self.process.pid] if self.process else []
+
+    def generate(self, handle, request, on_progress=None):
+        """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict)."""
+        import numpy as np
+        import torch
+
+        channel.send(self.conn, {"op": "generate", "handle": handle.to_wire(), "request": dataclasses.asdict(request)})
+        interrupted = None
+        while True:
+            message, payload = self._next_message()
+            op = message["op"]
+            if op == "progress" and on_progress and interrupted is None:
+                try:
+                    on_progress(message["done"], message["total"], message["what"])
+                except BaseException as e:  # ComfyUI's interrupt: stop every rank at the next step
+                    interrupted = e
+                    channel.send(self.conn, {"op": "cancel"})
+            elif op == "cancelled":
+                raise interrupted or WorkerGroupError("the workers cancelled the run")
+            elif op == "result":
+                if interrupted is not None:
+                    raise interrupted
+                images = np.frombuffer(payload, dtype=np.float32).reshape(message["shape"])
+                return torch.from_numpy(images.copy()), message["info"]
+
+    def unload(self) -> None:
+        channel.send(self.conn, {"op": "unload"})
+        self._next_message()
+
+    def _next_message(self):
+        """The next message from rank 0; a dead or silent group becomes a WorkerGroupError, never a hang."""
+        quiet_since = time.monotonic()
+        while True:
+            try:
+                received = channel.receive(self.conn, timeout=POLL_SECONDS)
+            except (EOFError, OSError):
+                raise WorkerGroupError(self._failure()) from None
+            if received is not None:
+                return received
+            if self.process is not None and self.process.poll() is not None:
+                raise WorkerGroupError(self._failure())
+            if time.monotonic() - quiet_since > SILENCE_TIMEOUT:
+                self.stop()
+                raise WorkerGroupError(f"the workers sent nothing for {SILENCE_TIMEOUT:.0f}s and were stopped "
+                                       f"as hung (log: {self.log_path}).")
+
+    def _failure(self) -> str:
+        """Why the group stopped: torchrun's report once it has stopped the other ranks."""
+        self.conn = None
+        if self.process is None:
+            return "the connection to the attached workers was lost (a worker died, or the network dropped)."
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.stop()
+        return root_cause(self.log_path.read_text(errors="replace")) + f" (log: {self.log_path})"
+
+    # --- stop
+    def stop(self, timeout: float = 20) -> None:
+        if self.conn is not None:
+            try:
+                if self.process is not None:  # ours to end; attached workers wait for the next client
+                    channel.send(self.conn, {"op": "shutdown"})
+                self.conn.close()
+            except OSError:
+                pass
+            self.conn = None
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+class WorkerGroups:
+    """The one worker group this process keeps warm; a different model or mesh replaces it."""
+
+    def __init__(self):
+        self.current: WorkerGroup | None = None
+        self.key = None
+        atexit.register(self.stop)
+
+    def get(self, handle, device: device_module.DeviceInfo, world_size: int) -> tuple[WorkerGroup, bool]:
+        key = (handle.mesh, world_size, handle.load_key(device))
+        if self.current is not None and self.key == key and self.current.alive():
+            return self.current, False
+        self.stop()
+        if handle.mesh.workers == ATTACH:
+            self.current = WorkerGroup.attach(handle.mesh)
+        else:
+            self.current = WorkerGroup.launch(world_size, device)
+        self.key = key
+        return self.current, True
+
+    def stop(self) -> int:
+        """Stop a launched group (attached workers stay up and only drop their pipelines)."""
+        if self.current is None:
+            return 0
+        group, self.current = self.current, None
+        if group.process is None and group.alive():
+            try:
+                group.unload()
+            except WorkerGroupError:
+                pass
+        group.stop()
+        return 1

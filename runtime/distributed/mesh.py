@@ -1,0 +1,107 @@
+"""The TP Mesh spec, and everything that can be checked before a worker is launched."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from ..device import DeviceInfo
+from ..errors import UserInputError
+from ..loading import components, is_hub_id
+
+LAUNCH_LOCAL = "launch_local"
+ATTACH = "attach"
+CPU_MESH_DEFAULT_RANKS = 2  # a CPU "mesh" is for development; two ranks show everything TP does
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    chips: int = 0  # 0 = every local chip
+    shard_transformer: bool = True
+    shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
+    workers: str = LAUNCH_LOCAL  # or ATTACH: workers already started with torchrun, maybe on other hosts
+    address: str = ""  # attach: host:port of rank 0's control channel
+    key: str = ""  # attach: the control channel's key (hex)
+
+
+def local_chips(device: DeviceInfo) -> int:
+    import torch
+
+    if device.type == "cpu":
+        return CPU_MESH_DEFAULT_RANKS
+    return torch.accelerator.device_count()
+
+
+def world_size(spec: MeshSpec, device: DeviceInfo) -> int:
+    return spec.chips or local_chips(device)
+
+
+def _subfolder_config(folder: str, name: str) -> dict:
+    path = os.path.join(folder, name, "config.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"cannot read {name}/config.json of '{folder}' ({e}).") from e
+
+
+def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
+    """Refuse what cannot work before launching: returns notes on what stays whole."""
+    if spec.workers not in (LAUNCH_LOCAL, ATTACH):
+        raise UserInputError(f"workers must be '{LAUNCH_LOCAL}' or '{ATTACH}', not '{spec.workers}'.")
+    if spec.workers == ATTACH and (not spec.address or not spec.key):
+        raise UserInputError("attach needs the address (host:port) and key that the workers printed at start.")
+    size = world_size(spec, device)
+    if spec.workers == LAUNCH_LOCAL and device.type != "cpu" and size > local_chips(device):
+        raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} "
+                             f"{device.type} chip(s); lower 'chips', or attach to workers on several hosts.")
+    if size < 1:
+        raise UserInputError(f"chips must be at least 1 (0 means every local chip), not {spec.chips}.")
+    if is_hub_id(source):
+        raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
+                             f"'{source}' into models/diffusers and pick the folder.")
+    with open(os.path.join(source, "model_index.json")) as f:
+        parts = components(json.load(f))
+    notes = []
+    if spec.shard_transformer:
+        notes += _check_transformer(source, parts["transformer"][1], size)
+    if spec.shard_text_encoder:
+        notes += [_check_text_encoder(source, name, cls, size)
+                  for name, (library, cls) in parts.items() if name.startswith("text_encoder")]
+    return notes
+
+
+def _check_transformer(source: str, cls: str, size: int) -> list[str]:
+    import diffusers
+
+    if getattr(getattr(diffusers, cls), "_tp_plan", None) is None:
+        raise UserInputError(f"{cls} has no tensor-parallel plan in diffusers, so it cannot be sharded "
+                             "(FLUX.1, FLUX.2 and QwenImage can). Turn shard_transformer off or drop the TP Mesh.")
+    heads = _subfolder_config(source, "transformer").get("num_attention_heads")
+    if heads and heads % size:
+        valid = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise UserInputError(f"{size} chips do not divide the transformer's {heads} attention heads; "
+                             f"use one of {valid} chips.")
+    return []
+
+
+def _check_text_encoder(source: str, name: str, cls: str, size: int) -> str:
+    """Sharded when transformers has a TP plan for it; otherwise kept whole on every rank (said in a note)."""
+    if not text_encoder_has_tp_plan(source, name):
+        return f"{name} ({cls}) has no TP plan in transformers: kept whole on every rank"
+    text = _subfolder_config(source, name)
+    text = text.get("text_config", text)
+    for field in ("num_attention_heads", "num_key_value_heads"):
+        count = text.get(field)
+        if count and count % size:
+            raise UserInputError(f"{size} chips do not divide {name}'s {count} {field.replace('_', ' ')}; "
+                                 "choose a chip count that does, or turn shard_text_encoder off.")
+    return f"{name} ({cls}) sharded with transformers' TP plan"
+
+
+def text_encoder_has_tp_plan(source: str, name: str) -> bool:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(os.path.join(source, name))
+    return bool(getattr(config.get_text_config(), "base_model_tp_plan", None))

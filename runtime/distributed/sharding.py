@@ -1,0 +1,41 @@
+"""How each pipeline component loads on one rank of a TP mesh.
+
+The transformer streams only this rank's slice of every planned weight
+(`from_pretrained(parallel_config=TensorParallelConfig(mesh=...))`); a text encoder with a
+TP plan in transformers is sharded by transformers (`DistributedConfig(tp_plan="auto")`);
+everything else (VAE, encoders without a plan) loads whole on every rank.
+"""
+
+from __future__ import annotations
+
+from .mesh import MeshSpec, text_encoder_has_tp_plan
+
+
+class Sharding:
+    def __init__(self, spec: MeshSpec, mesh):
+        self.spec, self.mesh = spec, mesh
+        self.sharded: set[str] = set()  # components loaded sharded (and placed) by their library
+
+    def load_kwargs(self, folder: str, name: str) -> dict:
+        if name == "transformer" and self.spec.shard_transformer:
+            from diffusers import TensorParallelConfig
+
+            self.sharded.add(name)
+            return {"parallel_config": TensorParallelConfig(mesh=self.mesh)}
+        if name.startswith("text_encoder") and self.spec.shard_text_encoder and text_encoder_has_tp_plan(folder, name):
+            from transformers import DistributedConfig
+
+            self.sharded.add(name)
+            return {"distributed_config": DistributedConfig(tp_plan="auto"), "device_mesh": self.mesh}
+        return {}
+
+
+def local_bytes(module) -> int:
+    """Bytes of parameters this rank holds: the local shard of a DTensor, all of a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for param in module.parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        total += local.numel() * local.element_size()
+    return total
