@@ -6,4 +6,7 @@ heavy libraries (diffusers, transformers) load only when a Sampler first runs.
 
 from .nodes import comfy_entrypoint
 
-__all__ = ["comfy_entrypoint"]
+# Served at /extensions/<folder name>/: the status display on our nodes and the node help pages.
+WEB_DIRECTORY = "./web"
+
+__all__ = ["comfy_entrypoint", "WEB_DIRECTORY"]

@@ -8,11 +8,12 @@ from .compile_transformer import TPUCompileTransformer
 from .loader import TPULoader
 from .mode_selector import TPUModeSelector
 from .sampler import TPUSampler
+from .tp_mesh import TPUMesh
 
 
 class TPUDiffusersExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [TPULoader, TPUModeSelector, TPUCompileTransformer, TPUSampler]
+        return [TPULoader, TPUModeSelector, TPUCompileTransformer, TPUMesh, TPUSampler]
 
 
 async def comfy_entrypoint() -> TPUDiffusersExtension:

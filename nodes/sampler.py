@@ -4,6 +4,7 @@ from comfy_api.latest import io
 
 from ..runtime.engine import ENGINE
 from ..runtime.sampling import MAX_SEED, SampleRequest
+from . import status
 from .comfy_progress import ComfyProgress
 from .types import CATEGORY, TPUPipeline
 
@@ -39,6 +40,7 @@ class TPUSampler(io.ComfyNode):
                 io.Int.Input("batch_size", default=1, min=1, max=64,
                              tooltip="Images per run; image i uses seed + i."),
             ],
+            hidden=[io.Hidden.unique_id],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="Connect to Save Image or Preview Image."),
                 io.String.Output(display_name="info",
@@ -53,5 +55,6 @@ class TPUSampler(io.ComfyNode):
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress())
         info = generation.info
-        # The run's facts also go to the UI/history as node output, where the page and API clients read them.
+        status.send_run_info(cls.hidden.unique_id, info.as_dict())
+        # Also kept in the prompt's history, where API clients read it.
         return io.NodeOutput(generation.images, info.summary(), ui={"tpu_run_info": [info.as_dict()]})

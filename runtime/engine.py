@@ -42,6 +42,7 @@ class RunInfo:
     compile_seconds: float = 0.0  # dynamo's compile time in this run (warm-up included)
     world_size: int = 1  # ranks that ran it (tensor parallelism)
     transformer_bytes_per_rank: tuple[int, ...] = ()  # weight bytes each rank holds (tensor parallelism)
+    sharded_fraction_per_rank: tuple[float, ...] = ()  # share of the sharded weights each rank holds
     worker_pids: tuple[int, ...] = ()  # the worker group's launcher process (tensor parallelism, local launch)
     notes: tuple[str, ...] = ()
 
@@ -63,7 +64,7 @@ class Generation:
 
 class Engine:
     def __init__(self, cache: PipelineCache | None = None, distribute: bool = True):
-        self.cache = cache or PipelineCache()
+        self.cache = cache if cache is not None else PipelineCache()  # an empty cache is falsy
         # Handles with a TP mesh go to a worker group, except inside a worker, which runs them itself.
         self.workers = WorkerGroups() if distribute else None
 
@@ -139,6 +140,7 @@ class Engine:
         info.update(load_seconds=time.perf_counter() - start - info["sample_seconds"] if launched
                     else info["load_seconds"],
                     transformer_bytes_per_rank=tuple(info["transformer_bytes_per_rank"]),
+                    sharded_fraction_per_rank=tuple(info["sharded_fraction_per_rank"]),
                     worker_pids=(*group.pids(), *rank_pids),
                     notes=(*notes, f"tensor parallel over {group.world_size} ranks "
                                    f"({'attached' if group.process is None else 'launched here'})", *info["notes"]))

@@ -44,21 +44,33 @@ def _free_port() -> int:
 
 
 def root_cause(log_text: str) -> str:
-    """The failing rank and cause from torchrun's "Root Cause" report (or the log's last lines)."""
-    section = log_text.split("Root Cause (first observed failure):", 1)
-    if len(section) == 2:
-        fields = dict(re.findall(r"^\s*(rank|exitcode|traceback)\s*:\s*(.*)$", section[1], re.M))
-        lines = [line.strip() for line in section[1].split("=" * 20, 1)[0].splitlines() if line.strip()]
-        cause = lines[-1] if lines else fields.get("traceback", "")
-        return (f"worker rank {fields.get('rank', '?')} failed (exit code {fields.get('exitcode', '?')}): "
-                f"{cause.removeprefix('traceback : ')}")
+    """Which ranks failed and why, from torchrun's failure report (or the log's last lines).
+
+    torchrun's "first observed failure" is often a rank that only saw its peer vanish (a
+    connection reset inside a collective), so ranks that died of their own accord are listed
+    first and torchrun's own SIGTERM teardown last.
+    """
+    report = log_text.rpartition("Failures:")[2]
+    entries = []
+    for block in re.split(r"^\[\d+\]:\s*$", report, flags=re.M)[1:]:
+        block = block.split("=" * 20)[0].split("-" * 20)[0]
+        fields = dict(re.findall(r"^\s*(rank|exitcode)\s*:\s*(.*?)\s*$", block, re.M))
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        cause = lines[-1].removeprefix("traceback : ") if lines else ""
+        entries.append((fields.get("exitcode", "").endswith("(SIGTERM)"),
+                        f"worker rank {fields.get('rank', '?')} failed (exit code {fields.get('exitcode', '?')}): "
+                        f"{cause}"))
+    if entries:
+        return "; ".join(text for _, text in sorted(entries, key=lambda entry: entry[0]))
     tail = [line for line in log_text.splitlines() if line.strip()][-5:]
     return "the worker group stopped: " + (" | ".join(tail) or "no output")
 
 
 class WorkerGroup:
-    def __init__(self, conn, world_size: int, process: subprocess.Popen | None = None, log_path: Path | None = None):
-        self.conn, self.world_size, self.process, self.log_path = conn, world_size, process, log_path
+    def __init__(self, conn, address: str, world_size: int, process: subprocess.Popen | None = None,
+                 log_path: Path | None = None):
+        self.conn, self.address, self.world_size = conn, address, world_size
+        self.process, self.log_path = process, log_path
 
     # --- start
     @classmethod
@@ -71,8 +83,9 @@ class WorkerGroup:
             torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=world_size)
             env.update(os.environ)
         log_path = Path(tempfile.gettempdir()) / f"tpu_diffusers_workers_{os.getpid()}_{port}.log"
+        address = f"127.0.0.1:{port}"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-                   "--max_restarts=0", str(WORKER_SCRIPT), "--control", f"127.0.0.1:{port}"]
+                   "--max_restarts=0", str(WORKER_SCRIPT), "--control", address]
         with open(log_path, "w") as log:
             # Own session: a Ctrl-C meant for ComfyUI does not tear through the ranks mid-step; they
             # leave when ComfyUI's connection closes, whichever way ComfyUI ends.
@@ -82,15 +95,15 @@ class WorkerGroup:
             if process.poll() is not None:
                 raise WorkerGroupError(root_cause(log_path.read_text(errors="replace")))
             try:
-                conn = channel.connect(f"127.0.0.1:{port}", key, timeout=5)
+                conn = channel.connect(address, key, timeout=5)
                 break
             except ConnectionError:
                 if time.monotonic() > deadline:
-                    cls(None, world_size, process, log_path).stop()
+                    cls(None, address, world_size, process, log_path).stop()
                     raise WorkerGroupError(f"the {world_size} workers did not start within {LAUNCH_TIMEOUT:.0f}s "
                                            f"(log: {log_path}).") from None
                 time.sleep(0.5)
-        group = cls(conn, world_size, process, log_path)
+        group = cls(conn, address, world_size, process, log_path)
         group._hello()
         return group
 
@@ -101,7 +114,7 @@ class WorkerGroup:
             raise UserInputError(f"attach needs the workers' key: type it in the node, or set ${channel.KEY_ENV} "
                                  "for the ComfyUI process (keeps it out of shared workflows).")
         conn = channel.connect(spec.address, key, timeout=30)
-        group = cls(conn, 0)
+        group = cls(conn, spec.address, 0)
         group.world_size = group._hello()
         if spec.chips and spec.chips != group.world_size:
             group.stop()

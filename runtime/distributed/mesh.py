@@ -26,15 +26,18 @@ class MeshSpec:
 
 
 def local_chips(device: DeviceInfo) -> int:
+    """Chips on this host; on a CPU host, ranks are processes and the cores bound them."""
     import torch
 
     if device.type == "cpu":
-        return CPU_MESH_DEFAULT_RANKS
+        return os.cpu_count() or 1
     return torch.accelerator.device_count()
 
 
 def world_size(spec: MeshSpec, device: DeviceInfo) -> int:
-    return spec.chips or local_chips(device)
+    if spec.chips:
+        return spec.chips
+    return min(CPU_MESH_DEFAULT_RANKS, local_chips(device)) if device.type == "cpu" else local_chips(device)
 
 
 def _subfolder_config(folder: str, name: str) -> dict:
@@ -53,11 +56,10 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     if spec.workers == ATTACH and (not spec.address or not spec.key):
         raise UserInputError("attach needs the address (host:port) and key that the workers printed at start.")
     size = world_size(spec, device)
-    if spec.workers == LAUNCH_LOCAL and device.type != "cpu" and size > local_chips(device):
-        raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} "
-                             f"{device.type} chip(s); lower 'chips', or attach to workers on several hosts.")
-    if size < 1:
-        raise UserInputError(f"chips must be at least 1 (0 means every local chip), not {spec.chips}.")
+    if spec.workers == LAUNCH_LOCAL and size > local_chips(device):
+        unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"
+        raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} {unit}; "
+                             "lower 'chips', or attach to workers started on several hosts.")
     if is_hub_id(source):
         raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
                              f"'{source}' into models/diffusers and pick the folder.")

@@ -39,3 +39,15 @@ def local_bytes(module) -> int:
         local = param.to_local() if isinstance(param, DTensor) else param
         total += local.numel() * local.element_size()
     return total
+
+
+def sharded_fraction(module) -> float:
+    """Share of the sharded parameters' full size that this rank holds (1/N on an even N-way split)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    held = full = 0
+    for param in module.parameters():
+        if isinstance(param, DTensor) and any(isinstance(p, Shard) for p in param.placements):
+            held += param.to_local().numel()
+            full += param.numel()
+    return held / full if full else 1.0

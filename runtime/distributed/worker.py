@@ -110,7 +110,7 @@ class RankWorker:
         import numpy as np
         import torch.distributed as dist
 
-        from runtime.distributed.sharding import local_bytes
+        from runtime.distributed.sharding import local_bytes, sharded_fraction
         from runtime.handle import PipelineHandle
         from runtime.sampling import SampleRequest
 
@@ -118,12 +118,14 @@ class RankWorker:
         generation = self.engine.generate(handle, SampleRequest(**command["request"]), on_progress=self.progress)
         entry = self.engine.realise(handle)[0]
         per_rank = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, (local_bytes(entry.pipe.transformer), os.getpid()))
+        transformer = entry.pipe.transformer
+        dist.all_gather_object(per_rank, (local_bytes(transformer), sharded_fraction(transformer), os.getpid()))
         if self.server:
             images = np.ascontiguousarray(generation.images.numpy())
+            sizes, fractions, pids = zip(*per_rank)
             info = {**generation.info.as_dict(), "world_size": dist.get_world_size(),
-                    "transformer_bytes_per_rank": [size for size, _ in per_rank],
-                    "rank_pids": [pid for _, pid in per_rank]}
+                    "transformer_bytes_per_rank": sizes, "sharded_fraction_per_rank": fractions,
+                    "rank_pids": pids}
             self.server.send({"op": "result", "info": info, "shape": list(images.shape)}, images.tobytes())
 
 

@@ -1,0 +1,51 @@
+"""TPU TP Mesh: shard the pipeline over several chips, one worker process per chip."""
+
+import dataclasses
+
+from comfy_api.latest import io
+
+from ..runtime.distributed.mesh import ATTACH, LAUNCH_LOCAL, MeshSpec
+from .types import CATEGORY, TPUPipeline
+
+
+class TPUMesh(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TPUMesh",
+            display_name="TPU TP Mesh",
+            category=CATEGORY,
+            description="Tensor parallelism: one worker process per chip, each holding a slice of the transformer "
+                        "(and of the text encoder where transformers has a TP plan, e.g. FLUX.2's Mistral3). "
+                        "The ComfyUI process never loads the full model. Workers stay warm between prompts; "
+                        "Unload Models stops them.",
+            inputs=[
+                TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader, Mode Selector or Compile "
+                                                      "Transformer (placement must be 'device')."),
+                io.Int.Input("chips", default=0, min=0, max=1024,
+                             tooltip="Ranks (chips) in the mesh. 0 = every chip of this host (2 ranks on a CPU "
+                                     "host, for trying it out). Must divide the attention heads."),
+                io.Boolean.Input("shard_transformer", default=True,
+                                 tooltip="Shard the transformer with diffusers' TP plan (FLUX.1, FLUX.2, QwenImage)."),
+                io.Boolean.Input("shard_text_encoder", default=True,
+                                 tooltip="Shard text encoders that transformers has a TP plan for (Mistral3, "
+                                         "Qwen2.5-VL); others (T5, CLIP) are kept whole on every rank."),
+                io.Combo.Input("workers", options=[LAUNCH_LOCAL, ATTACH], default=LAUNCH_LOCAL,
+                               tooltip="launch_local: start the workers on this host with torchrun. attach: use "
+                                       "workers already started with torchrun (e.g. on every host of a TPU slice)."),
+                io.String.Input("address", default="",
+                                tooltip="attach: host:port of rank 0's control channel, as the workers printed."),
+                io.String.Input("key", default="",
+                                tooltip="attach: the control channel key the workers printed. Leave empty to use "
+                                        "$TPU_DIFFUSERS_CONTROL_KEY of the ComfyUI process: a key typed here is "
+                                        "saved in the workflow file."),
+            ],
+            outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, sharded over the mesh.")],
+        )
+
+    @classmethod
+    def execute(cls, pipeline, chips: int, shard_transformer: bool, shard_text_encoder: bool, workers: str,
+                address: str, key: str) -> io.NodeOutput:
+        mesh = MeshSpec(chips=chips, shard_transformer=shard_transformer, shard_text_encoder=shard_text_encoder,
+                        workers=workers, address=address.strip(), key=key.strip())
+        return io.NodeOutput(dataclasses.replace(pipeline, mesh=mesh))

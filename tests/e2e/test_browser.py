@@ -1,0 +1,280 @@
+"""The shared workflows and the pack's page extension in the real ComfyUI page (frontend 1.32.9),
+driven in Debian's Chromium: workflows load with every node known, convert to prompts the server
+takes, the offline demo runs from the page, and our nodes show what ran.
+
+Screenshots go to tests/e2e/artifacts/ on every run; with UPDATE_SCREENSHOT=1 they also replace
+the committed ones (docs/screenshot.png and the workflows' .jpg thumbnails).
+"""
+
+import io
+import json
+import os
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from playwright.sync_api import expect, sync_playwright
+
+from comfy_host import PACK_NAME, ROOT, PromptRejected, execution_error
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# The page as a user with a finished first run sees it, minus overlays that hide the graph.
+PAGE_SETTINGS = {"Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False, "Comfy.Graph.CanvasMenu": False,
+                 "Comfy.Workflow.WorkflowTabsPosition": "Sidebar"}
+VIEWPORT = {"width": 1400, "height": 800}
+THUMBNAIL_VIEWPORT, THUMBNAIL_SIZE = {"width": 1200, "height": 900}, (400, 300)
+
+WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
+DEMO = ROOT / "workflows" / "tpu_demo_tiny_flux.json"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+UPDATE = os.environ.get("UPDATE_SCREENSHOT") == "1"
+RUN_INFO_EVENT = "tpu_diffusers.run_info"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason=f"no {CHROMIUM}: apt-get install -y chromium")
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    """One page of the session's server for the whole module; loading ComfyUI takes seconds."""
+    for setting, value in PAGE_SETTINGS.items():
+        server.post(f"/settings/{setting}", value)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        context = browser.new_context(viewport=VIEWPORT)
+        context.add_init_script("localStorage.setItem('vueNodesBannerDismissed', 'true')")  # the "Nodes 2.0" banner
+        page = context.new_page()
+        page.script_errors = []
+        page.on("pageerror", lambda error: page.script_errors.append(f"{error}\n{error.stack}"))
+        page.on("console", lambda message: page.script_errors.append(message.text)
+                if message.type == "error" and "tpu_diffusers" in f"{message.text}{message.location}" else None)
+        page.goto(server.url)
+        page.wait_for_function("window.app?.graph && 'TPUSampler' in LiteGraph.registered_node_types", timeout=120_000)
+        yield page
+        browser.close()
+
+
+def load(page, path: Path) -> dict:
+    """Open a UI workflow as a user would, after closing any dialog an earlier load left open."""
+    dialogs = page.locator("[role=dialog]")
+    if dialogs.count():
+        page.keyboard.press("Escape")
+        expect(dialogs).to_have_count(0)
+    workflow = json.loads(path.read_text())
+    # Each load opens a new workflow tab: close the open ones first, so the page (and its
+    # screenshots) shows one, named after the file.
+    page.evaluate("""async ([workflow, name]) => {
+        const store = app.extensionManager.workflow;
+        for (const open of [...store.openWorkflows]) await store.closeWorkflow(open);
+        await app.loadGraphData(workflow, true, true, name);
+    }""", [workflow, path.stem])
+    return workflow
+
+
+def node_of(workflow: dict, node_type: str) -> dict:
+    [node] = [n for n in workflow["nodes"] if n["type"] == node_type]
+    return node
+
+
+def redrawn(page) -> None:
+    """Two animation frames: the canvas has drawn what was just set."""
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def fit_view(page) -> None:
+    """The graph fitted to the window at once (the UI's Fit View command animates for 350 ms)."""
+    page.evaluate("app.canvas.fitViewToSelectionAnimated({duration: 1, zoom: 0.9})")
+    redrawn(page)
+
+
+def page_statuses(page) -> dict:
+    return {str(k): v for k, v in page.evaluate(
+        "() => Object.fromEntries(app.graph.nodes.map(n => [n.id, n.tpuStatus ?? null]))").items()}
+
+
+def test_the_extension_is_served_and_registered(page, server):
+    assert f"/extensions/{PACK_NAME}/tpu_diffusers.js" in server.get("/extensions")
+    assert page.evaluate("app.extensions.some(e => e.name === 'tpu_diffusers.status')")
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_workflow_loads_with_every_node_known_and_its_widget_values(page, path):
+    workflow = json.loads(path.read_text())
+    assert workflow["extra"]["tpu_diffusers"]["hardware"].strip()
+    types = sorted({node["type"] for node in workflow["nodes"]})
+    unknown = page.evaluate("types => types.filter(t => !(t in LiteGraph.registered_node_types))", types)
+    assert not unknown, f"node types the page does not know: {unknown}"
+
+    load(page, path)
+    dialogs = page.locator("[role=dialog]")
+    assert dialogs.count() == 0, dialogs.first.inner_text()
+    loaded = page.evaluate("() => app.graph.nodes.map(n => ({id: n.id, type: n.type, broken: !!n.has_errors, "
+                           "values: (n.widgets ?? []).map(w => w.value)}))")
+    assert {n["id"]: (n["type"], n["widgets_values"], False) for n in workflow["nodes"]} == \
+        {n["id"]: (n["type"], n["values"], n["broken"]) for n in loaded}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_workflow_converts_to_a_prompt_the_server_accepts(page, server, path):
+    """The page's own graphToPrompt, then POST /prompt. Models other than the offline demo's are
+    absent here; ComfyUI 0.3.75 takes unknown V3 combo values, so their prompts run and fail on the
+    Loader, while newer versions answer 400 on its model input. Either names the missing folder."""
+    workflow = load(page, path)
+    prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+    assert {str(n["id"]): n["type"] for n in workflow["nodes"]} == {k: v["class_type"] for k, v in prompt.items()}
+    loader = node_of(workflow, "TPULoader")
+    model = loader["widgets_values"][0]
+    try:
+        entry = server.run(prompt, timeout=300)
+    except PromptRejected as rejected:
+        assert path != DEMO, rejected
+        errors = rejected.body["node_errors"]
+        assert list(errors) == [str(loader["id"])], errors
+        for error in errors[str(loader["id"])]["errors"]:
+            assert error["extra_info"]["input_name"] == "model" and model in error["details"], error
+        return
+    error = execution_error(entry)
+    if path == DEMO:
+        assert error is None, error["exception_message"]
+        assert server.output_images(entry)
+    else:
+        assert error is not None and error["node_id"] == str(loader["id"]), error
+        assert f"model folder '{model}' was not found" in error["exception_message"]
+
+
+def history_entry_with_seed(server, sampler_id: str, seed: int, timeout: float = 300) -> dict:
+    """The finished /history entry of the prompt whose Sampler used `seed` (queued by the page)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in server.get("/history").values():
+            inputs = entry["prompt"][2].get(sampler_id, {}).get("inputs", {})
+            if inputs.get("seed") == seed and entry.get("status", {}).get("completed") is not None:
+                return entry
+        time.sleep(0.5)
+    raise TimeoutError(f"no finished prompt with seed {seed} within {timeout}s")
+
+
+def shown_seconds(status: str, label: str) -> float:
+    """The time after `label` in a status ("loaded 1.5s"), as shown: rounded to 0.1 s."""
+    return float(re.search(rf"{label} (\d+\.\d)s", status).group(1))
+
+
+def test_demo_runs_from_the_page_shows_its_image_and_what_ran_on_our_nodes(page, server):
+    workflow = load(page, DEMO)
+    sampler, save = str(node_of(workflow, "TPUSampler")["id"]), str(node_of(workflow, "SaveImage")["id"])
+    seed = int(time.time()) % 1_000_000  # never queued before, so ComfyUI's cache cannot skip the Sampler
+    page.evaluate("([id, seed]) => { app.graph.getNodeById(id).widgets.find(w => w.name === 'seed').value = seed }",
+                  [sampler, seed])
+    page.evaluate("app.queuePrompt(0)")
+    entry = history_entry_with_seed(server, sampler, seed)
+    error = execution_error(entry)
+    assert error is None, error["exception_message"]
+
+    [saved] = entry["outputs"][save]["images"]
+    page.wait_for_function("id => app.graph.getNodeById(id).imgs?.[0]?.naturalWidth > 0", arg=save, timeout=30_000)
+    [(src, width, height)] = page.evaluate(
+        "id => app.graph.getNodeById(id).imgs.map(i => [i.src, i.naturalWidth, i.naturalHeight])", save)
+    assert "/view?" in src and f"filename={saved['filename']}&" in src, src
+    asked = entry["prompt"][2][sampler]["inputs"]
+    assert (width, height) == (asked["width"], asked["height"])
+
+    info = entry["outputs"][sampler]["tpu_run_info"][0]
+    statuses = page_statuses(page)
+    for node in workflow["nodes"]:
+        status = statuses[str(node["id"])]
+        if not node["type"].startswith("TPU"):
+            assert status is None, node["type"]
+            continue
+        ran = info["mode"].split(" (")[0]  # "compiled (backend inductor)" shows as "compiled"
+        assert status and status.startswith(f"{info['device']} · {ran} · "), (node["type"], status)
+        if info["loaded"]:
+            assert abs(shown_seconds(status, "loaded") - info["load_seconds"]) <= 0.05, (status, info)
+        else:
+            assert "· already loaded ·" in status, status
+        assert abs(shown_seconds(status, "sampled") - info["sample_seconds"]) <= 0.05, (status, info)
+
+    fit_view(page)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "demo_page.png")
+    if UPDATE:
+        (ROOT / "docs").mkdir(exist_ok=True)
+        page.screenshot(path=ROOT / "docs" / "screenshot.png")
+
+
+COMPILED = dict(device="tpu", mode="compiled (backend tpu)", placement="model_cpu_offload", loaded=True,
+                load_seconds=41.26, sample_seconds=9.81, peak_device_memory_mb=30720.0, compiled_now=True,
+                compile_seconds=123.44, notes=[])
+STATUS_CASES = [
+    (COMPILED, "tpu · compiled · offload · loaded 41.3s · sampled 9.8s · peak 30.0 GB\ncompiled now 123.4s"),
+    ({**COMPILED, "loaded": False, "compiled_now": False, "compile_seconds": 0.0},
+     "tpu · compiled · offload · already loaded · sampled 9.8s · peak 30.0 GB\ncompile reused"),
+    ({**COMPILED, "device": "cpu", "placement": "device", "peak_device_memory_mb": None, "compiled_now": None,
+      "mode": "eager (fused eager needs TorchTPU; cpu has no equivalent, ran strict eager)"},
+     "cpu · eager · loaded 41.3s · sampled 9.8s\nfused eager needs TorchTPU; cpu has no equivalent, ran strict eager"),
+]
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_run_info_reaches_the_sampler_and_every_node_of_ours_up_its_pipeline_chain(page, path):
+    """Events as nodes/status.py sends them, dispatched through the page's api object."""
+    workflow = load(page, path)
+    sampler = str(node_of(workflow, "TPUSampler")["id"])
+    for info, expected in STATUS_CASES:
+        page.evaluate("([name, detail]) => window.comfyAPI.api.api.dispatchEvent(new CustomEvent(name, {detail}))",
+                      [RUN_INFO_EVENT, {"node": sampler, "info": info}])
+        statuses = page_statuses(page)
+        assert {str(n["id"]): expected if n["type"].startswith("TPU") else None for n in workflow["nodes"]} \
+            == statuses
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_workflow_has_a_thumbnail_the_template_browser_serves(page, server, path):
+    """Rendered from the page each run (artifacts/); the committed .jpg is what ComfyUI's
+    template browser shows for this pack's workflows."""
+    load(page, path)
+    assert page.locator("[role=dialog]").count() == 0, "fix the workflow before rendering its thumbnail"
+    page.set_viewport_size(THUMBNAIL_VIEWPORT)
+    page.evaluate("app.extensionManager.focusMode = true")
+    try:
+        redrawn(page)  # the canvas takes the new size first, or the view fits the old one
+        fit_view(page)
+        shot = Image.open(io.BytesIO(page.screenshot())).convert("RGB").resize(THUMBNAIL_SIZE, Image.LANCZOS)
+    finally:
+        page.evaluate("app.extensionManager.focusMode = false")
+        page.set_viewport_size(VIEWPORT)
+    (ARTIFACTS / "thumbnails").mkdir(parents=True, exist_ok=True)
+    shot.save(ARTIFACTS / "thumbnails" / f"{path.stem}.jpg", quality=85)
+    committed = path.with_suffix(".jpg")
+    if UPDATE:
+        shot.save(committed, quality=85)
+
+    assert committed.exists(), f"no {committed.name}: run this test with UPDATE_SCREENSHOT=1"
+    with Image.open(committed) as image:
+        assert (image.format, image.size) == ("JPEG", THUMBNAIL_SIZE)
+    assert path.stem in server.get("/workflow_templates")[PACK_NAME]
+    served = page.request.get(f"{server.url}/api/workflow_templates/{PACK_NAME}/{committed.name}")
+    assert served.ok and served.headers["content-type"] == "image/jpeg"
+    assert served.body() == committed.read_bytes()
+
+
+def test_help_page_of_each_node_of_ours_covers_its_inputs(server):
+    """Where the frontend's node help looks for a custom node: /extensions/<pack>/docs/<node>.md."""
+    ours = {name: node for name, node in server.get("/object_info").items() if node["category"] == "TPU Diffusers"}
+    pages = {p.stem for p in (ROOT / "web" / "docs").glob("*.md")}
+    assert pages == set(ours), "a help page per node, none for a node that does not exist"
+    for name, node in ours.items():
+        assert node["python_module"] == f"custom_nodes.{PACK_NAME}"
+        with urllib.request.urlopen(f"{server.url}/extensions/{PACK_NAME}/docs/{name}.md") as response:
+            text = response.read().decode()
+        for input_name in [*node["input"]["required"], *node["input"].get("optional", {})]:
+            assert f"**{input_name}**" in text, f"{name}.md does not explain {input_name}"
+
+
+def test_no_script_errors_from_the_pack(page):
+    """Runs last in this module: errors thrown while drawing or handling events end up here."""
+    assert page.script_errors == []

@@ -1,0 +1,57 @@
+"""A TP Mesh workflow through a real server of its own, which is then stopped: no worker may outlive it."""
+
+import os
+import time
+
+from PIL import Image
+
+from comfy_host import ComfyServer, execution_error, prepare_comfyui
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) counts as gone
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def with_mesh(prompt, chips=2):
+    """Insert a TP Mesh (node 6) between Mode Selector (2) and Sampler (3)."""
+    prompt["6"] = {"class_type": "TPUMesh", "inputs": {
+        "pipeline": ["2", 0], "chips": chips, "shard_transformer": True, "shard_text_encoder": True,
+        "workers": "launch_local", "address": "", "key": ""}}
+    prompt["3"]["inputs"]["pipeline"] = ["6", 0]
+    return prompt
+
+
+def test_tp_workflow_runs_stays_warm_and_no_worker_outlives_the_server(tiny_dir, tmp_path, workflow):
+    base = tmp_path / "base"
+    (base / "models" / "diffusers").mkdir(parents=True)
+    (base / "models" / "diffusers" / "tiny-flux2").symlink_to(tiny_dir / "tiny-flux2", target_is_directory=True)
+    server = ComfyServer(prepare_comfyui(), base_dir=base).start()
+    try:
+        prompt = with_mesh(workflow())
+        prompt["1"]["inputs"]["model"] = "tiny-flux2"
+        prompt["3"]["inputs"].update(width=96, height=64, steps=2, guidance=4.0, seed=1)
+        entry = server.run(prompt, timeout=600)
+        assert execution_error(entry) is None, execution_error(entry)
+        info = entry["outputs"]["3"]["tpu_run_info"][0]
+        assert info["world_size"] == 2 and info["loaded"] is True
+        assert info["sharded_fraction_per_rank"] == [0.5, 0.5]
+        [png] = server.output_images(entry)
+        with Image.open(png) as image:
+            assert image.size == (96, 64)
+
+        prompt["3"]["inputs"]["seed"] = 2
+        again = server.run(prompt, timeout=600)
+        assert again["outputs"]["3"]["tpu_run_info"][0]["loaded"] is False
+        worker_pids = info["worker_pids"]
+        assert len(worker_pids) == 3 and all(map(pid_alive, worker_pids))  # launcher + 2 ranks, warm
+    finally:
+        server.stop()
+    deadline = time.monotonic() + 60
+    while any(map(pid_alive, worker_pids)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(map(pid_alive, worker_pids)), "a worker outlived the ComfyUI server"
