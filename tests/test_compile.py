@@ -128,3 +128,14 @@ def test_warmup_sizes_are_parsed_or_clearly_refused():
     assert parse_sizes("") == ()
     with pytest.raises(UserInputError, match="warmup size '1024' is not WIDTHxHEIGHT"):
         parse_sizes("1024")
+
+
+@pytest.mark.parametrize("name, pipeline_class", [("sd3", "StableDiffusion3Pipeline"), ("flux2", "Flux2Pipeline"),
+                                                  ("qwenimage", "QwenImagePipeline")])
+def test_the_other_families_compile_whole_and_match_eager(tiny, cache_dir, name, pipeline_class):
+    compiled = PipelineHandle(source=tiny(name), pipeline_class=pipeline_class, mode=ExecutionMode.COMPILED,
+                              compile=CompileSpec(cache_dir=cache_dir))
+    result = Engine().generate(compiled, request())
+    eager = Engine().generate(PipelineHandle(source=tiny(name), pipeline_class=pipeline_class), request())
+    assert result.info.compiled_now is True
+    torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)

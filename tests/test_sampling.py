@@ -27,10 +27,12 @@ def handle_for(tiny):
     return make
 
 
+@pytest.mark.parametrize("placement", list(Placement))
 @pytest.mark.parametrize("name", FAMILY_FOLDERS)
-def test_every_family_loads_and_samples(handle_for, name):
+def test_every_family_loads_and_samples(handle_for, name, placement):
     engine = Engine()
-    result = engine.generate(handle_for(name), request(width=96, height=64, negative_prompt="blurry"))
+    result = engine.generate(handle_for(name, placement=placement),
+                             request(width=96, height=64, negative_prompt="blurry"))
     images = result.images
     assert images.shape == (1, 64, 96, 3) and images.dtype == torch.float32
     assert torch.isfinite(images).all() and 0 <= images.min() and images.max() <= 1
