@@ -128,7 +128,7 @@ class Engine:
         notes += check_mesh(handle.mesh, handle.source, device)
         size = world_size(handle.mesh, device)
         start = time.perf_counter()
-        group, launched = self.workers.get(handle, device, size)
+        group, launched = self.workers.get(handle, device, size, on_progress)
         try:
             images, info = group.generate(handle, request, on_progress)
         except WorkerGroupError:

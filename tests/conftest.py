@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded in tests
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers, also for tests/e2e
 
 import tiny_models  # noqa: E402
 

@@ -9,6 +9,9 @@ import time
 import pytest
 import torch
 
+from comfy_host import free_port
+from processes import alive_after, launched_workers
+
 from runtime.compile_cache import CompileSpec
 from runtime.distributed import channel
 from runtime.distributed.group import WORKER_SCRIPT, WorkerGroupError
@@ -34,13 +37,6 @@ def handle_for(tiny, name, **fields):
     return PipelineHandle(source=source, pipeline_class=inspect_source(source), **fields)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) counts as gone
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 @pytest.fixture
@@ -121,6 +117,20 @@ def test_cancel_stops_every_rank_and_the_group_stays_warm(tiny, engine):
     assert not engine.generate(handle, request(seed=14)).info.loaded
 
 
+def test_cancel_while_the_workers_start_leaves_nothing_running(tiny, engine):
+    class Cancelled(Exception):
+        pass
+
+    def cancel_while_starting(done, total, what):
+        if what.startswith("starting") and launched_workers():
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2)), request(),
+                        on_progress=cancel_while_starting)
+    assert engine.workers.current is None and launched_workers() == []
+
+
 def test_a_killed_worker_fails_the_run_clearly_and_the_next_run_relaunches(tiny, engine):
     handle = handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2))
     first = engine.generate(handle, request())
@@ -134,10 +144,7 @@ def test_a_killed_worker_fails_the_run_clearly_and_the_next_run_relaunches(tiny,
     with pytest.raises(WorkerGroupError, match=r"worker rank 1 .*failed.*(-9|SIGKILL)"):
         engine.generate(handle, request(width=256, height=256, steps=10_000, seed=15), on_progress=kill_rank1_at_step_2)
     assert time.monotonic() - start < 120  # a bound against hangs, not a timing measurement
-    deadline = time.monotonic() + 30
-    while any(map(pid_alive, (launcher, rank0, rank1))) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(map(pid_alive, (launcher, rank0, rank1)))
+    assert alive_after((launcher, rank0, rank1)) == []
 
     again = engine.generate(handle, request(seed=16))
     assert again.info.loaded and set(again.info.worker_pids).isdisjoint(first.info.worker_pids)
@@ -146,18 +153,9 @@ def test_a_killed_worker_fails_the_run_clearly_and_the_next_run_relaunches(tiny,
 def test_unload_stops_the_workers(tiny, engine):
     result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2)), request())
     assert engine.unload() >= 1
-    deadline = time.monotonic() + 30
-    while any(map(pid_alive, result.info.worker_pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(map(pid_alive, result.info.worker_pids))
+    assert alive_after(result.info.worker_pids) == []
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine):

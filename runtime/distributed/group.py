@@ -74,7 +74,8 @@ class WorkerGroup:
 
     # --- start
     @classmethod
-    def launch(cls, world_size: int, device: device_module.DeviceInfo) -> "WorkerGroup":
+    def launch(cls, world_size: int, device: device_module.DeviceInfo, on_progress=None) -> "WorkerGroup":
+        """Start the ranks and connect to rank 0; `on_progress` is called while waiting and may raise to cancel."""
         key, port = channel.new_key(), _free_port()
         env = {**os.environ, channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
         if device.type == "tpu":
@@ -95,6 +96,8 @@ class WorkerGroup:
             if process.poll() is not None:
                 raise WorkerGroupError(root_cause(log_path.read_text(errors="replace")))
             try:
+                if on_progress:
+                    on_progress(0, 1, f"starting {world_size} workers")
                 conn = channel.connect(address, key, timeout=5)
                 break
             except ConnectionError:
@@ -103,6 +106,9 @@ class WorkerGroup:
                     raise WorkerGroupError(f"the {world_size} workers did not start within {LAUNCH_TIMEOUT:.0f}s "
                                            f"(log: {log_path}).") from None
                 time.sleep(0.5)
+            except BaseException:  # cancelled while starting: take the half-started group down
+                cls(None, address, world_size, process, log_path).stop(timeout=0)
+                raise
         group = cls(conn, address, world_size, process, log_path)
         group._hello()
         return group
@@ -216,7 +222,8 @@ class WorkerGroups:
         self.key = None
         atexit.register(self.stop)
 
-    def get(self, handle, device: device_module.DeviceInfo, world_size: int) -> tuple[WorkerGroup, bool]:
+    def get(self, handle, device: device_module.DeviceInfo, world_size: int,
+            on_progress=None) -> tuple[WorkerGroup, bool]:
         key = (handle.mesh, world_size, handle.load_key(device))
         if self.current is not None and self.key == key and self.current.alive():
             return self.current, False
@@ -224,7 +231,7 @@ class WorkerGroups:
         if handle.mesh.workers == ATTACH:
             self.current = WorkerGroup.attach(handle.mesh)
         else:
-            self.current = WorkerGroup.launch(world_size, device)
+            self.current = WorkerGroup.launch(world_size, device, on_progress)
         self.key = key
         return self.current, True
 

@@ -1,20 +1,9 @@
 """A TP Mesh workflow through a real server of its own, which is then stopped: no worker may outlive it."""
 
-import os
-import time
-
 from PIL import Image
 
 from comfy_host import ComfyServer, execution_error, prepare_comfyui
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) counts as gone
-        return f.read().split(")")[-1].split()[0] != "Z"
+from processes import alive_after, pid_alive
 
 
 def with_mesh(prompt, chips=2):
@@ -51,7 +40,4 @@ def test_tp_workflow_runs_stays_warm_and_no_worker_outlives_the_server(tiny_dir,
         assert len(worker_pids) == 3 and all(map(pid_alive, worker_pids))  # launcher + 2 ranks, warm
     finally:
         server.stop()
-    deadline = time.monotonic() + 60
-    while any(map(pid_alive, worker_pids)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not any(map(pid_alive, worker_pids)), "a worker outlived the ComfyUI server"
+    assert alive_after(worker_pids) == [], "a worker outlived the ComfyUI server"
