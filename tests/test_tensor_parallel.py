@@ -14,7 +14,7 @@ from processes import alive_after, launched_workers
 
 from runtime.compile_cache import CompileSpec
 from runtime.distributed import channel
-from runtime.distributed.group import WORKER_SCRIPT, WorkerGroupError
+from runtime.distributed.group import WORKER_SCRIPT, WorkerGroupError, root_cause
 from runtime.distributed.mesh import ATTACH, MeshSpec
 from runtime.distributed.sharding import local_bytes
 from runtime.engine import Engine
@@ -148,6 +148,26 @@ def test_a_killed_worker_fails_the_run_clearly_and_the_next_run_relaunches(tiny,
 
     again = engine.generate(handle, request(seed=16))
     assert again.info.loaded and set(again.info.worker_pids).isdisjoint(first.info.worker_pids)
+
+
+def test_an_exception_on_one_rank_is_reported_with_its_rank_and_message(tmp_path):
+    """torchrun's real failure report (not a copy of it): rank 1 raises, rank 0 is torn down."""
+    script = tmp_path / "fails_on_rank_1.py"
+    script.write_text(
+        "import os, time\n"
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "@record\n"
+        "def main():\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise ValueError('out of memory on rank 1, as an example')\n"
+        "    time.sleep(60)\n"
+        "main()\n")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    cause = root_cause(done.stdout + done.stderr)
+    assert cause.startswith("worker rank 1 (local_rank: 1) failed (exit code 1"), cause
+    assert "ValueError: out of memory on rank 1, as an example" in cause
 
 
 def test_unload_stops_the_workers(tiny, engine):
