@@ -7,15 +7,18 @@ from comfy_api.latest import io
 
 import folder_paths
 
-from ..runtime.compile_cache import SCOPES, CompileSpec, parse_sizes
+from ..runtime.compile_cache import SCOPES, CompileSpec, cache_dir_inside, parse_sizes
 from ..runtime.families import family_for
 from ..runtime.modes import ExecutionMode
 from ..runtime.sampling import validate_size
 from .types import CATEGORY, TPUPipeline
 
 
+CACHE_ROOT_NAME = "tpu_diffusers"
+
+
 def default_cache_dir() -> str:
-    return os.path.join(folder_paths.get_user_directory(), "tpu_diffusers", "compile_cache")
+    return os.path.join(folder_paths.get_user_directory(), CACHE_ROOT_NAME, "compile_cache")
 
 
 class TPUCompileTransformer(io.ComfyNode):
@@ -43,8 +46,9 @@ class TPUCompileTransformer(io.ComfyNode):
                                 tooltip="Sizes to compile ahead the first time the pipeline is used, e.g. "
                                         "'1024x1024, 768x1344' (WIDTHxHEIGHT, comma separated). Empty: none."),
                 io.String.Input("cache_dir", default="",
-                                tooltip="Where compiled graphs persist across restarts. Empty: "
-                                        "ComfyUI/user/tpu_diffusers/compile_cache. Delete the folder to clear it."),
+                                tooltip="Where compiled graphs persist across restarts: a folder inside "
+                                        "ComfyUI/user/tpu_diffusers. Empty: ComfyUI/user/tpu_diffusers/compile_cache. "
+                                        "Delete the folder to clear it."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, in compiled mode.")],
         )
@@ -55,6 +59,8 @@ class TPUCompileTransformer(io.ComfyNode):
         family = family_for(pipeline.pipeline_class)
         for width, height in sizes:
             validate_size(family, width, height)
+        cache_root = os.path.join(folder_paths.get_user_directory(), CACHE_ROOT_NAME)
         spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes,
-                           cache_dir=cache_dir.strip() or default_cache_dir())
+                           cache_dir=cache_dir_inside(cache_root, cache_dir.strip()) if cache_dir.strip()
+                           else default_cache_dir())
         return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode.COMPILED, compile=spec))

@@ -6,7 +6,7 @@ import folder_paths
 
 from ..runtime.device import resolve_device
 from ..runtime.handle import DTYPES, PipelineHandle
-from ..runtime.loading import inspect_source, list_model_folders, resolve_model_folder
+from ..runtime.loading import check_hub_id, inspect_source, list_model_folders, resolve_model_folder
 from .types import CATEGORY, TPUPipeline
 
 DEVICES = ("auto", "tpu", "cuda", "cpu")
@@ -43,6 +43,6 @@ class TPULoader(io.ComfyNode):
     @classmethod
     def execute(cls, model: str, hub_id: str, dtype: str, device: str) -> io.NodeOutput:
         resolve_device(device)  # an absent device is reported here, on the Loader
-        source = hub_id.strip() or resolve_model_folder(model, model_roots())
+        source = check_hub_id(hub_id.strip()) if hub_id.strip() else resolve_model_folder(model, model_roots())
         handle = PipelineHandle(source=source, pipeline_class=inspect_source(source), dtype=dtype, device=device)
         return io.NodeOutput(handle)

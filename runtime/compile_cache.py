@@ -59,6 +59,16 @@ def default_cache_dir() -> str:
         os.path.expanduser("~"), ".cache", "tpu_diffusers", "compile")
 
 
+def cache_dir_inside(root: str, text: str) -> str:
+    """The cache folder a workflow names, kept inside `root`: compiled artifacts are loaded and run,
+    so a shared workflow must not point the process at a folder others can write to."""
+    root = os.path.abspath(root)
+    path = os.path.normpath(os.path.join(root, text))
+    if os.path.commonpath([root, path]) != root:
+        raise UserInputError(f"cache_dir '{text}' is outside {root}; give a folder inside it (or leave it empty).")
+    return path
+
+
 def use_cache_dir(path: str) -> str:
     """Point the compile caches at `path` (must happen before the first compile to persist it)."""
     path = os.path.abspath(path or default_cache_dir())
@@ -93,6 +103,7 @@ class CompileState:
     fullgraph: bool
     backend: str
     cache_dir: str
+    warmup_sizes: tuple[tuple[int, int], ...] = ()
     shapes: dict[tuple[int, int, int], ShapeRecord] = dataclasses.field(default_factory=dict)
     warmed: set[tuple[int, int, int]] = dataclasses.field(default_factory=set)
 

@@ -14,7 +14,7 @@ from . import compile_cache
 from .compile_cache import CompileSpec, CompileState
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed.group import WorkerGroupError, WorkerGroups
-from .distributed.mesh import check_mesh, world_size
+from .distributed.mesh import LAUNCH_LOCAL, check_mesh, world_size
 from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
@@ -86,6 +86,7 @@ class Engine:
             notes.append(f"negative prompt ignored: {family.name} takes none")
         if handle.mesh is not None and self.workers is not None:
             return self._generate_on_workers(handle, request, notes, on_progress)
+        self._free_chips_for_this_process(handle)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
         load_seconds = time.perf_counter() - start
@@ -127,6 +128,8 @@ class Engine:
                                  "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
         notes += check_mesh(handle.mesh, handle.source, device)
         size = world_size(handle.mesh, device)
+        if device.type != "cpu" and handle.mesh.workers == LAUNCH_LOCAL:
+            self.cache.clear(device)  # the local ranks need every chip, this process's pipelines included
         start = time.perf_counter()
         group, launched = self.workers.get(handle, device, size, on_progress)
         try:
@@ -148,6 +151,12 @@ class Engine:
         log.info("TPU Diffusers: %s", run.summary().replace("\n", "; "))
         return Generation(images=images, info=run)
 
+    def _free_chips_for_this_process(self, handle: PipelineHandle) -> None:
+        """A single-process run needs the chip that locally launched TP workers hold: stop them first."""
+        if self.workers is not None and self.workers.holds_local_workers() \
+                and resolve_device(handle.device).type != "cpu":
+            self.workers.stop()
+
     # --- compiled mode
     @staticmethod
     def _apply_compile(entry: LoadedPipeline, handle: PipelineHandle, device: DeviceInfo) -> None:
@@ -159,15 +168,21 @@ class Engine:
             entry.compiled = None
         if wanted and entry.compiled is None:
             entry.compiled = compile_cache.compile_transformer(entry.pipe, spec, handle.placement, device)
-            entry.compiled.warmup_sizes = spec.warmup_sizes
+        if wanted:
+            entry.compiled.warmup_sizes = spec.warmup_sizes  # may change without a recompile
 
     def _run(self, entry: LoadedPipeline, family: Family, request: SampleRequest, on_step):
         """One pipeline call; with a compiled transformer, its compiles are counted and explained."""
         state: CompileState | None = entry.compiled
         if state is None:
             return run_pipeline(entry.pipe, family, request, on_step), compile_cache.CompileActivity()
-        with compile_cache.explained_compile_failures(state, entry.pipe), compile_cache.watch_compiles() as activity:
-            images = run_pipeline(entry.pipe, family, request, on_step)
+        try:
+            with compile_cache.explained_compile_failures(state, entry.pipe), \
+                    compile_cache.watch_compiles() as activity:
+                images = run_pipeline(entry.pipe, family, request, on_step)
+        except compile_cache.CompileError:
+            entry.compiled = None  # the transformer is eager again; the next compiled run starts afresh
+            raise
         compile_cache.record_run(state, shape_of(request), activity)
         return images, activity
 

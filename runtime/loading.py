@@ -117,6 +117,14 @@ def is_hub_id(source: str) -> bool:
     return not os.path.isabs(source)
 
 
+def check_hub_id(text: str) -> str:
+    """A hub id from a workflow, refused unless it is exactly 'owner/name' (never a path)."""
+    if not HUB_ID.match(text):
+        raise UserInputError(f"'{text}' is not a hub id like 'owner/name'. To use a local model, put its "
+                             "folder in models/diffusers and pick it in the list.")
+    return text
+
+
 def inspect_source(source: str) -> str:
     """Check a folder or hub id without loading weights; returns its pipeline class name.
 
@@ -124,10 +132,9 @@ def inspect_source(source: str) -> str:
     pipeline, a missing component folder, a truncated or corrupt safetensors file.
     """
     hub = is_hub_id(source)
-    if hub and not HUB_ID.match(source):
-        raise UserInputError(f"'{source}' is not a hub id like 'owner/name'. To use a local model, put its "
-                             "folder in models/diffusers and pick it in the list.")
-    if not hub and not os.path.isdir(source):
+    if hub:
+        check_hub_id(source)
+    elif not os.path.isdir(source):
         raise UserInputError(f"model folder '{source}' does not exist.")
     index = _read_model_index(source, is_folder=not hub)
     pipeline_class = index["_class_name"]

@@ -110,6 +110,7 @@ def test_a_graph_break_fails_clearly_and_the_pipeline_still_runs_eager(tiny, cac
         hook.remove()
     eager = engine.generate(PipelineHandle(source=handle.source, pipeline_class="FluxPipeline"), request(80, 64))
     assert eager.info.compiled_now is None and eager.info.mode == "eager" and not eager.info.loaded
+    assert engine.generate(handle, request(80, 64)).info.compiled_now is True  # compiled afresh, not "reused"
 
 
 def test_hitting_the_recompile_limit_is_said_not_hidden(tiny, cache_dir, monkeypatch):

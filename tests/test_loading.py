@@ -129,3 +129,11 @@ def test_loading_reports_progress_per_component_and_can_be_cancelled(tiny):
         cache.get(PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline"), CPU, cancel_after_two)
     assert len(seen) == 3 and seen[0].startswith("loading ")
     assert len(cache) == 0 and cache.stats.loads == 0  # nothing half-loaded is kept
+
+
+@pytest.mark.parametrize("text", ["/etc", "a/b/c", "../x/y", "owner/..", ""])
+def test_a_hub_id_from_a_workflow_must_be_owner_slash_name(text):
+    from runtime.loading import check_hub_id
+
+    with pytest.raises(UserInputError, match="is not a hub id"):
+        check_hub_id(text)

@@ -178,7 +178,7 @@ def test_unload_stops_the_workers(tiny, engine):
 
 
 
-def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine):
+def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkeypatch):
     """Two `torchrun --nnodes=2` "hosts" on loopback, as on a two-host TPU slice; the node attaches."""
     key, master_port, control = channel.new_key(), free_port(), f"127.0.0.1:{free_port()}"
     env = {**os.environ, channel.KEY_ENV: key}
@@ -204,8 +204,11 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine):
         with pytest.raises(UserInputError, match="refused the key"):
             channel.connect(control, channel.new_key(), timeout=30)
         assert all(h.poll() is None for h in hosts)
-        again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=mesh), request(seed=18))
+        monkeypatch.setenv(channel.KEY_ENV, key)  # the key from the environment, not from the (shared) workflow
+        without_key = MeshSpec(chips=2, workers=ATTACH, address=control)
+        again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=without_key), request(seed=18))
         assert again.info.loaded  # unload asked the attached workers to drop the pipeline
+        assert key not in repr(mesh)
     finally:
         for host in hosts:
             os.killpg(host.pid, signal.SIGTERM)

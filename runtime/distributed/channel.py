@@ -37,16 +37,25 @@ def listen(address: str, key: str) -> Listener:
 def connect(address: str, key: str, timeout: float) -> Connection:
     """Connect and authenticate within `timeout` seconds; a wrong key is refused at once."""
     result: dict = {}
+    lock = threading.Lock()
 
     def attempt():
         try:
-            result["conn"] = Client(parse_address(address), authkey=bytes.fromhex(key))
+            conn = Client(parse_address(address), authkey=bytes.fromhex(key))
         except (OSError, AuthenticationError, ValueError) as e:
             result["error"] = e
+            return
+        with lock:
+            if result.get("abandoned"):
+                conn.close()  # too late: the caller has moved on
+            else:
+                result["conn"] = conn
 
     thread = threading.Thread(target=attempt, daemon=True)  # Client() itself has no timeout
     thread.start()
     thread.join(timeout)
+    with lock:
+        result["abandoned"] = "conn" not in result
     if "conn" in result:
         return result["conn"]
     error = result.get("error")

@@ -66,6 +66,19 @@ def root_cause(log_text: str) -> str:
     return "the worker group stopped: " + (" | ".join(tail) or "no output")
 
 
+def tpu_launch_env(world_size: int) -> dict:
+    """What TorchTPU's launcher set-up adds for `world_size` ranks on this host (slice-builder
+    addresses, topology), without leaving it in ComfyUI's own environment."""
+    import torch
+
+    before = dict(os.environ)
+    torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=world_size)
+    added = {name: value for name, value in os.environ.items() if before.get(name) != value}
+    os.environ.clear()
+    os.environ.update(before)
+    return added
+
+
 class WorkerGroup:
     def __init__(self, conn, address: str, world_size: int, process: subprocess.Popen | None = None,
                  log_path: Path | None = None):
@@ -77,12 +90,8 @@ class WorkerGroup:
     def launch(cls, world_size: int, device: device_module.DeviceInfo, on_progress=None) -> "WorkerGroup":
         """Start the ranks and connect to rank 0; `on_progress` is called while waiting and may raise to cancel."""
         key, port = channel.new_key(), _free_port()
-        env = {**os.environ, channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
-        if device.type == "tpu":
-            import torch
-
-            torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=world_size)
-            env.update(os.environ)
+        env = {**os.environ, **(tpu_launch_env(world_size) if device.type == "tpu" else {}),
+               channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
         log_path = Path(tempfile.gettempdir()) / f"tpu_diffusers_workers_{os.getpid()}_{port}.log"
         address = f"127.0.0.1:{port}"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
@@ -166,9 +175,9 @@ class WorkerGroup:
 
     def unload(self) -> None:
         channel.send(self.conn, {"op": "unload"})
-        self._next_message()
+        self._next_message(silence_timeout=60)
 
-    def _next_message(self):
+    def _next_message(self, silence_timeout: float = SILENCE_TIMEOUT):
         """The next message from rank 0; a dead or silent group becomes a WorkerGroupError, never a hang."""
         quiet_since = time.monotonic()
         while True:
@@ -180,9 +189,9 @@ class WorkerGroup:
                 return received
             if self.process is not None and self.process.poll() is not None:
                 raise WorkerGroupError(self._failure())
-            if time.monotonic() - quiet_since > SILENCE_TIMEOUT:
+            if time.monotonic() - quiet_since > silence_timeout:
                 self.stop()
-                raise WorkerGroupError(f"the workers sent nothing for {SILENCE_TIMEOUT:.0f}s and were stopped "
+                raise WorkerGroupError(f"the workers sent nothing for {silence_timeout:.0f}s and were stopped "
                                        f"as hung (log: {self.log_path}).")
 
     def _failure(self) -> str:
@@ -234,6 +243,9 @@ class WorkerGroups:
             self.current = WorkerGroup.launch(world_size, device, on_progress)
         self.key = key
         return self.current, True
+
+    def holds_local_workers(self) -> bool:
+        return self.current is not None and self.current.process is not None
 
     def stop(self) -> int:
         """Stop a launched group (attached workers stay up and only drop their pipelines)."""

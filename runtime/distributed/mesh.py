@@ -9,6 +9,7 @@ import os
 from ..device import DeviceInfo
 from ..errors import UserInputError
 from ..loading import components, is_hub_id
+from .channel import KEY_ENV
 
 LAUNCH_LOCAL = "launch_local"
 ATTACH = "attach"
@@ -22,7 +23,7 @@ class MeshSpec:
     shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
     workers: str = LAUNCH_LOCAL  # or ATTACH: workers already started with torchrun, maybe on other hosts
     address: str = ""  # attach: host:port of rank 0's control channel
-    key: str = ""  # attach: the control channel's key (hex)
+    key: str = dataclasses.field(default="", repr=False)  # attach: the control key (hex); "" = $TPU_DIFFUSERS_CONTROL_KEY
 
 
 def local_chips(device: DeviceInfo) -> int:
@@ -53,8 +54,9 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     """Refuse what cannot work before launching: returns notes on what stays whole."""
     if spec.workers not in (LAUNCH_LOCAL, ATTACH):
         raise UserInputError(f"workers must be '{LAUNCH_LOCAL}' or '{ATTACH}', not '{spec.workers}'.")
-    if spec.workers == ATTACH and (not spec.address or not spec.key):
-        raise UserInputError("attach needs the address (host:port) and key that the workers printed at start.")
+    if spec.workers == ATTACH and (not spec.address or not (spec.key or os.environ.get(KEY_ENV))):
+        raise UserInputError(f"attach needs the address (host:port) of the workers' rank 0 and their key (in the "
+                             f"node, or ${KEY_ENV} for the ComfyUI process).")
     size = world_size(spec, device)
     if spec.workers == LAUNCH_LOCAL and size > local_chips(device):
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"

@@ -5,8 +5,7 @@ from comfy_host import execution_error
 
 def with_compile(prompt, server, **options):
     """Insert a Compile Transformer (node 5) between Mode Selector (2) and Sampler (3)."""
-    inputs = dict(pipeline=["2", 0], scope="auto", fullgraph=True, warmup_sizes="",
-                  cache_dir=str(server.base_dir / "compile-cache"))
+    inputs = dict(pipeline=["2", 0], scope="auto", fullgraph=True, warmup_sizes="", cache_dir="e2e-compile-cache")
     prompt["5"] = {"class_type": "TPUCompileTransformer", "inputs": {**inputs, **options}}
     prompt["3"]["inputs"]["pipeline"] = ["5", 0]
     return prompt
@@ -26,7 +25,7 @@ def test_compile_workflow_with_warmup_then_queued_again_compiles_nothing(server,
     first = run_info(server, prompt)
     assert first["mode"] == "compiled (backend inductor)" and first["compiled_now"] is True
     assert any(note.startswith("warm-up: compiled now for 96x64") for note in first["notes"])
-    assert (server.base_dir / "compile-cache" / "inductor").is_dir()
+    assert (server.base_dir / "user" / "tpu_diffusers" / "e2e-compile-cache" / "inductor").is_dir()
 
     prompt["3"]["inputs"]["seed"] = 2  # queued again (a new seed, so ComfyUI runs the Sampler)
     again = run_info(server, prompt)
@@ -44,6 +43,12 @@ def test_compiled_mode_without_the_compile_node_uses_its_defaults(server, workfl
     prompt["3"]["inputs"].update(width=64, height=64, steps=2, seed=3)
     info = run_info(server, prompt)
     assert info["mode"] == "compiled (backend inductor)" and info["compiled_now"] is not None
+
+
+def test_a_cache_dir_outside_the_user_folder_is_refused(server, workflow):
+    for outside in ("../../input", "/tmp/elsewhere"):
+        error = execution_error(server.run(with_compile(workflow(), server, cache_dir=outside), timeout=120))
+        assert error["node_id"] == "5" and "is outside" in error["exception_message"]
 
 
 def test_unparsable_warmup_sizes_fail_on_the_compile_node(server, workflow):
