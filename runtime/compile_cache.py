@@ -99,17 +99,17 @@ class ShapeRecord:
 class CompileState:
     """What has been compiled on one loaded pipeline, and how each shape fared."""
 
-    scope: str
+    scope: str  # what was compiled: "whole" or "repeated_blocks"
     fullgraph: bool
     backend: str
     cache_dir: str
+    requested: tuple  # (spec scope, fullgraph, placement, backend) it was compiled for
     warmup_sizes: tuple[tuple[int, int], ...] = ()
     shapes: dict[tuple[int, int, int], ShapeRecord] = dataclasses.field(default_factory=dict)
     warmed: set[tuple[int, int, int]] = dataclasses.field(default_factory=set)
 
     def matches(self, spec: CompileSpec, placement: Placement, device: DeviceInfo) -> bool:
-        return (self.scope, self.fullgraph, self.backend) == (
-            spec.resolved_scope(placement), spec.fullgraph, device.compile_backend)
+        return self.requested == (spec.scope, spec.fullgraph, placement, device.compile_backend)
 
 
 def compile_transformer(pipe, spec: CompileSpec, placement: Placement, device: DeviceInfo) -> CompileState:
@@ -117,6 +117,8 @@ def compile_transformer(pipe, spec: CompileSpec, placement: Placement, device: D
     cache_dir = use_cache_dir(spec.cache_dir)
     configure_dynamo()
     scope = spec.resolved_scope(placement)
+    if spec.scope == "auto" and not getattr(pipe.transformer, "_repeated_blocks", None):
+        scope = "whole"  # e.g. SD3 declares no repeated blocks: the whole transformer is all there is
     options = dict(backend=device.compile_backend, fullgraph=spec.fullgraph, dynamic=False)
     if scope == "whole":
         pipe.transformer.compile(**options)
@@ -129,7 +131,8 @@ def compile_transformer(pipe, spec: CompileSpec, placement: Placement, device: D
         raise UserInputError(f"compile scope '{scope}' is not one of {', '.join(SCOPES)}.")
     log.info("TPU Diffusers: transformer marked for compile (%s, backend %s, fullgraph %s, cache %s)",
              scope, device.compile_backend, spec.fullgraph, cache_dir)
-    return CompileState(scope=scope, fullgraph=spec.fullgraph, backend=device.compile_backend, cache_dir=cache_dir)
+    return CompileState(scope=scope, fullgraph=spec.fullgraph, backend=device.compile_backend, cache_dir=cache_dir,
+                        requested=(spec.scope, spec.fullgraph, placement, device.compile_backend))
 
 
 def remove_compile(pipe) -> None:
@@ -177,8 +180,14 @@ def explained_compile_failures(state: CompileState, pipe):
     except dynamo_exc.TorchDynamoException as e:
         remove_compile(pipe)
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        hint = ("set scope to 'repeated_blocks', or turn fullgraph off" if state.scope == "whole"
-                else "turn fullgraph off")
+        offloaded = state.requested[2] is Placement.MODEL_CPU_OFFLOAD
+        if state.scope == "whole" and getattr(pipe.transformer, "_repeated_blocks", None):
+            hint = "set scope to 'repeated_blocks', or turn fullgraph off"
+        elif state.scope == "whole" and offloaded:
+            hint = ("turn fullgraph off, or use placement 'device' (model CPU offload hooks cannot be traced and "
+                    f"{type(pipe.transformer).__name__} declares no repeated blocks)")
+        else:
+            hint = "turn fullgraph off"
         raise CompileError(f"compiling the transformer ({state.scope}, fullgraph={state.fullgraph}, backend "
                            f"{state.backend}) failed: {cause}. Try: {hint}; or run eager. The pipeline runs "
                            f"eager until it is compiled again.") from e

@@ -61,17 +61,34 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny, 
     torch.testing.assert_close(first.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
 
-def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, cache_dir):
+@pytest.mark.parametrize("name, pipeline_class", [("flux1-schnell", "FluxPipeline"), ("flux2", "Flux2Pipeline"),
+                                                  ("qwenimage", "QwenImagePipeline")])
+def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, cache_dir, name, pipeline_class):
     engine = Engine()
-    handle = flux(tiny, cache_dir, placement=Placement.MODEL_CPU_OFFLOAD)
+    handle = PipelineHandle(source=tiny(name), pipeline_class=pipeline_class, mode=ExecutionMode.COMPILED,
+                            placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec(cache_dir=cache_dir))
     result = engine.generate(handle, request())
     entry = engine.realise(handle)[0]
     assert entry.compiled.scope == "repeated_blocks" and entry.compiled.shapes[(64, 64, 1)].compiles == 1
     transformer = entry.pipe.transformer
     assert transformer._compiled_call_impl is None  # the offload hooks around it stay eager
     assert all(block._compiled_call_impl is not None for block in transformer.transformer_blocks)
-    eager = Engine().generate(PipelineHandle(source=handle.source, pipeline_class="FluxPipeline"), request())
+    eager = Engine().generate(PipelineHandle(source=handle.source, pipeline_class=pipeline_class), request())
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+
+
+def test_offload_of_a_transformer_without_repeated_blocks_says_what_to_do(tiny, cache_dir):
+    """SD3 declares no repeated blocks: auto compiles it whole, which cannot trace offload hooks in one graph."""
+    def sd3(fullgraph):
+        return PipelineHandle(source=tiny("sd3"), pipeline_class="StableDiffusion3Pipeline",
+                              mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
+                              compile=CompileSpec(cache_dir=cache_dir, fullgraph=fullgraph))
+
+    engine = Engine()
+    with pytest.raises(CompileError, match=r"Try: turn fullgraph off, or use placement 'device' \(model CPU "
+                                           r"offload hooks cannot be traced"):
+        engine.generate(sd3(fullgraph=True), request())
+    assert engine.generate(sd3(fullgraph=False), request()).info.compiled_now is True
 
 
 def test_a_new_process_reuses_the_on_disk_cache(tiny, cache_dir):
