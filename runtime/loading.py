@@ -68,7 +68,7 @@ def resolve_model_folder(name: str, roots: list[str]) -> str:
                          "put the diffusers folder there (it has a model_index.json) or pick another model.")
 
 
-def _read_model_index(source: str, is_folder: bool) -> dict:
+def read_model_index(source: str, is_folder: bool) -> dict:
     if is_folder:
         path = os.path.join(source, "model_index.json")
         if not os.path.isfile(path):
@@ -136,7 +136,7 @@ def inspect_source(source: str) -> str:
         check_hub_id(source)
     elif not os.path.isdir(source):
         raise UserInputError(f"model folder '{source}' does not exist.")
-    index = _read_model_index(source, is_folder=not hub)
+    index = read_model_index(source, is_folder=not hub)
     pipeline_class = index["_class_name"]
     family_for(pipeline_class, where=f"'{source}'")
     for name, (library, cls) in components(index).items():
@@ -191,7 +191,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
 
     inspect_source(handle.source)  # the folder may have changed since the Loader checked it
     folder = local_folder(handle.source)
-    index = _read_model_index(folder, is_folder=True)
+    index = read_model_index(folder, is_folder=True)
     dtype = getattr(torch, handle.resolved_dtype(device))
     parts = components(index)
     total = len(parts) + 1

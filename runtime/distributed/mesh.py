@@ -8,7 +8,7 @@ import os
 
 from ..device import DeviceInfo
 from ..errors import UserInputError
-from ..loading import components, is_hub_id
+from ..loading import components, is_hub_id, read_model_index
 from .channel import KEY_ENV
 
 LAUNCH_LOCAL = "launch_local"
@@ -65,8 +65,7 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     if is_hub_id(source):
         raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
                              f"'{source}' into models/diffusers and pick the folder.")
-    with open(os.path.join(source, "model_index.json")) as f:
-        parts = components(json.load(f))
+    parts = components(read_model_index(source, is_folder=True))
     notes = []
     if spec.shard_transformer:
         notes += _check_transformer(source, parts["transformer"][1], size)
