@@ -9,7 +9,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 if [ -n "${COMFYUI_DIR:-}" ]; then
   PY=${COMFYUI_PYTHON:-python3}
-  "$PY" -m pip install -q -r "$ROOT/requirements.txt" sentencepiece tokenizers
+  "$PY" -m pip install -q -r "$ROOT/requirements.txt"
   exec "$PY" "$ROOT/tools/comfy_host.py" demo --comfyui "$COMFYUI_DIR" "$@"
 fi
 bash "$ROOT/scripts/setup_env.sh"

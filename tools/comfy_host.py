@@ -216,7 +216,7 @@ def demo(args) -> int:
     if args.comfyui:
         server = ComfyServer(Path(args.comfyui), port=args.port)
     else:
-        server = ComfyServer(prepare_comfyui(), base_dir=ROOT / ".comfyui" / "base", port=args.port)
+        server = ComfyServer(prepare_comfyui(), base_dir=args.base_dir, port=args.port)
     build_default_model(server.models_dir)
     workflow = json.loads(DEMO_WORKFLOW.read_text())
     print(f"[demo] starting ComfyUI at {server.url} (log: {server.log_path})", flush=True)
@@ -253,6 +253,8 @@ def main(argv=None) -> int:
     d.add_argument("--comfyui", help="an existing ComfyUI folder to use instead of the vendored one")
     d.add_argument("--port", type=int, default=8188)
     d.add_argument("--exit", action="store_true", help="stop the server after the image is written")
+    d.add_argument("--base-dir", type=Path, default=ROOT / ".comfyui" / "base",
+                   help="where the vendored ComfyUI keeps models, outputs and user data")
     args = parser.parse_args(argv)
     return demo(args)
 
