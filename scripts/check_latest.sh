@@ -18,10 +18,9 @@ locked = dict(re.match(r"([^=]+)==(.+)", line).groups() for line in open(sys.arg
               if re.match(r"[^#].*==", line))
 norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
 locked = {norm(k): v for k, v in locked.items()}
-for dist in sorted(md.distributions(), key=lambda d: norm(d.metadata["Name"])):
-    name = norm(dist.metadata["Name"])
-    if locked.get(name, dist.version) != dist.version:
-        print(f"  {name}: {locked[name]} -> {dist.version}")
+changed = [f"  {norm(d.metadata['Name'])}: {locked[norm(d.metadata['Name'])]} -> {d.version}"
+           for d in md.distributions() if locked.get(norm(d.metadata["Name"]), d.version) != d.version]
+print("\n".join(sorted(changed)) or "  (none: the lock is the newest today)")
 PY
 port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 if ! HF_HUB_OFFLINE=1 "$VENV/bin/python" "$ROOT/tools/comfy_host.py" demo --exit --port "$port" --base-dir "$WORK/base"; then
