@@ -1,6 +1,7 @@
 """ComfyUI nodes of TPU Diffusers (V3 schema). Each node builds or refines a handle, or runs one."""
 
 from comfy_api.latest import ComfyExtension, io
+from server import PromptServer
 
 from ..runtime.device import detect_device
 from . import unload_hook
@@ -19,5 +20,5 @@ class TPUDiffusersExtension(ComfyExtension):
 async def comfy_entrypoint() -> TPUDiffusersExtension:
     # ComfyUI 0.3.75 never calls ComfyExtension.on_load, so set-up happens here.
     detect_device()  # logs the device line (and why TPU was not used) at start-up
-    unload_hook.install()
+    unload_hook.install(PromptServer.instance.prompt_queue)
     return TPUDiffusersExtension()

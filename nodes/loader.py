@@ -5,6 +5,7 @@ from comfy_api.latest import io
 import folder_paths
 
 from ..runtime.device import resolve_device
+from ..runtime.errors import ModelLoadError, UserInputError
 from ..runtime.handle import DTYPES, PipelineHandle
 from ..runtime.loading import check_hub_id, inspect_source, list_model_folders, resolve_model_folder
 from .types import CATEGORY, TPUPipeline
@@ -39,6 +40,31 @@ class TPULoader(io.ComfyNode):
             outputs=[TPUPipeline.Output(display_name="pipeline",
                                               tooltip="The model choice; connect to Mode Selector or Sampler.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, model: str | None = None, hub_id: str | None = None,
+                        device: str | None = None) -> bool | str:
+        """Checked when the prompt is queued, so a bad choice is refused on this node before any node
+        runs; execute checks again (a folder can change in between). An input fed by a link arrives
+        as None and is checked when the node runs. A hub id is only checked for its form here:
+        looking it up may need the network, and this runs while the server answers the request.
+        ComfyUI skips its own list check for the inputs named here; these checks cover it."""
+        try:
+            if device is not None:
+                resolve_device(device)
+        except UserInputError as e:
+            return str(e)
+        if hub_id is None:  # fed by a link: which source is used is known when the node runs
+            return True
+        field = "hub_id" if hub_id.strip() else "model"
+        try:
+            if hub_id.strip():
+                check_hub_id(hub_id.strip())
+            elif model is not None:
+                inspect_source(resolve_model_folder(model, model_roots()))
+        except (UserInputError, ModelLoadError) as e:
+            return f"{field}: {e}"  # the message names the folder or id, this says which input
+        return True
 
     @classmethod
     def execute(cls, model: str, hub_id: str, dtype: str, device: str) -> io.NodeOutput:

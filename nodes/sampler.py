@@ -3,8 +3,7 @@
 from comfy_api.latest import io
 
 from ..runtime.engine import ENGINE
-from ..runtime.sampling import MAX_SEED, SampleRequest
-from . import status
+from ..runtime.sampling import MAX_SEED, SampleRequest, size_problem
 from .comfy_progress import ComfyProgress
 from .types import CATEGORY, TPUPipeline
 
@@ -40,7 +39,6 @@ class TPUSampler(io.ComfyNode):
                 io.Int.Input("batch_size", default=1, min=1, max=64,
                              tooltip="Images per run; image i uses seed + i."),
             ],
-            hidden=[io.Hidden.unique_id],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="Connect to Save Image or Preview Image."),
                 io.String.Output(display_name="info",
@@ -49,12 +47,30 @@ class TPUSampler(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, prompt: str | None = None, width: int | None = None,
+                        height: int | None = None) -> bool | str:
+        """Checked when the prompt is queued, so a bad request is refused on this node before any node
+        runs: what every supported family needs (each family's own rules are checked when it runs).
+        ComfyUI skips its min/max check for the inputs named here, so the largest size is checked
+        too. An input fed by a link arrives as None and is checked when the node runs."""
+        if prompt is not None and not prompt.strip():
+            return "prompt is empty: describe the image to generate."
+        for name, value in (("width", width), ("height", height)):
+            if value is None:
+                continue
+            if value > MAX_SIZE:
+                return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
+            if problem := size_problem(name, value):
+                return problem
+        return True
+
+    @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, steps: int,
                 guidance: float, seed: int, batch_size: int) -> io.NodeOutput:
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress())
         info = generation.info
-        status.send_run_info(cls.hidden.unique_id, info.as_dict())
-        # Also kept in the prompt's history, where API clients read it.
+        # ComfyUI sends the ui dict to the page (`executed`, where web/tpu_diffusers.js shows it on
+        # our nodes) and keeps it in the prompt's history, where API clients read it.
         return io.NodeOutput(generation.images, info.summary(), ui={"tpu_run_info": [info.as_dict()]})

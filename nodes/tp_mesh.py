@@ -1,10 +1,13 @@
 """TPU TP Mesh: shard the pipeline over several chips, one worker process per chip."""
 
 import dataclasses
+import os
 
 from comfy_api.latest import io
 
+from ..runtime.distributed.channel import KEY_ENV, parse_address
 from ..runtime.distributed.mesh import ATTACH, LAUNCH_LOCAL, MeshSpec
+from ..runtime.errors import UserInputError
 from .types import CATEGORY, TPUPipeline
 
 
@@ -42,6 +45,27 @@ class TPUMesh(io.ComfyNode):
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, sharded over the mesh.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, workers: str | None = None, address: str | None = None,
+                        key: str | None = None) -> bool | str:
+        """Checked when the prompt is queued, so attach settings that cannot work are refused on this
+        node before any node runs or anything connects; the run checks again. ComfyUI skips its own
+        list check for the inputs named here, so workers is checked too. An input fed by a link
+        arrives as None and is checked when the node runs."""
+        if workers is not None and workers not in (LAUNCH_LOCAL, ATTACH):
+            return f"workers must be '{LAUNCH_LOCAL}' or '{ATTACH}', not '{workers}'."
+        if workers != ATTACH:
+            return True
+        if address is not None:
+            try:
+                parse_address(address.strip())
+            except UserInputError as e:
+                return str(e)
+        if key is not None and not key.strip() and not os.environ.get(KEY_ENV):
+            return (f"key is empty and ${KEY_ENV} is not set: attach needs the key the workers printed. "
+                    f"Set ${KEY_ENV} for the ComfyUI process, or type it here (it is then saved in the workflow).")
+        return True
 
     @classmethod
     def execute(cls, pipeline, chips: int, shard_transformer: bool, shard_text_encoder: bool, workers: str,

@@ -1,10 +1,10 @@
 // TPU Diffusers in the ComfyUI page: after each run, show on the Sampler and on the nodes of
 // ours feeding its `pipeline` input what actually ran (device, mode, load and compile time),
 // so a user sees at a glance whether e.g. fused eager fell back or a compile was reused.
+// The facts come through ComfyUI's own channel: the Sampler's `ui` output (`tpu_run_info`),
+// which the page hands to the node's onExecuted, also for a Sampler inside a subgraph.
 import { app } from "../../scripts/app.js";
-import { api } from "../../scripts/api.js";
 
-const RUN_INFO_EVENT = "tpu_diffusers.run_info"; // sent by nodes/status.py
 const CATEGORY = "TPU Diffusers";
 const ourTypes = new Set(); // node types of this pack, learnt from their definitions
 const LINE_HEIGHT = 14;
@@ -40,13 +40,11 @@ function pipelineChain(sampler) {
   return chain;
 }
 
-function onRunInfo(event) {
-  const { node: nodeId, info } = event.detail;
-  const sampler = app.graph.getNodeById(nodeId);
-  if (!sampler) return; // e.g. a node inside a subgraph, or a graph since replaced
+/** The status on the Sampler that ran and on every node of ours feeding it. */
+function showRunInfo(sampler, info) {
   const text = statusText(info);
   for (const node of pipelineChain(sampler)) node.tpuStatus = text;
-  app.graph.setDirtyCanvas(true, true);
+  app.canvas.setDirty(true, true);
 }
 
 /** Cut a line to the node's width, with an ellipsis, so the status never spills sideways. */
@@ -71,12 +69,15 @@ function drawStatus(node, ctx) {
 
 app.registerExtension({
   name: "tpu_diffusers.status",
-  setup() {
-    api.addEventListener(RUN_INFO_EVENT, onRunInfo);
-  },
   beforeRegisterNodeDef(nodeType, nodeData) {
     if (nodeData.category !== CATEGORY) return;
     ourTypes.add(nodeData.name);
+    const onExecuted = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (output, ...rest) {
+      onExecuted?.call(this, output, ...rest);
+      const info = output?.tpu_run_info?.[0]; // only the Sampler has a ui output
+      if (info) showRunInfo(this, info);
+    };
     const onDrawForeground = nodeType.prototype.onDrawForeground;
     nodeType.prototype.onDrawForeground = function (ctx, ...rest) {
       onDrawForeground?.call(this, ctx, ...rest);

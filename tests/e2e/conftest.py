@@ -3,12 +3,36 @@
 import copy
 import json
 import shutil
+import time
 
 import pytest
 
-from comfy_host import ROOT, ComfyServer, prepare_comfyui
+from comfy_host import ROOT, ComfyServer, execution_error, prepare_comfyui
 
 API_WORKFLOW = ROOT / "workflows" / "api" / "tpu_demo_tiny_flux.json"
+
+# Another pack's node that frees ComfyUI's models as a routine step, as many packs do.
+OTHER_PACK_NODE = """
+import comfy.model_management
+
+
+class UnloadAllModelsAfter:
+    CATEGORY = "testing"
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",)}}
+
+    def run(self, images):
+        comfy.model_management.unload_all_models()
+        return {"ui": {"called": ["unload_all_models"]}}
+
+
+NODE_CLASS_MAPPINGS = {"UnloadAllModelsAfter": UnloadAllModelsAfter}
+"""
 
 
 def _corrupt_models(diffusers_dir, tiny_dir):
@@ -34,6 +58,8 @@ def server(tiny_dir, tmp_path_factory):
     for folder in tiny_dir.iterdir():
         (diffusers_dir / folder.name).symlink_to(folder, target_is_directory=True)
     _corrupt_models(diffusers_dir, tiny_dir)
+    (base / "custom_nodes").mkdir()
+    (base / "custom_nodes" / "other_pack_unload_all_models.py").write_text(OTHER_PACK_NODE)
     with ComfyServer(prepare_comfyui(), base_dir=base) as running:
         yield running
 
@@ -43,3 +69,13 @@ def workflow():
     """A fresh copy of the shipped API-format workflow (Loader 1, Mode Selector 2, Sampler 3, Save 4)."""
     shipped = json.loads(API_WORKFLOW.read_text())
     return lambda: copy.deepcopy(shipped)
+
+
+@pytest.fixture
+def then_a_good_prompt_succeeds(server, workflow):
+    """After a test of bad input: the server still runs a good prompt."""
+    yield
+    prompt = workflow()
+    prompt["3"]["inputs"].update(width=64, height=64, steps=1, seed=int(time.time() * 1000) % 100000)
+    error = execution_error(server.run(prompt, timeout=300))
+    assert error is None, error["exception_message"]

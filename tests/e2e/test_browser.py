@@ -33,7 +33,6 @@ WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
 DEMO = ROOT / "workflows" / "tpu_demo_tiny_flux.json"
 ARTIFACTS = Path(__file__).parent / "artifacts"
 UPDATE = os.environ.get("UPDATE_SCREENSHOT") == "1"
-RUN_INFO_EVENT = "tpu_diffusers.run_info"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"no {CHROMIUM}: apt-get install -y chromium")
@@ -97,6 +96,17 @@ def page_statuses(page) -> dict:
         "() => Object.fromEntries(app.graph.nodes.map(n => [n.id, n.tpuStatus ?? null]))").items()}
 
 
+def assert_status_shows(status: str, info: dict) -> None:
+    """A node's status says what the Sampler's run info says."""
+    ran = info["mode"].split(" (")[0]  # "compiled (backend inductor)" shows as "compiled"
+    assert status and status.startswith(f"{info['device']} · {ran} · "), status
+    if info["loaded"]:
+        assert abs(shown_seconds(status, "loaded") - info["load_seconds"]) <= 0.05, (status, info)
+    else:
+        assert "· already loaded ·" in status, status
+    assert abs(shown_seconds(status, "sampled") - info["sample_seconds"]) <= 0.05, (status, info)
+
+
 def test_the_extension_is_served_and_registered(page, server):
     assert f"/extensions/{PACK_NAME}/tpu_diffusers.js" in server.get("/extensions")
     assert page.evaluate("app.extensions.some(e => e.name === 'tpu_diffusers.status')")
@@ -120,31 +130,26 @@ def test_workflow_loads_with_every_node_known_and_its_widget_values(page, path):
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_workflow_converts_to_a_prompt_the_server_accepts(page, server, path):
+def test_workflow_converts_to_a_prompt_that_runs_or_is_refused_on_the_loader(page, server, path):
     """The page's own graphToPrompt, then POST /prompt. Models other than the offline demo's are
-    absent here; ComfyUI 0.3.75 takes unknown V3 combo values, so their prompts run and fail on the
-    Loader, while newer versions answer 400 on its model input. Either names the missing folder."""
+    absent here: the Loader refuses them when the prompt is queued, naming the missing folder."""
     workflow = load(page, path)
     prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
     assert {str(n["id"]): n["type"] for n in workflow["nodes"]} == {k: v["class_type"] for k, v in prompt.items()}
-    loader = node_of(workflow, "TPULoader")
-    model = loader["widgets_values"][0]
-    try:
-        entry = server.run(prompt, timeout=300)
-    except PromptRejected as rejected:
-        assert path != DEMO, rejected
-        errors = rejected.body["node_errors"]
-        assert list(errors) == [str(loader["id"])], errors
-        for error in errors[str(loader["id"])]["errors"]:
-            assert error["extra_info"]["input_name"] == "model" and model in error["details"], error
-        return
-    error = execution_error(entry)
     if path == DEMO:
+        entry = server.run(prompt, timeout=300)
+        error = execution_error(entry)
         assert error is None, error["exception_message"]
         assert server.output_images(entry)
-    else:
-        assert error is not None and error["node_id"] == str(loader["id"]), error
-        assert f"model folder '{model}' was not found" in error["exception_message"]
+        return
+    loader = node_of(workflow, "TPULoader")
+    model = loader["widgets_values"][0]
+    with pytest.raises(PromptRejected) as rejected:
+        server.queue(prompt)
+    errors = rejected.value.body["node_errors"]
+    assert list(errors) == [str(loader["id"])], errors
+    for error in errors[str(loader["id"])]["errors"]:
+        assert f"model: model folder '{model}' was not found" in error["details"], error
 
 
 def history_entry_with_seed(server, sampler_id: str, seed: int, timeout: float = 300) -> dict:
@@ -187,16 +192,10 @@ def test_demo_runs_from_the_page_shows_its_image_and_what_ran_on_our_nodes(page,
     statuses = page_statuses(page)
     for node in workflow["nodes"]:
         status = statuses[str(node["id"])]
-        if not node["type"].startswith("TPU"):
-            assert status is None, node["type"]
-            continue
-        ran = info["mode"].split(" (")[0]  # "compiled (backend inductor)" shows as "compiled"
-        assert status and status.startswith(f"{info['device']} · {ran} · "), (node["type"], status)
-        if info["loaded"]:
-            assert abs(shown_seconds(status, "loaded") - info["load_seconds"]) <= 0.05, (status, info)
+        if node["type"].startswith("TPU"):
+            assert_status_shows(status, info)
         else:
-            assert "· already loaded ·" in status, status
-        assert abs(shown_seconds(status, "sampled") - info["sample_seconds"]) <= 0.05, (status, info)
+            assert status is None, node["type"]
 
     fit_view(page)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -204,6 +203,33 @@ def test_demo_runs_from_the_page_shows_its_image_and_what_ran_on_our_nodes(page,
     if UPDATE:
         (ROOT / "docs").mkdir(exist_ok=True)
         page.screenshot(path=ROOT / "docs" / "screenshot.png")
+
+
+def test_status_shows_on_our_nodes_inside_a_subgraph_after_a_run(page, server):
+    """ComfyUI runs a subgraph's nodes under their path ("5:3") and the page hands the Sampler's
+    output to the node at that path: the status reaches our nodes inside the subgraph."""
+    load(page, DEMO)
+    seed = int(time.time()) % 1_000_000 + 1  # not the seed of the demo test just before
+    sampler_path, inner_ids = page.evaluate("""seed => {
+        const sampler = app.graph.nodes.find(n => n.type === 'TPUSampler');
+        sampler.widgets.find(w => w.name === 'seed').value = seed;
+        const ours = app.graph.nodes.filter(n => n.type.startsWith('TPU'));
+        const { node } = app.graph.convertToSubgraph(new Set(ours));
+        return [`${node.id}:${sampler.id}`, ours.map(n => n.id)];
+    }""", seed)
+    page.evaluate("app.queuePrompt(0)")
+    entry = history_entry_with_seed(server, sampler_path, seed)
+    error = execution_error(entry)
+    assert error is None, error["exception_message"]
+
+    info = entry["outputs"][sampler_path]["tpu_run_info"][0]
+    page.wait_for_function("() => app.graph.nodes.find(n => n.isSubgraphNode?.()).subgraph.nodes"
+                           ".every(n => n.tpuStatus)", timeout=30_000)
+    inner = page.evaluate("() => app.graph.nodes.find(n => n.isSubgraphNode?.()).subgraph.nodes"
+                          ".map(n => [n.id, n.tpuStatus])")
+    assert sorted(node_id for node_id, _ in inner) == sorted(inner_ids)
+    for _, status in inner:
+        assert_status_shows(status, info)
 
 
 COMPILED = dict(device="tpu", mode="compiled (backend tpu)", placement="model_cpu_offload", loaded=True,
@@ -221,12 +247,14 @@ STATUS_CASES = [
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_run_info_reaches_the_sampler_and_every_node_of_ours_up_its_pipeline_chain(page, path):
-    """Events as nodes/status.py sends them, dispatched through the page's api object."""
+    """ComfyUI's `executed` message with the Sampler's ui output, as the server sends it, dispatched
+    through the page's api object: the page's own handler gives it to the Sampler's onExecuted."""
     workflow = load(page, path)
     sampler = str(node_of(workflow, "TPUSampler")["id"])
     for info, expected in STATUS_CASES:
-        page.evaluate("([name, detail]) => window.comfyAPI.api.api.dispatchEvent(new CustomEvent(name, {detail}))",
-                      [RUN_INFO_EVENT, {"node": sampler, "info": info}])
+        detail = {"node": sampler, "display_node": sampler, "output": {"tpu_run_info": [info]}, "prompt_id": "test"}
+        page.evaluate("detail => window.comfyAPI.api.api.dispatchEvent(new CustomEvent('executed', {detail}))",
+                      detail)
         statuses = page_statuses(page)
         assert {str(n["id"]): expected if n["type"].startswith("TPU") else None for n in workflow["nodes"]} \
             == statuses
