@@ -11,3 +11,7 @@ class UserInputError(ValueError):
 
 class ModelLoadError(RuntimeError):
     """A model folder exists but could not be read (corrupt, truncated, incomplete)."""
+
+
+class SettingError(ValueError):
+    """One of the pack's environment variables has a value it cannot use (see runtime/settings.py)."""

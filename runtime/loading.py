@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import gc
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -131,26 +132,37 @@ def inspect_source(source: str) -> str:
     Catches what a user can fix before any sampling starts: not a pipeline, an unsupported
     pipeline, a missing component folder, a truncated or corrupt safetensors file.
     """
-    hub = is_hub_id(source)
-    if hub:
-        check_hub_id(source)
-    elif not os.path.isdir(source):
-        raise UserInputError(f"model folder '{source}' does not exist.")
+    hub = check_source(source)
     index = read_model_index(source, is_folder=not hub)
-    pipeline_class = index["_class_name"]
-    family_for(pipeline_class, where=f"'{source}'")
+    check_index(source, index, folder=None if hub else source)
+    return index["_class_name"]
+
+
+def check_source(source: str) -> bool:
+    """Refuse a malformed hub id or a missing folder; returns whether `source` is a hub id."""
+    if is_hub_id(source):
+        check_hub_id(source)
+        return True
+    if not os.path.isdir(source):
+        raise UserInputError(f"model folder '{source}' does not exist.")
+    return False
+
+
+def check_index(source: str, index: dict, folder: str | None) -> None:
+    """Refuse an unsupported pipeline and components from another library; with the local `folder`,
+    also a missing component folder or a truncated or corrupt safetensors file."""
+    family_for(index["_class_name"], where=f"'{source}'")
     for name, (library, cls) in components(index).items():
         if library not in ALLOWED_LIBRARIES:
             raise UserInputError(f"component '{name}' of '{source}' comes from library '{library}'; "
                                  f"only {', '.join(ALLOWED_LIBRARIES)} components are loaded.")
-        if not hub:
-            _check_component_folder(source, name, cls)
-    return pipeline_class
+        if folder:
+            _check_component_folder(folder, source, name, cls)
 
 
 def local_folder(source: str) -> str:
     """The folder to load from: the source itself, or the hub snapshot diffusers downloads (or finds cached)."""
-    if not is_hub_id(source):
+    if not check_source(source):
         return source
     from diffusers import DiffusionPipeline
 
@@ -161,10 +173,10 @@ def local_folder(source: str) -> str:
                              f"then put the folder in models/diffusers and pick it in the list.") from e
 
 
-def _check_component_folder(source: str, name: str, cls: str) -> None:
+def _check_component_folder(pipeline_folder: str, source: str, name: str, cls: str) -> None:
     from safetensors import SafetensorError, safe_open
 
-    folder = os.path.join(source, name)
+    folder = os.path.join(pipeline_folder, name)
     if not os.path.isdir(folder):
         raise ModelLoadError(f"'{source}' lists component '{name}' ({cls}) but has no '{name}' folder; "
                              "the download is incomplete: download the model again.")
@@ -183,17 +195,25 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
                   sharding=None):
     """Load every component with its own library class, then assemble and place the pipeline.
 
-    `sharding` (distributed.sharding.Sharding, on a TP rank) adds each component's sharding
-    arguments and says which components it placed itself.
+    model_index.json is read once here, checked, and that same content says what loads: the folder
+    may have changed since the Loader checked it, and a second read could differ from the checked
+    one. The pipeline is built from the loaded components directly, as `from_pretrained` would read
+    the file again. `sharding` (distributed.sharding.Sharding, on a TP rank) adds each component's
+    sharding arguments and says which components it placed itself.
     """
     import diffusers
     import torch
 
-    inspect_source(handle.source)  # the folder may have changed since the Loader checked it
     folder = local_folder(handle.source)
     index = read_model_index(folder, is_folder=True)
+    check_index(handle.source, index, folder)
+    if index["_class_name"] != handle.pipeline_class:
+        raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.pipeline_class} "
+                             "the Loader found; queue the workflow again.")
+    pipeline_cls = getattr(diffusers, handle.pipeline_class)
+    takes = inspect.signature(pipeline_cls).parameters
+    parts = {name: part for name, part in components(index).items() if name in takes}
     dtype = getattr(torch, handle.resolved_dtype(device))
-    parts = components(index)
     total = len(parts) + 1
     loaded = {}
     for done, (name, (library, cls)) in enumerate(parts.items()):
@@ -201,8 +221,11 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             on_progress(done, total, f"loading {name}")
         loaded[name] = _load_component(folder, name, library, cls, dtype,
                                        sharding.load_kwargs(folder, name) if sharding else {})
-    pipeline_cls = getattr(diffusers, handle.pipeline_class)
-    pipe = pipeline_cls.from_pretrained(folder, dtype=dtype, local_files_only=True, **loaded)
+    try:
+        pipe = pipeline_cls(**loaded)
+    except TypeError as e:  # a component the pipeline needs is not in model_index.json
+        raise ModelLoadError(f"'{handle.source}' cannot make a {handle.pipeline_class} ({e}); "
+                             "download the model again.") from e
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             # Inference only. Frozen parameters also keep libtpu from starting autograd machinery.

@@ -1,32 +1,71 @@
+import importlib.util
 import logging
 import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from runtime import device
+from runtime.handle import PipelineHandle
+from runtime.loading import load_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPT_OUT = "TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT"  # as in test_torch_tpu_contract.py: a stack without torch_tpu
 
 
-def test_cpu_row_of_the_device_table():
-    info = device.device_info("cpu")
-    assert (info.compile_backend, info.process_group_backend, info.default_dtype) == ("inductor", "gloo", "float32")
-    assert not info.has_fused_eager
-    tpu = device.device_info("tpu")
-    assert (tpu.compile_backend, tpu.process_group_backend, tpu.default_dtype) == ("tpu", "tpu_dist", "bfloat16")
+def require_torch_tpu():
+    """The suite runs on a TPU user's stack (scripts/test.sh installs torch_tpu): without it, a test of how
+    the pack behaves next to torch_tpu would pass without checking anything, so it fails and says why."""
+    if importlib.util.find_spec("torch_tpu") is None:
+        if os.environ.get(OPT_OUT) == "1":
+            pytest.skip(f"torch_tpu is not installed and {OPT_OUT}=1")
+        pytest.fail(f"torch_tpu is not installed, but this test checks the pack next to it, as on a TPU VM: "
+                    f"install it (EXTRAS=test bash scripts/setup_env.sh does) or set {OPT_OUT}=1.", pytrace=False)
 
 
-def test_detects_cpu_here_and_says_why_tpu_was_not_used(caplog):
+@pytest.mark.parametrize("row_dtype, loaded_dtype", [(None, torch.float32), ("bfloat16", torch.bfloat16)])
+def test_the_device_table_row_decides_the_dtype_an_auto_pipeline_loads_in(tiny, monkeypatch, row_dtype,
+                                                                            loaded_dtype):
+    """None: the shipped cpu row (README: "auto" is float32 on CPU); else the row changed to that dtype."""
+    if row_dtype:
+        monkeypatch.setitem(device._DEVICE_TABLE, "cpu", {**device._DEVICE_TABLE["cpu"], "default_dtype": row_dtype})
+    handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline", dtype="auto")
+    pipe = load_pipeline(handle, device.device_info("cpu"))
+    assert {p.dtype for p in pipe.transformer.parameters()} == {loaded_dtype}
+
+
+@pytest.fixture
+def fresh_detection():
+    """detect_device() is cached for the process: detect anew here, and leave no result of this test behind."""
     device.detect_device.cache_clear()
+    yield device.detect_device
+    device.detect_device.cache_clear()
+
+
+@pytest.mark.parametrize("on_pci_bus, autoload, why", [
+    (False, None, "no TPU on the PCI bus"),
+    (True, "0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept torch from loading torch_tpu; unset it"),
+    (True, None, "a TPU is on the PCI bus but TorchTPU did not register it"),
+])
+def test_with_torch_tpu_and_no_usable_chip_the_log_says_why_and_falls_back(caplog, monkeypatch, fresh_detection,
+                                                                         on_pci_bus, autoload, why):
+    require_torch_tpu()
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: None)
+    monkeypatch.setattr(device, "tpu_on_pci_bus", lambda: on_pci_bus)
+    if autoload is None:
+        monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", autoload)
     with caplog.at_level(logging.INFO, logger="tpu_diffusers"):
-        info = device.detect_device()
+        info = fresh_detection()
     assert info.type == "cpu"
-    assert "torch_tpu is installed but no TPU chip is usable (no TPU on the PCI bus); falling back to cpu" in caplog.text
+    assert f"torch_tpu is installed but no TPU chip is usable ({why}" in caplog.text
+    assert caplog.text.rstrip().endswith("falling back to cpu.")
 
 
 def test_asking_for_an_absent_device_is_a_clear_error():
-    import pytest
-
     from runtime.errors import UserInputError
 
     with pytest.raises(UserInputError, match="device 'tpu' was asked for but this machine has cpu"):
@@ -34,8 +73,12 @@ def test_asking_for_an_absent_device_is_a_clear_error():
     assert device.resolve_device("cpu").type == "cpu"
 
 
-def test_metadata_server_query_is_skipped_without_a_tpu(monkeypatch):
+def test_metadata_server_query_is_skipped_only_without_a_tpu(monkeypatch):
     monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
+    monkeypatch.setattr(device, "tpu_on_pci_bus", lambda: True)
+    device.prepare_tpu_environment()
+    assert "TPU_SKIP_MDS_QUERY" not in os.environ  # a TPU host needs the metadata server
+    monkeypatch.setattr(device, "tpu_on_pci_bus", lambda: False)
     device.prepare_tpu_environment()
     assert os.environ["TPU_SKIP_MDS_QUERY"] == "1"
     monkeypatch.setenv("TPU_SKIP_MDS_QUERY", "0")  # a user's own choice is kept
@@ -46,6 +89,9 @@ def test_metadata_server_query_is_skipped_without_a_tpu(monkeypatch):
 def test_with_torch_tpu_installed_and_no_chip_autograd_does_not_hang():
     """As inside ComfyUI: torch is imported first, then the pack. Without the pack's env hygiene
     the first backward starts libtpu, which retries the metadata server for ~640 s."""
+    require_torch_tpu()
+    if device.tpu_on_pci_bus():
+        pytest.skip("this host has a TPU: the hang this guards against needs a host without one")
     script = (
         "import torch, runtime, os\n"
         "assert os.environ['TPU_SKIP_MDS_QUERY'] == '1'\n"

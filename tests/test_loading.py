@@ -3,10 +3,11 @@ import shutil
 
 import pytest
 
+from runtime import loading
 from runtime.device import device_info
 from runtime.errors import ModelLoadError, UserInputError
 from runtime.handle import PipelineHandle
-from runtime.loading import PipelineCache, inspect_source, list_model_folders, resolve_model_folder
+from runtime.loading import PipelineCache, inspect_source, list_model_folders, load_pipeline, resolve_model_folder
 
 CPU = device_info("cpu")
 
@@ -66,6 +67,35 @@ def test_component_from_another_library_is_refused(copy_of):
     (folder / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(UserInputError, match="library 'os'"):
         inspect_source(str(folder))
+
+
+def test_what_loads_is_the_model_index_that_was_checked_even_if_the_file_changes_after(copy_of, monkeypatch):
+    """Rewritten right after it was read, as by someone racing the loader: the change must not be used."""
+    folder = copy_of("flux1-schnell")
+    read_model_index = loading.read_model_index
+    reads = []
+
+    def read_then_rewrite(source, is_folder):
+        index = read_model_index(source, is_folder)
+        reads.append(source)
+        (folder / "model_index.json").write_text(json.dumps({**index, "vae": ["os", "system"],
+                                                             "image_encoder": ["os", "system"]}))
+        return index
+
+    monkeypatch.setattr(loading, "read_model_index", read_then_rewrite)
+    pipe = load_pipeline(PipelineHandle(source=str(folder), pipeline_class="FluxPipeline"), CPU)
+    assert reads == [str(folder)]
+    assert type(pipe.vae).__name__ == "AutoencoderKL" and pipe.image_encoder is None
+
+
+def test_a_component_from_another_library_is_refused_at_load_too(copy_of):
+    """The folder may change after the Loader checked it; the load checks what it reads."""
+    folder = copy_of("flux1-schnell")
+    handle = PipelineHandle(source=str(folder), pipeline_class=inspect_source(str(folder)))
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "vae": ["os", "system"]}))
+    with pytest.raises(UserInputError, match="library 'os'"):
+        load_pipeline(handle, CPU)
 
 
 def test_truncated_weights_are_reported_before_loading(copy_of):

@@ -1,11 +1,14 @@
+import dataclasses
+
 import pytest
 import torch
 
+from runtime.device import device_info, resolve_device
 from runtime.engine import Engine
 from runtime.errors import UserInputError
 from runtime.families import FAMILIES
 from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
+from runtime.loading import inspect_source, load_pipeline
 from runtime.modes import ExecutionMode, Placement
 from runtime.sampling import SampleRequest
 
@@ -31,13 +34,16 @@ def handle_for(tiny):
 @pytest.mark.parametrize("name", FAMILY_FOLDERS)
 def test_every_family_loads_and_samples(handle_for, name, placement):
     engine = Engine()
-    result = engine.generate(handle_for(name, placement=placement),
-                             request(width=96, height=64, negative_prompt="blurry"))
+    handle = handle_for(name, placement=placement)
+    result = engine.generate(handle, request(width=96, height=64, negative_prompt="blurry"))
     images = result.images
     assert images.shape == (1, 64, 96, 3) and images.dtype == torch.float32
     assert torch.isfinite(images).all() and 0 <= images.min() and images.max() <= 1
     assert images.std() > 0  # not a constant image
-    assert result.info.loaded and result.info.device == "cpu" and result.info.mode == "eager"
+    device = resolve_device(handle.device)
+    assert result.info.loaded and result.info.device == device.type and result.info.mode == "eager"
+    # diffusers' own notion of where the pipeline runs (the offload hooks' device under model CPU offload)
+    assert engine.realise(handle)[0].pipe._execution_device.type == device.type
 
 
 def test_same_seed_same_image_different_seed_different_image(handle_for):
@@ -80,13 +86,23 @@ def test_modes_and_placements_run_and_give_the_same_image(handle_for, mode, plac
         assert result.info.mode.startswith("eager (fused eager needs TorchTPU")
 
 
-def test_model_offload_keeps_weights_off_the_device_between_runs(handle_for):
+def test_the_pipeline_is_placed_on_the_device_it_is_given(handle_for):
+    """On a device that is not cpu, so that this can fail on a CPU-only host: torch's meta device stands
+    in for a chip (nothing runs; where the weights are is what is checked)."""
+    chip = dataclasses.replace(device_info("cpu"), type="meta")
+    pipe = load_pipeline(handle_for("flux1-schnell"), chip)
+    models = [pipe.transformer, pipe.vae, pipe.text_encoder, pipe.text_encoder_2]
+    assert {p.device.type for model in models for p in model.parameters()} == {"meta"}
+
+
+def test_model_offload_runs_on_the_resolved_device_and_keeps_weights_on_cpu_between_runs(handle_for):
     engine = Engine()
     handle = handle_for("flux1-schnell", placement=Placement.MODEL_CPU_OFFLOAD)
     engine.generate(handle, request())
     pipe = engine.realise(handle)[0].pipe
     assert getattr(pipe.transformer, "_hf_hook", None) is not None  # accelerate's offload hook is installed
-    assert pipe.transformer.device.type == "cpu"
+    assert pipe._execution_device.type == resolve_device(handle.device).type  # where the hooks run each model
+    assert pipe.transformer.device.type == "cpu"  # where it rests between runs
 
 
 def test_progress_reports_every_step_and_cancel_stops_within_one_step(handle_for):

@@ -17,10 +17,24 @@ from multiprocessing.connection import Client, Connection, Listener
 from ..errors import UserInputError
 
 KEY_ENV = "TPU_DIFFUSERS_CONTROL_KEY"
+KEY_BYTES = 32  # 256 bits, written as 64 hex digits
 
 
 def new_key() -> str:
-    return secrets.token_hex(32)
+    return secrets.token_hex(KEY_BYTES)
+
+
+def decode_key(key: str) -> bytes:
+    """The key as bytes, refused unless it is 64 hex digits. The message never repeats the key."""
+    how = (f"it must be {2 * KEY_BYTES} hex digits, as the workers print at start "
+           f"(make one with: python -c \"import secrets; print(secrets.token_hex({KEY_BYTES}))\").")
+    try:
+        raw = bytes.fromhex(key)
+    except ValueError:
+        raise UserInputError(f"the control key is not hex: {how}") from None
+    if len(raw) != KEY_BYTES:
+        raise UserInputError(f"the control key has {2 * len(raw)} hex digits; {how}")
+    return raw
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -31,18 +45,24 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 def listen(address: str, key: str) -> Listener:
-    return Listener(parse_address(address), authkey=bytes.fromhex(key))
+    return Listener(parse_address(address), authkey=decode_key(key))
 
 
 def connect(address: str, key: str, timeout: float) -> Connection:
-    """Connect and authenticate within `timeout` seconds; a wrong key is refused at once."""
+    """Connect and authenticate within `timeout` seconds.
+
+    Each cause of failure has its own error: a malformed address or key is a UserInputError before
+    anything is sent; nothing listening, no answer in time or a dropped handshake is a ConnectionError
+    (worth retrying while workers start); a key the workers refuse is a UserInputError.
+    """
+    target, authkey = parse_address(address), decode_key(key)
     result: dict = {}
     lock = threading.Lock()
 
     def attempt():
         try:
-            conn = Client(parse_address(address), authkey=bytes.fromhex(key))
-        except (OSError, AuthenticationError, ValueError) as e:
+            conn = Client(target, authkey=authkey)
+        except (OSError, EOFError, AuthenticationError) as e:
             result["error"] = e
             return
         with lock:
@@ -59,9 +79,18 @@ def connect(address: str, key: str, timeout: float) -> Connection:
     if "conn" in result:
         return result["conn"]
     error = result.get("error")
-    if isinstance(error, AuthenticationError) or isinstance(error, ValueError):
+    if isinstance(error, AuthenticationError):
         raise UserInputError(f"the workers at {address} refused the key: check the key they printed at start.")
-    raise ConnectionError(f"no worker control channel answered at {address} within {timeout:.0f}s ({error}).")
+    if isinstance(error, ConnectionRefusedError):
+        raise ConnectionError(f"nothing listens at {address} (connection refused): start the workers, or check "
+                              "the host and port they printed.")
+    if error is None:
+        raise ConnectionError(f"no answer from {address} within {timeout:.0f}s: is it the workers' control "
+                              "channel, and are they busy with another client?")
+    if isinstance(error, EOFError):
+        raise ConnectionError(f"{address} closed the connection during the handshake: is it the workers' "
+                              "control channel?")
+    raise ConnectionError(f"cannot reach {address} ({error}).")
 
 
 def send(conn: Connection, message: dict, payload: bytes | None = None) -> None:

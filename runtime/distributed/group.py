@@ -21,20 +21,35 @@ import time
 from pathlib import Path
 
 from .. import device as device_module
-from ..errors import UserInputError
+from .. import settings
+from ..compile_cache import CompileError
+from ..errors import ModelLoadError, UserInputError
 from . import channel
 from .mesh import ATTACH, MeshSpec
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-LAUNCH_TIMEOUT = float(os.environ.get("TPU_DIFFUSERS_LAUNCH_TIMEOUT", "600"))
-# Longest quiet spell from a busy group (no step finished) before it counts as hung: a first
-# TPU compile of a big transformer takes many minutes.
-SILENCE_TIMEOUT = float(os.environ.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT", "3600"))
 POLL_SECONDS = 0.25
 
 
 class WorkerGroupError(RuntimeError):
     """A worker failed; the message names the rank and the cause when torchrun reported them."""
+
+
+class WorkerRequestError(RuntimeError):
+    """A request failed the same way on every rank with an error of no kind of ours; the group is still up."""
+
+
+# Errors a request can fail with on every rank, raised here as the same kind (a UserInputError stays one,
+# so ComfyUI shows it on the node). Matched by name: the workers import the runtime under another package.
+REQUEST_ERRORS = {cls.__name__: cls for cls in (UserInputError, ModelLoadError, CompileError)}
+
+
+def request_error(reply: dict) -> Exception:
+    """The exception for a worker group's error reply."""
+    kind = REQUEST_ERRORS.get(reply["kind"])
+    if kind is not None:
+        return kind(reply["message"])
+    return WorkerRequestError(f"every worker rank failed with {reply['kind']}: {reply['message']}")
 
 
 def _free_port() -> int:
@@ -71,6 +86,8 @@ def tpu_launch_env(world_size: int) -> dict:
     addresses, topology), without leaving it in ComfyUI's own environment."""
     import torch
 
+    device_module.note_experimental("torch.tpu.distributed.set_tpu_launch_env",
+                                    "it prepares the environment of locally launched TP workers")
     before = dict(os.environ)
     torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=world_size)
     added = {name: value for name, value in os.environ.items() if before.get(name) != value}
@@ -89,18 +106,22 @@ class WorkerGroup:
     @classmethod
     def launch(cls, world_size: int, device: device_module.DeviceInfo, on_progress=None) -> "WorkerGroup":
         """Start the ranks and connect to rank 0; `on_progress` is called while waiting and may raise to cancel."""
+        launch_timeout = settings.get("TPU_DIFFUSERS_LAUNCH_TIMEOUT")
         key, port = channel.new_key(), _free_port()
         env = {**os.environ, **(tpu_launch_env(world_size) if device.type == "tpu" else {}),
                channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
-        log_path = Path(tempfile.gettempdir()) / f"tpu_diffusers_workers_{os.getpid()}_{port}.log"
         address = f"127.0.0.1:{port}"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
                    "--max_restarts=0", str(WORKER_SCRIPT), "--control", address]
-        with open(log_path, "w") as log:
+        # A new file only this user can read (the log holds tracebacks and paths), never one planted in
+        # the shared temp folder under a name guessed in advance.
+        log_fd, log_name = tempfile.mkstemp(prefix="tpu_diffusers_workers_", suffix=".log")
+        log_path = Path(log_name)
+        with os.fdopen(log_fd, "w") as log:
             # Own session: a Ctrl-C meant for ComfyUI does not tear through the ranks mid-step; they
             # leave when ComfyUI's connection closes, whichever way ComfyUI ends.
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        deadline = time.monotonic() + launch_timeout
         while True:
             if process.poll() is not None:
                 raise WorkerGroupError(root_cause(log_path.read_text(errors="replace")))
@@ -112,7 +133,7 @@ class WorkerGroup:
             except ConnectionError:
                 if time.monotonic() > deadline:
                     cls(None, address, world_size, process, log_path).stop()
-                    raise WorkerGroupError(f"the {world_size} workers did not start within {LAUNCH_TIMEOUT:.0f}s "
+                    raise WorkerGroupError(f"the {world_size} workers did not start within {launch_timeout:.0f}s "
                                            f"(log: {log_path}).") from None
                 time.sleep(0.5)
             except BaseException:  # cancelled while starting: take the half-started group down
@@ -124,7 +145,7 @@ class WorkerGroup:
 
     @classmethod
     def attach(cls, spec: MeshSpec) -> "WorkerGroup":
-        key = spec.key or os.environ.get(channel.KEY_ENV, "")
+        key = spec.key or settings.get(channel.KEY_ENV)
         if not key:
             raise UserInputError(f"attach needs the workers' key: type it in the node, or set ${channel.KEY_ENV} "
                                  "for the ComfyUI process (keeps it out of shared workflows).")
@@ -177,8 +198,12 @@ class WorkerGroup:
         channel.send(self.conn, {"op": "unload"})
         self._next_message(silence_timeout=60)
 
-    def _next_message(self, silence_timeout: float = SILENCE_TIMEOUT):
-        """The next message from rank 0; a dead or silent group becomes a WorkerGroupError, never a hang."""
+    def _next_message(self, silence_timeout: float | None = None):
+        """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT). A
+        request that failed on every rank raises its error; a dead or silent group becomes a
+        WorkerGroupError, never a hang."""
+        if silence_timeout is None:
+            silence_timeout = settings.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT")
         quiet_since = time.monotonic()
         while True:
             try:
@@ -186,6 +211,8 @@ class WorkerGroup:
             except (EOFError, OSError):
                 raise WorkerGroupError(self._failure()) from None
             if received is not None:
+                if received[0]["op"] == "error":
+                    raise request_error(received[0])
                 return received
             if self.process is not None and self.process.poll() is not None:
                 raise WorkerGroupError(self._failure())

@@ -6,10 +6,11 @@ import dataclasses
 import json
 import os
 
+from .. import settings
 from ..device import DeviceInfo
-from ..errors import UserInputError
+from ..errors import ModelLoadError, UserInputError
 from ..loading import components, is_hub_id, read_model_index
-from .channel import KEY_ENV
+from .channel import KEY_ENV, decode_key, parse_address
 
 LAUNCH_LOCAL = "launch_local"
 ATTACH = "attach"
@@ -47,16 +48,24 @@ def _subfolder_config(folder: str, name: str) -> dict:
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as e:
-        raise UserInputError(f"cannot read {name}/config.json of '{folder}' ({e}).") from e
+        raise _unreadable_config(folder, name, e) from e
+
+
+def _unreadable_config(folder: str, name: str, error: Exception) -> ModelLoadError:
+    return ModelLoadError(f"cannot read {name}/config.json of '{folder}' ({error}); download the model again.")
 
 
 def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     """Refuse what cannot work before launching: returns notes on what stays whole."""
     if spec.workers not in (LAUNCH_LOCAL, ATTACH):
         raise UserInputError(f"workers must be '{LAUNCH_LOCAL}' or '{ATTACH}', not '{spec.workers}'.")
-    if spec.workers == ATTACH and (not spec.address or not (spec.key or os.environ.get(KEY_ENV))):
-        raise UserInputError(f"attach needs the address (host:port) of the workers' rank 0 and their key (in the "
-                             f"node, or ${KEY_ENV} for the ComfyUI process).")
+    if spec.workers == ATTACH:
+        key = spec.key or settings.get(KEY_ENV)
+        if not spec.address or not key:
+            raise UserInputError(f"attach needs the address (host:port) of the workers' rank 0 and their key (in "
+                                 f"the node, or ${KEY_ENV} for the ComfyUI process).")
+        parse_address(spec.address)
+        decode_key(key)
     size = world_size(spec, device)
     if spec.workers == LAUNCH_LOCAL and size > local_chips(device):
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"
@@ -106,5 +115,8 @@ def _check_text_encoder(source: str, name: str, cls: str, size: int) -> str:
 def text_encoder_has_tp_plan(source: str, name: str) -> bool:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(os.path.join(source, name))
+    try:
+        config = AutoConfig.from_pretrained(os.path.join(source, name))
+    except (OSError, ValueError) as e:
+        raise _unreadable_config(source, name, e) from e
     return bool(getattr(config.get_text_config(), "base_model_tp_plan", None))

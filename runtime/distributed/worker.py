@@ -9,8 +9,10 @@ Rank 0 serves the control channel on HOST:PORT with the key in $TPU_DIFFUSERS_CO
 rank; all ranks run it in step (collectives inside the sharded modules), rank 0 answers.
 Without --stay the group exits when its client disconnects (a local launch dies with its
 ComfyUI); with --stay (attach mode) it waits for the next client.
-An exception on any rank ends that process; torchrun then stops the group and reports the
-failing rank, which the ComfyUI side reads back.
+A request that fails on every rank (a bad size, a model that does not load, a compile error)
+is answered with an error reply and the group stays up. A rank that fails alone ends its
+process; torchrun then stops the group and reports the failing rank, which the ComfyUI side
+reads back.
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from runtime import device as device_module  # noqa: E402  (also sets TPU env hygiene first)
+from runtime import process_env  # noqa: E402
+
+process_env.apply(process_env.default_root())  # before torch: TorchTPU reads these once, at backend start
+from runtime import settings  # noqa: E402
 from runtime.distributed import channel  # noqa: E402
 
 IDLE_TIMEOUT = datetime.timedelta(days=30)  # ranks wait in a collective between prompts
+# How long a failed rank waits for the others to report their outcome. A failure shared by every rank
+# happens at the same point of the same program, so they arrive together; a rank that fails alone
+# leaves its peers stuck in a collective, and after this wait it exits so torchrun stops the group.
+AGREE_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 class Cancelled(Exception):
@@ -82,12 +92,12 @@ class ControlServer:
 class RankWorker:
     """Runs commands on one rank with the ordinary Engine, whose loader shards by the handle's mesh."""
 
-    def __init__(self, rank: int, mesh, server: ControlServer | None):
+    def __init__(self, mesh, server: ControlServer | None, device_type: str):
         from runtime.distributed.sharding import Sharding
         from runtime.engine import Engine
         from runtime.loading import PipelineCache, load_pipeline
 
-        self.rank, self.mesh, self.server = rank, mesh, server
+        self.server, self.device_type = server, device_type
 
         def sharded_loader(handle, device, on_progress):
             return load_pipeline(handle, device, on_progress, sharding=Sharding(handle.mesh, mesh))
@@ -106,6 +116,21 @@ class RankWorker:
         if decision[0]:
             raise Cancelled
 
+    def run(self, command: dict) -> tuple[dict, bytes | None] | None:
+        """Run one command on this rank; returns the reply rank 0 sends (None on other ranks, or none due)."""
+        import torch.distributed as dist
+
+        op = command["op"]
+        if op == "generate":
+            return self.generate(command)
+        if op == "unload":
+            return {"op": "unloaded", "count": self.engine.unload()}, None
+        if op == "hello":
+            return {"op": "hello", "world_size": dist.get_world_size(), "device": self.device_type}, None
+        if op == "cancel":
+            return None  # it came after the run it was meant for had ended
+        raise ValueError(f"unknown command '{op}'")
+
     def generate(self, command: dict):
         import numpy as np
         import torch.distributed as dist
@@ -120,13 +145,49 @@ class RankWorker:
         per_rank = [None] * dist.get_world_size()
         transformer = entry.pipe.transformer
         dist.all_gather_object(per_rank, (local_bytes(transformer), sharded_fraction(transformer), os.getpid()))
-        if self.server:
-            images = np.ascontiguousarray(generation.images.numpy())
-            sizes, fractions, pids = zip(*per_rank)
-            info = {**generation.info.as_dict(), "world_size": dist.get_world_size(),
-                    "transformer_bytes_per_rank": sizes, "sharded_fraction_per_rank": fractions,
-                    "rank_pids": pids}
-            self.server.send({"op": "result", "info": info, "shape": list(images.shape)}, images.tobytes())
+        if not self.server:
+            return None
+        images = np.ascontiguousarray(generation.images.numpy())
+        sizes, fractions, pids = zip(*per_rank)
+        info = {**generation.info.as_dict(), "world_size": dist.get_world_size(),
+                "transformer_bytes_per_rank": sizes, "sharded_fraction_per_rank": fractions,
+                "rank_pids": pids}
+        return {"op": "result", "info": info, "shape": list(images.shape)}, images.tobytes()
+
+
+def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple[dict, bytes | None] | None:
+    """Run a command on this rank, then agree with the other ranks on how it went; returns rank 0's reply.
+
+    The outcomes are exchanged over `outcome_group`, a gloo group of its own with a short timeout, so a
+    peer stuck in the main group's collectives cannot mix with the exchange or stall it for long.
+    Every rank failed: the ranks are still in step, so the error becomes the reply. Some failed: a
+    failed rank re-raises (its process ends, torchrun stops the group and reports it); the others
+    answer nothing and are stopped by torchrun.
+    """
+    import torch.distributed as dist
+
+    failure = None
+    try:
+        reply = worker.run(command)
+    except Cancelled:
+        reply = {"op": "cancelled"}, None
+    except Exception as e:
+        failure, reply = e, None
+    outcomes = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(outcomes, failure and (type(failure).__name__, str(failure)), group=outcome_group)
+    except RuntimeError:  # a peer is gone, or did not come within AGREE_TIMEOUT
+        if failure is not None:
+            raise failure from None
+        raise
+    if all(outcomes):
+        kind, message = outcomes[0]
+        return {"op": "error", "kind": kind, "message": message}, None
+    if failure is not None:
+        raise failure
+    if any(outcomes):
+        return None  # a peer failed alone: it exits, and torchrun stops the group
+    return reply
 
 
 def main(argv=None) -> int:
@@ -150,32 +211,25 @@ def main(argv=None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = DeviceMesh(info.type, list(range(world)))
 
+    outcome_group = dist.new_group(backend="gloo", timeout=AGREE_TIMEOUT)
+
     server = None
     if rank == 0:
-        key = os.environ.get(channel.KEY_ENV) or channel.new_key()
+        configured_key = settings.get(channel.KEY_ENV)
+        key = configured_key or channel.new_key()
         server = ControlServer(args.control, key, stay=args.stay)
-        shown_key = "from $" + channel.KEY_ENV if os.environ.get(channel.KEY_ENV) else key
+        shown_key = "from $" + channel.KEY_ENV if configured_key else key
         print(f"[worker] {world} rank(s) on {info.type}; control channel on {args.control}, key {shown_key}",
               flush=True)
-    worker = RankWorker(rank, mesh, server)
+    worker = RankWorker(mesh, server, info.type)
     while True:
         command = [server.next_command() if server else None]
         dist.broadcast_object_list(command, src=0)
-        op = command[0]["op"]
-        if op == "shutdown":
+        if command[0]["op"] == "shutdown":
             break
-        try:
-            if op == "generate":
-                worker.generate(command[0])
-            elif op == "unload":
-                count = worker.engine.unload()
-                if server:
-                    server.send({"op": "unloaded", "count": count})
-            elif op == "hello" and server:
-                server.send({"op": "hello", "world_size": world, "device": info.type})
-        except Cancelled:
-            if server:
-                server.send({"op": "cancelled"})
+        reply = run_on_every_rank(worker, command[0], outcome_group)
+        if server and reply:
+            server.send(*reply)
     dist.destroy_process_group()
     return 0
 

@@ -1,9 +1,11 @@
 """A TP Mesh workflow through a real server of its own, which is then stopped: no worker may outlive it."""
 
+import shutil
+
 from PIL import Image
 
 from comfy_host import ComfyServer, execution_error, prepare_comfyui
-from processes import alive_after, pid_alive
+from processes import alive_after, launched_workers, pid_alive
 
 
 def with_mesh(prompt, chips=2):
@@ -15,19 +17,29 @@ def with_mesh(prompt, chips=2):
     return prompt
 
 
-def test_tp_workflow_runs_stays_warm_and_no_worker_outlives_the_server(tiny_dir, tmp_path, workflow):
+def test_tp_workflow_errors_on_the_node_runs_stays_warm_and_no_worker_outlives_the_server(tiny_dir, tmp_path,
+                                                                                          workflow):
     base = tmp_path / "base"
-    (base / "models" / "diffusers").mkdir(parents=True)
-    (base / "models" / "diffusers" / "tiny-flux2").symlink_to(tiny_dir / "tiny-flux2", target_is_directory=True)
+    model = base / "models" / "diffusers" / "tiny-flux2"
+    shutil.copytree(tiny_dir / "tiny-flux2", model)
+    scheduler_config = model / "scheduler" / "scheduler_config.json"
+    good_config = scheduler_config.read_text()
+    scheduler_config.write_text("{ not json")  # passes the Loader's checks; only loading it fails, in the workers
     server = ComfyServer(prepare_comfyui(), base_dir=base).start()
     try:
         prompt = with_mesh(workflow())
         prompt["1"]["inputs"]["model"] = "tiny-flux2"
         prompt["3"]["inputs"].update(width=96, height=64, steps=2, guidance=4.0, seed=1)
+        error = execution_error(server.run(prompt, timeout=600))
+        assert error["node_id"] == "3" and error["exception_type"].endswith("ModelLoadError"), error
+        assert "could not load component 'scheduler'" in error["exception_message"]
+        [launcher] = launched_workers(server.process.pid)  # the workers answered the error and stayed up
+
+        scheduler_config.write_text(good_config)
         entry = server.run(prompt, timeout=600)
         assert execution_error(entry) is None, execution_error(entry)
         info = entry["outputs"]["3"]["tpu_run_info"][0]
-        assert info["world_size"] == 2 and info["loaded"] is True
+        assert info["world_size"] == 2 and info["loaded"] is True and info["worker_pids"][0] == launcher
         assert info["sharded_fraction_per_rank"] == [0.5, 0.5]
         [png] = server.output_images(entry)
         with Image.open(png) as image:

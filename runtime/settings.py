@@ -1,0 +1,115 @@
+"""The pack's environment variables: one table, read when a feature uses them, never at import.
+
+A bad value (TPU_DIFFUSERS_LAUNCH_TIMEOUT=10m) then fails the feature that reads it, with a
+message naming the variable and the value, instead of keeping the whole pack from importing.
+Imports neither torch nor ComfyUI: ComfyUI's prestartup script reads it before torch starts.
+README.md's "Environment variables" table is `markdown_table()` of this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Callable
+
+from .distributed.channel import KEY_ENV, decode_key
+from .errors import SettingError
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("it must be a whole number of at least 1")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("it must be a number of seconds above 0, without a unit (e.g. 600)")
+    return value
+
+
+def _control_key(text: str) -> str:
+    decode_key(text)
+    return text
+
+
+XLA_LEVELS = ("O0", "O1", "O2", "O3")
+
+
+def _xla_level(text: str) -> str:
+    if text.upper() not in XLA_LEVELS:
+        raise ValueError(f"it must be one of {', '.join(XLA_LEVELS)}")
+    return text.upper()
+
+
+def _cache_location(text: str) -> str:
+    """A local folder (made absolute) or a gs:// location, which TorchTPU's tier-3 cache reads itself."""
+    if text.startswith("gs://"):
+        return text
+    if "://" in text:
+        raise ValueError("it must be a local folder or a gs:// location")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str  # what a value looks like, for the docs
+    default: object  # used when the variable is unset or empty
+    meaning: str
+    parse: Callable[[str], object]  # raises ValueError saying what a value must be
+    secret: bool = False  # never repeat the value in a message
+
+    @property
+    def default_text(self) -> str:
+        return "unset" if self.default is None else f"{self.default:g}"
+
+
+SETTINGS = {setting.name: setting for setting in (
+    Setting("TPU_DIFFUSERS_LAUNCH_TIMEOUT", "seconds", 600.0,
+            "How long a locally launched TP worker group may take to start and answer.", _seconds),
+    Setting("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT", "seconds", 3600.0,
+            "Longest quiet spell (no step finished) from a busy TP worker group before it is stopped as hung; "
+            "a first TPU compile of a big transformer takes many minutes.", _seconds),
+    Setting(KEY_ENV, "64 hex digits", None,
+            "The TP control channel key: workers started with torchrun use it instead of making one, and the TP "
+            "Mesh node's attach uses it when its key field is empty (so the key stays out of shared workflows).",
+            _control_key, secret=True),
+    Setting("TPU_DIFFUSERS_RECOMPILE_LIMIT", "whole number", 64,
+            "Shapes (sizes, batch sizes) one compiled transformer may compile before a run fails with a message "
+            "(torch's own default is 8).", _positive_int),
+    Setting("TPU_DIFFUSERS_COMPILE_CACHE", "folder or gs:// location", None,
+            "Where compiled artifacts persist across restarts, instead of ComfyUI/user/tpu_diffusers/compile_cache; "
+            "a gs:// location is TorchTPU's tier-3 cache, which every host of a slice can share. Read when ComfyUI "
+            "starts.", _cache_location),
+    Setting("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "O0, O1, O2 or O3", None,
+            "TorchTPU's XLA optimisation level (O0 compiles fastest), instead of TorchTPU's default. Read when "
+            "ComfyUI starts.", _xla_level),
+)}
+
+
+def get(name: str):
+    """The variable's value, checked, or its default when unset; a bad value raises SettingError."""
+    setting = SETTINGS[name]
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return setting.default
+    try:
+        return setting.parse(text)
+    except ValueError as e:
+        shown = "(value not shown: it is a secret)" if setting.secret else f"is {text!r}"
+        raise SettingError(f"environment variable {name} {shown}, which cannot be used: {str(e).rstrip('.')}. "
+                           f"{setting.meaning} Fix or unset it (default: {setting.default_text}).") from None
+
+
+def markdown_table() -> str:
+    """The table README.md shows, written from SETTINGS so the two cannot drift apart."""
+    rows = ["| variable | value | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.kind} | {s.default_text} | {s.meaning} |" for s in SETTINGS.values()]
+    return "\n".join(rows)
+
