@@ -1,24 +1,17 @@
-"""TPU Compile Transformer: compiled mode and its options (scope, fullgraph, warm-up, cache)."""
+"""TPU Compile Transformer: compiled mode and its options (scope, fullgraph, warm-up).
+
+Where compiled graphs persist is a process setting (prestartup_script.py), not a node input.
+"""
 
 import dataclasses
-import os
 
 from comfy_api.latest import io
 
-import folder_paths
-
-from ..runtime.compile_cache import SCOPES, CompileSpec, cache_dir_inside, parse_sizes
+from ..runtime.compile_cache import SCOPES, CompileSpec, parse_sizes
 from ..runtime.families import family_for
 from ..runtime.modes import ExecutionMode
 from ..runtime.sampling import validate_size
 from .types import CATEGORY, TPUPipeline
-
-
-CACHE_ROOT_NAME = "tpu_diffusers"
-
-
-def default_cache_dir() -> str:
-    return os.path.join(folder_paths.get_user_directory(), CACHE_ROOT_NAME, "compile_cache")
 
 
 class TPUCompileTransformer(io.ComfyNode):
@@ -31,7 +24,8 @@ class TPUCompileTransformer(io.ComfyNode):
             description="Runs the transformer compiled (torch.compile, backend tpu on TPU, inductor on CUDA/CPU) "
                         "with static shapes. Each new image size compiles once (minutes on TPU); sizes already "
                         "seen, other step counts and prompts reuse it. Compiled graphs persist on disk, so a "
-                        "restarted ComfyUI starts warm.",
+                        "restarted ComfyUI starts warm: in ComfyUI/user/tpu_diffusers/compile_cache, or where "
+                        "TPU_DIFFUSERS_COMPILE_CACHE says when ComfyUI starts; the Sampler's info names it.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader or Mode Selector."),
                 io.Combo.Input("scope", options=list(SCOPES), default="auto",
@@ -45,22 +39,34 @@ class TPUCompileTransformer(io.ComfyNode):
                 io.String.Input("warmup_sizes", default="",
                                 tooltip="Sizes to compile ahead the first time the pipeline is used, e.g. "
                                         "'1024x1024, 768x1344' (WIDTHxHEIGHT, comma separated). Empty: none."),
-                io.String.Input("cache_dir", default="",
-                                tooltip="Where compiled graphs persist across restarts: a folder inside "
-                                        "ComfyUI/user/tpu_diffusers. Empty: ComfyUI/user/tpu_diffusers/compile_cache. "
-                                        "Delete the folder to clear it."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, in compiled mode.")],
         )
 
     @classmethod
-    def execute(cls, pipeline, scope: str, fullgraph: bool, warmup_sizes: str, cache_dir: str) -> io.NodeOutput:
+    def validate_inputs(cls, warmup_sizes: str | None = None) -> bool | str:
+        """Checked when the prompt is queued, so bad warm-up sizes are refused on this node before any
+        node runs; execute checks them again with the model's own rule. Fed by a link: None, checked
+        when the node runs."""
+        from ..runtime.errors import UserInputError
+        from ..runtime.sampling import size_problem
+
+        if warmup_sizes is None:
+            return True
+        try:
+            sizes = parse_sizes(warmup_sizes)
+        except UserInputError as e:
+            return f"warmup_sizes: {e}"
+        for width, height in sizes:
+            if problem := size_problem("width", width) or size_problem("height", height):
+                return f"warmup_sizes: {width}x{height}: {problem}"
+        return True
+
+    @classmethod
+    def execute(cls, pipeline, scope: str, fullgraph: bool, warmup_sizes: str) -> io.NodeOutput:
         sizes = parse_sizes(warmup_sizes)
         family = family_for(pipeline.pipeline_class)
         for width, height in sizes:
             validate_size(family, width, height)
-        cache_root = os.path.join(folder_paths.get_user_directory(), CACHE_ROOT_NAME)
-        spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes,
-                           cache_dir=cache_dir_inside(cache_root, cache_dir.strip()) if cache_dir.strip()
-                           else default_cache_dir())
+        spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes)
         return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode.COMPILED, compile=spec))

@@ -4,9 +4,7 @@ import dataclasses
 
 from comfy_api.latest import io
 
-from ..runtime.compile_cache import CompileSpec
 from ..runtime.modes import ExecutionMode, Placement
-from .compile_transformer import default_cache_dir
 from .types import CATEGORY, TPUPipeline
 
 
@@ -37,8 +35,5 @@ class TPUModeSelector(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, mode: str, placement: str) -> io.NodeOutput:
-        compile_spec = pipeline.compile
-        if mode == ExecutionMode.COMPILED.value and compile_spec is None:
-            compile_spec = CompileSpec(cache_dir=default_cache_dir())  # Compile Transformer's defaults
-        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode(mode), placement=Placement(placement),
-                                                 compile=compile_spec))
+        # Compiled mode without a Compile Transformer runs with its defaults (PipelineHandle.compile None).
+        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode(mode), placement=Placement(placement)))

@@ -3,18 +3,22 @@
 The guide's rules: static shapes (`dynamic=False`); the whole transformer when the pipeline
 sits on the chip; only the repeated blocks under model CPU offload, whose hooks cannot be
 traced. A new height/width compiles once; shapes already seen and a changed step count
-reuse the graph. Compiled artifacts persist in a cache directory so a restarted ComfyUI
-starts warm (inductor: TORCHINDUCTOR_CACHE_DIR; TorchTPU: its tier-3 cache root too).
+reuse the graph. Compiled artifacts persist in the process's cache folders (set before torch
+starts: process_env.py), so a restarted ComfyUI starts warm. dynamo's limits are patched around
+our compiled calls only, never process-wide (ComfyUI's own TorchCompileModel and other packs
+keep torch's settings).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
 
+from . import process_env, settings
 from .device import DeviceInfo
 from .errors import UserInputError
 from .modes import Placement
@@ -22,8 +26,6 @@ from .modes import Placement
 log = logging.getLogger("tpu_diffusers")
 
 SCOPES = ("auto", "whole", "repeated_blocks")
-# Compiled shapes per code object before dynamo gives up (torch's default, 8, is too few resolutions).
-RECOMPILE_LIMIT = int(os.environ.get("TPU_DIFFUSERS_RECOMPILE_LIMIT", "64"))
 
 
 class CompileError(RuntimeError):
@@ -35,12 +37,6 @@ class CompileSpec:
     scope: str = "auto"  # "auto": repeated blocks under model CPU offload, else the whole transformer
     fullgraph: bool = True
     warmup_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) compiled ahead, at first realisation
-    cache_dir: str = ""  # "" = default_cache_dir()
-
-    def resolved_scope(self, placement: Placement) -> str:
-        if self.scope != "auto":
-            return self.scope
-        return "repeated_blocks" if placement is Placement.MODEL_CPU_OFFLOAD else "whole"
 
 
 def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
@@ -54,38 +50,55 @@ def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def default_cache_dir() -> str:
-    return os.environ.get("TPU_DIFFUSERS_COMPILE_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tpu_diffusers", "compile")
+def cache_folders() -> dict[str, str]:
+    """Where this process's compiled artifacts persist (process settings, for the run info)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    folders = process_env.compile_cache_settings()
+    folders["inductor"] = folders["inductor"] or default_cache_dir()  # unset: torch's own default
+    return folders
 
 
-def cache_dir_inside(root: str, text: str) -> str:
-    """The cache folder a workflow names, kept inside `root`: compiled artifacts are loaded and run,
-    so a shared workflow must not point the process at a folder others can write to."""
-    root = os.path.abspath(root)
-    path = os.path.normpath(os.path.join(root, text))
-    if os.path.commonpath([root, path]) != root:
-        raise UserInputError(f"cache_dir '{text}' is outside {root}; give a folder inside it (or leave it empty).")
-    return path
+def cache_lookups(device: DeviceInfo) -> dict[str, int]:
+    """This process's compile-cache lookups so far: inductor's FX graph cache, and on a TPU TorchTPU's
+    own cache (`torch.tpu._get_cache_stats()`, private: left out when it fails, never failing a run)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    lookups = {"fxgraph_hits": counters["inductor"]["fxgraph_cache_hit"],
+               "fxgraph_misses": counters["inductor"]["fxgraph_cache_miss"]}
+    if device.type == "tpu":
+        try:
+            stats = torch.tpu._get_cache_stats()
+            lookups.update(tpu_hits=int(stats.num_cache_hits),
+                           tpu_misses=int(stats.num_cache_reqs) - int(stats.num_cache_hits),
+                           tpu_compilations=int(stats.num_compilations))
+        except Exception as e:  # noqa: BLE001 - a private API may change; the run goes on without the figures
+            _stats_unavailable(f"{type(e).__name__}: {e}")
+    return lookups
 
 
-def use_cache_dir(path: str) -> str:
-    """Point the compile caches at `path` (must happen before the first compile to persist it)."""
-    path = os.path.abspath(path or default_cache_dir())
-    os.makedirs(path, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(path, "inductor")
-    os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = os.path.join(path, "tpu")
-    return path
+@functools.cache
+def _stats_unavailable(reason: str) -> None:
+    log.warning("TPU Diffusers: TorchTPU's compile cache statistics are unavailable (%s); the run info "
+                "leaves them out.", reason)
 
 
-def configure_dynamo() -> None:
-    """Many resolutions must work, and hitting the limit must be said, not silently run eager."""
+def lookups_since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in after if name in before}
+
+
+def dynamo_limits():
+    """Many resolutions must work (torch's default of 8 shapes per code object is too few), and hitting
+    the limit must be said, not silently run eager.
+    A context manager: torch's settings are patched around our compiled calls only."""
     import torch._dynamo
 
     config = torch._dynamo.config
-    config.recompile_limit = RECOMPILE_LIMIT
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT * 8)
-    config.fail_on_recompile_limit_hit = True
+    limit = settings.get("TPU_DIFFUSERS_RECOMPILE_LIMIT")
+    return config.patch(recompile_limit=limit,
+                        accumulated_recompile_limit=max(config.accumulated_recompile_limit, limit * 8),
+                        fail_on_recompile_limit_hit=True)
 
 
 @dataclasses.dataclass
@@ -95,31 +108,47 @@ class ShapeRecord:
     reuses: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class CompileRequest:
+    """Everything that decides how the transformer is compiled: a pipeline compiled for another
+    request is compiled again. (Warm-up sizes change nothing compiled; the cache folders are fixed
+    for the process.)"""
+
+    scope: str  # as asked: "auto", "whole" or "repeated_blocks"
+    fullgraph: bool
+    placement: Placement
+    backend: str
+
+    @classmethod
+    def of(cls, spec: CompileSpec, placement: Placement, device: DeviceInfo) -> "CompileRequest":
+        return cls(scope=spec.scope, fullgraph=spec.fullgraph, placement=placement, backend=device.compile_backend)
+
+    def resolved_scope(self) -> str:
+        if self.scope != "auto":
+            return self.scope
+        return "repeated_blocks" if self.placement is Placement.MODEL_CPU_OFFLOAD else "whole"
+
+
 @dataclasses.dataclass
 class CompileState:
     """What has been compiled on one loaded pipeline, and how each shape fared."""
 
+    request: CompileRequest
     scope: str  # what was compiled: "whole" or "repeated_blocks"
-    fullgraph: bool
-    backend: str
-    cache_dir: str
-    requested: tuple  # (spec scope, fullgraph, placement, backend) it was compiled for
     warmup_sizes: tuple[tuple[int, int], ...] = ()
     shapes: dict[tuple[int, int, int], ShapeRecord] = dataclasses.field(default_factory=dict)
     warmed: set[tuple[int, int, int]] = dataclasses.field(default_factory=set)
 
-    def matches(self, spec: CompileSpec, placement: Placement, device: DeviceInfo) -> bool:
-        return self.requested == (spec.scope, spec.fullgraph, placement, device.compile_backend)
+    def matches(self, request: CompileRequest) -> bool:
+        return self.request == request
 
 
-def compile_transformer(pipe, spec: CompileSpec, placement: Placement, device: DeviceInfo) -> CompileState:
+def compile_transformer(pipe, request: CompileRequest) -> CompileState:
     """Mark the transformer for compilation (torch compiles lazily, on the first call per shape)."""
-    cache_dir = use_cache_dir(spec.cache_dir)
-    configure_dynamo()
-    scope = spec.resolved_scope(placement)
-    if spec.scope == "auto" and not getattr(pipe.transformer, "_repeated_blocks", None):
+    scope = request.resolved_scope()
+    if request.scope == "auto" and not getattr(pipe.transformer, "_repeated_blocks", None):
         scope = "whole"  # e.g. SD3 declares no repeated blocks: the whole transformer is all there is
-    options = dict(backend=device.compile_backend, fullgraph=spec.fullgraph, dynamic=False)
+    options = dict(backend=request.backend, fullgraph=request.fullgraph, dynamic=False)
     if scope == "whole":
         pipe.transformer.compile(**options)
     elif scope == "repeated_blocks":
@@ -129,10 +158,9 @@ def compile_transformer(pipe, spec: CompileSpec, placement: Placement, device: D
         pipe.transformer.compile_repeated_blocks(**options)
     else:
         raise UserInputError(f"compile scope '{scope}' is not one of {', '.join(SCOPES)}.")
-    log.info("TPU Diffusers: transformer marked for compile (%s, backend %s, fullgraph %s, cache %s)",
-             scope, device.compile_backend, spec.fullgraph, cache_dir)
-    return CompileState(scope=scope, fullgraph=spec.fullgraph, backend=device.compile_backend, cache_dir=cache_dir,
-                        requested=(spec.scope, spec.fullgraph, placement, device.compile_backend))
+    log.info("TPU Diffusers: transformer marked for compile (%s, backend %s, fullgraph %s)",
+             scope, request.backend, request.fullgraph)
+    return CompileState(request=request, scope=scope)
 
 
 def remove_compile(pipe) -> None:
@@ -174,13 +202,13 @@ def explained_compile_failures(state: CompileState, pipe):
     except dynamo_exc.FailOnRecompileLimitHit as e:
         remove_compile(pipe)
         raise CompileError(
-            f"the compiled transformer hit torch's recompile limit ({RECOMPILE_LIMIT} shapes, "
+            f"the compiled transformer hit torch's recompile limit ({settings.get('TPU_DIFFUSERS_RECOMPILE_LIMIT')} shapes, "
             f"{len(state.shapes)} seen here). Use fewer distinct sizes, or raise TPU_DIFFUSERS_RECOMPILE_LIMIT "
             f"and restart ComfyUI. The pipeline runs eager until it is compiled again. ({e})") from e
     except dynamo_exc.TorchDynamoException as e:
         remove_compile(pipe)
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        offloaded = state.requested[2] is Placement.MODEL_CPU_OFFLOAD
+        offloaded = state.request.placement is Placement.MODEL_CPU_OFFLOAD
         if state.scope == "whole" and getattr(pipe.transformer, "_repeated_blocks", None):
             hint = "set scope to 'repeated_blocks', or turn fullgraph off"
         elif state.scope == "whole" and offloaded:
@@ -188,8 +216,8 @@ def explained_compile_failures(state: CompileState, pipe):
                     f"{type(pipe.transformer).__name__} declares no repeated blocks)")
         else:
             hint = "turn fullgraph off"
-        raise CompileError(f"compiling the transformer ({state.scope}, fullgraph={state.fullgraph}, backend "
-                           f"{state.backend}) failed: {cause}. Try: {hint}; or run eager. The pipeline runs "
+        raise CompileError(f"compiling the transformer ({state.scope}, fullgraph={state.request.fullgraph}, backend "
+                           f"{state.request.backend}) failed: {cause}. Try: {hint}; or run eager. The pipeline runs "
                            f"eager until it is compiled again.") from e
 
 

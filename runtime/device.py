@@ -42,6 +42,12 @@ def prepare_tpu_environment() -> None:
         os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
+@functools.cache
+def note_experimental(api: str, why: str) -> None:
+    """TorchTPU 0.2.0 marks some APIs the pack uses @experimental (each warns once); say once which and why."""
+    log.info("TPU Diffusers: %s is experimental in torch_tpu 0.2.0 (it warns once); %s", api, why)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
     type: str  # "tpu" | "cuda" | "cpu"

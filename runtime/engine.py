@@ -11,7 +11,7 @@ import logging
 import time
 
 from . import compile_cache
-from .compile_cache import CompileSpec, CompileState
+from .compile_cache import CompileRequest, CompileSpec, CompileState
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed.group import WorkerGroupError, WorkerGroups
 from .distributed.mesh import LAUNCH_LOCAL, check_mesh, world_size
@@ -19,7 +19,7 @@ from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
-from .modes import ExecutionMode, Placement, execution_mode
+from .modes import ExecutionMode, Placement, execution_mode, grad_mode, outside_inference_mode
 from .sampling import SampleRequest, run_pipeline, validate_request
 
 log = logging.getLogger("tpu_diffusers")
@@ -44,6 +44,9 @@ class RunInfo:
     transformer_bytes_per_rank: tuple[int, ...] = ()  # weight bytes each rank holds (tensor parallelism)
     sharded_fraction_per_rank: tuple[float, ...] = ()  # share of the sharded weights each rank holds
     worker_pids: tuple[int, ...] = ()  # the worker group's launcher process (tensor parallelism, local launch)
+    grad_mode: str = ""  # seen inside the denoising loop: TorchTPU cannot compile under inference mode
+    compile_cache: dict = dataclasses.field(default_factory=dict)  # compile_cache.cache_folders()
+    compile_cache_lookups: dict = dataclasses.field(default_factory=dict)  # this run's; compile_cache.cache_lookups()
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -52,7 +55,14 @@ class RunInfo:
     def summary(self) -> str:
         load = f"loaded in {self.load_seconds:.1f}s" if self.loaded else "reused loaded pipeline"
         lines = [f"device: {self.device}", f"mode: {self.mode}", f"placement: {self.placement}",
-                 f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s", *self.notes]
+                 f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s ({self.grad_mode})", *self.notes]
+        if self.compile_cache and (self.compiled_now is not None or self.device == "tpu"):
+            cache = self.compile_cache
+            tpu = f", TorchTPU tier 3 {cache['tpu_tier3']}" if self.device == "tpu" else ""
+            lines.append(f"compile cache: inductor {cache['inductor']}{tpu} (settings applied: {cache['applied']})")
+        if any(self.compile_cache_lookups.values()):
+            lines.append("compile cache lookups: " + ", ".join(f"{name} {count}" for name, count
+                                                                in self.compile_cache_lookups.items()))
         return "\n".join(lines)
 
 
@@ -73,7 +83,8 @@ class Engine:
         """The loaded, placed pipeline for a handle, compiled or not as the handle says; and whether
         it was loaded just now."""
         device = resolve_device(handle.device)
-        entry, loaded = self.cache.get(handle, device, on_progress)
+        with outside_inference_mode():  # weights loaded under inference mode would be inference tensors
+            entry, loaded = self.cache.get(handle, device, on_progress)
         self._apply_compile(entry, handle, device)
         return entry, device, loaded
 
@@ -91,10 +102,14 @@ class Engine:
         entry, device, loaded = self.realise(handle, on_progress)
         load_seconds = time.perf_counter() - start
 
+        grad_modes = set()
+
         def on_step(done: int, total: int) -> None:
+            grad_modes.add(grad_mode())
             if on_progress:
                 on_progress(done, total, "sampling")
 
+        lookups_before = compile_cache.cache_lookups(device)
         with execution_mode(handle.mode, device) as mode_ran:
             warmup = self._warm_up(entry, family, request, device, on_progress)
             reset_peak_memory(device)
@@ -102,6 +117,7 @@ class Engine:
             images, activity = self._run(entry, family, request, on_step)
             sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
+        lookups = compile_cache.lookups_since(lookups_before, compile_cache.cache_lookups(device))
         if entry.compiled:
             notes += warmup.notes
             notes.append("compile: " + compile_cache.describe(entry.compiled, shape_of(request), activity))
@@ -109,7 +125,8 @@ class Engine:
                        load_seconds=load_seconds, sample_seconds=sample_seconds,
                        peak_device_memory_mb=None if peak is None else peak / 2**20,
                        compiled_now=bool(activity.graphs) if entry.compiled else None,
-                       compile_seconds=activity.seconds + warmup.seconds, notes=tuple(notes))
+                       compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
+                       compile_cache=compile_cache.cache_folders(), compile_cache_lookups=lookups, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
         return Generation(images=images, info=info)
 
@@ -162,12 +179,13 @@ class Engine:
     def _apply_compile(entry: LoadedPipeline, handle: PipelineHandle, device: DeviceInfo) -> None:
         """Compile, recompile with other options, or go back to eager, as the handle asks."""
         spec = handle.compile or CompileSpec()
+        request = CompileRequest.of(spec, handle.placement, device)
         wanted = handle.mode is ExecutionMode.COMPILED
-        if entry.compiled and (not wanted or not entry.compiled.matches(spec, handle.placement, device)):
+        if entry.compiled and (not wanted or not entry.compiled.matches(request)):
             compile_cache.remove_compile(entry.pipe)
             entry.compiled = None
         if wanted and entry.compiled is None:
-            entry.compiled = compile_cache.compile_transformer(entry.pipe, spec, handle.placement, device)
+            entry.compiled = compile_cache.compile_transformer(entry.pipe, request)
         if wanted:
             entry.compiled.warmup_sizes = spec.warmup_sizes  # may change without a recompile
 
@@ -177,7 +195,7 @@ class Engine:
         if state is None:
             return run_pipeline(entry.pipe, family, request, on_step), compile_cache.CompileActivity()
         try:
-            with compile_cache.explained_compile_failures(state, entry.pipe), \
+            with compile_cache.explained_compile_failures(state, entry.pipe), compile_cache.dynamo_limits(), \
                     compile_cache.watch_compiles() as activity:
                 images = run_pipeline(entry.pipe, family, request, on_step)
         except compile_cache.CompileError:

@@ -3,6 +3,8 @@
 TorchTPU switches eager mode at run time (`torch.tpu.set_eager_mode`), so the mode is
 applied around a run rather than at load time: changing it reloads nothing. CUDA and CPU
 have no fused eager; there the run is strict eager and the returned name says so.
+
+Every load and run happens with inference mode off and autograd off (`outside_inference_mode`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import enum
 import logging
 
-from .device import DeviceInfo
+from .device import DeviceInfo, note_experimental
 
 log = logging.getLogger("tpu_diffusers")
 
@@ -31,6 +33,28 @@ _TPU_EAGER_MODES = {ExecutionMode.EAGER: "DEFER_NEVER", ExecutionMode.FUSED_EAGE
 
 
 @contextlib.contextmanager
+def outside_inference_mode():
+    """Inference mode off, autograd off, on every device, so the CPU suite runs what a TPU runs.
+
+    ComfyUI runs every node inside `torch.inference_mode()`. TorchTPU's torch.compile cannot capture
+    graphs there (its error glossary, 3c: use no_grad instead), and weights loaded there are
+    inference tensors.
+    """
+    import torch
+
+    with torch.inference_mode(False), torch.no_grad():
+        yield
+
+
+def grad_mode() -> str:
+    """The autograd state right now, for the run info (which records it from inside the denoising loop)."""
+    import torch
+
+    return (f"inference mode {'on' if torch.is_inference_mode_enabled() else 'off'}, "
+            f"grad {'on' if torch.is_grad_enabled() else 'off'}")
+
+
+@contextlib.contextmanager
 def execution_mode(mode: ExecutionMode, device: DeviceInfo):
     """Run the body in `mode`; yields a description of the mode that actually runs.
 
@@ -43,6 +67,8 @@ def execution_mode(mode: ExecutionMode, device: DeviceInfo):
     if device.type == "tpu":
         import torch
 
+        note_experimental("torch.tpu.set_eager_mode", "it switches eager and fused eager runs, never "
+                          "compiled ones (it is forbidden inside torch.compile).")
         tpu_mode = getattr(torch.tpu.EagerMode, _TPU_EAGER_MODES[mode])
         with torch.tpu.set_eager_mode(tpu_mode):
             yield f"{mode.value} (EagerMode.{tpu_mode.name})"

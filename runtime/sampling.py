@@ -7,10 +7,12 @@ does, so a seed gives the same image on every device and in every batch position
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from .errors import UserInputError
-from .families import Family
+from .families import FAMILIES, Family
+from .modes import outside_inference_mode
 
 # on_step(done, total): called after each denoising step; it may raise to cancel the run.
 StepCallback = Callable[[int, int], None]
@@ -87,7 +89,18 @@ def run_pipeline(pipe, family: Family, request: SampleRequest, on_step: StepCall
             on_step(step + 1, request.steps)
         return callback_kwargs
 
-    with torch.inference_mode():
+    with outside_inference_mode():
         output = pipe(**pipeline_kwargs(family, request), callback_on_step_end=step_end)
     images = output.images  # [B, C, H, W] in 0..1 for output_type="pt"
     return images.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1).contiguous()
+
+
+def size_problem(name: str, value: int) -> str | None:
+    """What every supported family finds wrong with a width or height, or None: for checks made
+    before the model is known (validate_size applies the family's own rule when it runs)."""
+    multiple = math.lcm(*(family.size_multiple for family in FAMILIES.values()))
+    if value >= multiple and value % multiple == 0:
+        return None
+    below, above = nearest_sizes(value, multiple)
+    return (f"{name} {value} cannot be used: every supported model needs a multiple of {multiple}. "
+            f"Nearest valid {name}s: {below} or {above}.")
