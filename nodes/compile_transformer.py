@@ -7,9 +7,9 @@ import dataclasses
 
 from comfy_api.latest import io
 
-from ..runtime.compile_cache import SCOPES, CompileSpec, parse_sizes
+from ..runtime.compile_cache import parse_sizes
 from ..runtime.families import family_for
-from ..runtime.modes import ExecutionMode
+from ..runtime.specs import CompileScope, CompileSpec, ExecutionMode
 from ..runtime.sampling import validate_size
 from .types import CATEGORY, TPUPipeline
 
@@ -28,7 +28,7 @@ class TPUCompileTransformer(io.ComfyNode):
                         "TPU_DIFFUSERS_COMPILE_CACHE says when ComfyUI starts; the Sampler's info names it.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader or Mode Selector."),
-                io.Combo.Input("scope", options=list(SCOPES), default="auto",
+                io.Combo.Input("scope", options=CompileScope, default=CompileScope.AUTO,
                                tooltip="whole: compile the whole transformer (pipeline on the chip). "
                                        "repeated_blocks: compile only the repeated blocks, compiling one block "
                                        "serves all; needed under model CPU offload, whose hooks cannot be "

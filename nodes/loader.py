@@ -6,11 +6,10 @@ import folder_paths
 
 from ..runtime.device import resolve_device
 from ..runtime.errors import ModelLoadError, UserInputError
-from ..runtime.handle import DTYPES, PipelineHandle
+from ..runtime.handle import PipelineHandle
+from ..runtime.specs import DeviceChoice, DType
 from ..runtime.loading import check_hub_id, inspect_source, list_model_folders, resolve_model_folder
 from .types import CATEGORY, TPUPipeline
-
-DEVICES = ("auto", "tpu", "cuda", "cpu")
 
 
 def model_roots() -> list[str]:
@@ -32,9 +31,9 @@ class TPULoader(io.ComfyNode):
                 io.String.Input("hub_id", default="",
                                 tooltip="Optional Hugging Face id such as 'black-forest-labs/FLUX.1-schnell'; "
                                         "overrides 'model'. Needs network or the local hub cache."),
-                io.Combo.Input("dtype", options=list(DTYPES), default="auto",
+                io.Combo.Input("dtype", options=DType, default=DType.AUTO,
                                tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU."),
-                io.Combo.Input("device", options=list(DEVICES), default="auto",
+                io.Combo.Input("device", options=DeviceChoice, default=DeviceChoice.AUTO,
                                tooltip="Where to run. auto = TPU if TorchTPU finds a chip, else CUDA, else CPU."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline",

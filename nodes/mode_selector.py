@@ -4,7 +4,7 @@ import dataclasses
 
 from comfy_api.latest import io
 
-from ..runtime.modes import ExecutionMode, Placement
+from ..runtime.specs import ExecutionMode, Placement
 from .types import CATEGORY, TPUPipeline
 
 
@@ -19,13 +19,13 @@ class TPUModeSelector(io.ComfyNode):
                         "(whole pipeline on the chip, or model CPU offload for models larger than one chip).",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader."),
-                io.Combo.Input("mode", options=[m.value for m in ExecutionMode], default=ExecutionMode.EAGER.value,
+                io.Combo.Input("mode", options=ExecutionMode, default=ExecutionMode.EAGER,
                                tooltip="eager: ops run one at a time (EagerMode.DEFER_NEVER). fused_eager: ops are "
                                        "deferred and fused into larger graphs (EagerMode.DEFER_AND_FUSE), faster "
                                        "after a longer first run; TPU only, CUDA/CPU run eager and say so. "
                                        "compiled: the transformer runs through torch.compile with static shapes "
                                        "(options: TPU Compile Transformer node; without it, its defaults)."),
-                io.Combo.Input("placement", options=[p.value for p in Placement], default=Placement.DEVICE.value,
+                io.Combo.Input("placement", options=Placement, default=Placement.DEVICE,
                                tooltip="device: the whole pipeline stays on the accelerator (fastest). "
                                        "model_cpu_offload: each model moves to the accelerator only while it runs, "
                                        "for models that do not fit (e.g. FLUX.1 on one v6e chip)."),

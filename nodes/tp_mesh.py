@@ -6,7 +6,7 @@ import os
 from comfy_api.latest import io
 
 from ..runtime.distributed.channel import KEY_ENV, parse_address
-from ..runtime.distributed.mesh import ATTACH, LAUNCH_LOCAL, MeshSpec
+from ..runtime.specs import MeshSpec, Workers
 from ..runtime.errors import UserInputError
 from .types import CATEGORY, TPUPipeline
 
@@ -33,7 +33,7 @@ class TPUMesh(io.ComfyNode):
                 io.Boolean.Input("shard_text_encoder", default=True,
                                  tooltip="Shard text encoders that transformers has a TP plan for (Mistral3, "
                                          "Qwen2.5-VL); others (T5, CLIP) are kept whole on every rank."),
-                io.Combo.Input("workers", options=[LAUNCH_LOCAL, ATTACH], default=LAUNCH_LOCAL,
+                io.Combo.Input("workers", options=Workers, default=Workers.LAUNCH_LOCAL,
                                tooltip="launch_local: start the workers on this host with torchrun. attach: use "
                                        "workers already started with torchrun (e.g. on every host of a TPU slice)."),
                 io.String.Input("address", default="",
@@ -53,9 +53,9 @@ class TPUMesh(io.ComfyNode):
         node before any node runs or anything connects; the run checks again. ComfyUI skips its own
         list check for the inputs named here, so workers is checked too. An input fed by a link
         arrives as None and is checked when the node runs."""
-        if workers is not None and workers not in (LAUNCH_LOCAL, ATTACH):
-            return f"workers must be '{LAUNCH_LOCAL}' or '{ATTACH}', not '{workers}'."
-        if workers != ATTACH:
+        if workers is not None and workers not in list(Workers):
+            return f"workers must be '{Workers.LAUNCH_LOCAL}' or '{Workers.ATTACH}', not '{workers}'."
+        if workers != Workers.ATTACH:
             return True
         if address is not None:
             try:

@@ -2,7 +2,14 @@
 
 from comfy_api.latest import io
 
-# Carries a runtime.handle.PipelineHandle: a lazy description, never a loaded model.
-TPUPipeline = io.Custom("TPU_PIPELINE")
+from ..runtime.handle import PipelineHandle
+
+
+@io.comfytype(io_type="TPU_PIPELINE")
+class TPUPipeline(io.ComfyTypeIO):
+    """A lazy description of what to run (runtime.handle.PipelineHandle), never a loaded model."""
+
+    Type = PipelineHandle
+
 
 CATEGORY = "TPU Diffusers"

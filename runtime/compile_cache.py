@@ -21,22 +21,12 @@ import re
 from . import process_env, settings
 from .device import DeviceInfo
 from .errors import UserInputError
-from .modes import Placement
+from .specs import CompileScope, CompileSpec, Placement
 
 log = logging.getLogger("tpu_diffusers")
 
-SCOPES = ("auto", "whole", "repeated_blocks")
-
-
 class CompileError(RuntimeError):
     """Compiling failed; the message names the cause and what to try. The pipeline still runs eager."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileSpec:
-    scope: str = "auto"  # "auto": repeated blocks under model CPU offload, else the whole transformer
-    fullgraph: bool = True
-    warmup_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) compiled ahead, at first realisation
 
 
 def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
@@ -114,7 +104,7 @@ class CompileRequest:
     request is compiled again. (Warm-up sizes change nothing compiled; the cache folders are fixed
     for the process.)"""
 
-    scope: str  # as asked: "auto", "whole" or "repeated_blocks"
+    scope: CompileScope  # as asked
     fullgraph: bool
     placement: Placement
     backend: str
@@ -123,10 +113,11 @@ class CompileRequest:
     def of(cls, spec: CompileSpec, placement: Placement, device: DeviceInfo) -> "CompileRequest":
         return cls(scope=spec.scope, fullgraph=spec.fullgraph, placement=placement, backend=device.compile_backend)
 
-    def resolved_scope(self) -> str:
-        if self.scope != "auto":
+    def resolved_scope(self) -> CompileScope:
+        if self.scope is not CompileScope.AUTO:
             return self.scope
-        return "repeated_blocks" if self.placement is Placement.MODEL_CPU_OFFLOAD else "whole"
+        offloaded = self.placement is Placement.MODEL_CPU_OFFLOAD
+        return CompileScope.REPEATED_BLOCKS if offloaded else CompileScope.WHOLE
 
 
 @dataclasses.dataclass
@@ -134,7 +125,7 @@ class CompileState:
     """What has been compiled on one loaded pipeline, and how each shape fared."""
 
     request: CompileRequest
-    scope: str  # what was compiled: "whole" or "repeated_blocks"
+    scope: CompileScope  # what was compiled: WHOLE or REPEATED_BLOCKS
     warmup_sizes: tuple[tuple[int, int], ...] = ()
     shapes: dict[tuple[int, int, int], ShapeRecord] = dataclasses.field(default_factory=dict)
     warmed: set[tuple[int, int, int]] = dataclasses.field(default_factory=set)
@@ -146,18 +137,15 @@ class CompileState:
 def compile_transformer(pipe, request: CompileRequest) -> CompileState:
     """Mark the transformer for compilation (torch compiles lazily, on the first call per shape)."""
     scope = request.resolved_scope()
-    if request.scope == "auto" and not getattr(pipe.transformer, "_repeated_blocks", None):
-        scope = "whole"  # e.g. SD3 declares no repeated blocks: the whole transformer is all there is
+    if request.scope is CompileScope.AUTO and not getattr(pipe.transformer, "_repeated_blocks", None):
+        scope = CompileScope.WHOLE  # e.g. SD3 declares no repeated blocks: the whole transformer is all there is
     options = dict(backend=request.backend, fullgraph=request.fullgraph, dynamic=False)
-    if scope == "whole":
+    if scope is CompileScope.WHOLE:
         pipe.transformer.compile(**options)
-    elif scope == "repeated_blocks":
-        if not getattr(pipe.transformer, "_repeated_blocks", None):
-            raise UserInputError(f"{type(pipe.transformer).__name__} declares no repeated blocks; "
-                                 "use scope 'whole'.")
-        pipe.transformer.compile_repeated_blocks(**options)
+    elif not getattr(pipe.transformer, "_repeated_blocks", None):
+        raise UserInputError(f"{type(pipe.transformer).__name__} declares no repeated blocks; use scope 'whole'.")
     else:
-        raise UserInputError(f"compile scope '{scope}' is not one of {', '.join(SCOPES)}.")
+        pipe.transformer.compile_repeated_blocks(**options)
     log.info("TPU Diffusers: transformer marked for compile (%s, backend %s, fullgraph %s)",
              scope, request.backend, request.fullgraph)
     return CompileState(request=request, scope=scope)
@@ -209,9 +197,9 @@ def explained_compile_failures(state: CompileState, pipe):
         remove_compile(pipe)
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         offloaded = state.request.placement is Placement.MODEL_CPU_OFFLOAD
-        if state.scope == "whole" and getattr(pipe.transformer, "_repeated_blocks", None):
+        if state.scope is CompileScope.WHOLE and getattr(pipe.transformer, "_repeated_blocks", None):
             hint = "set scope to 'repeated_blocks', or turn fullgraph off"
-        elif state.scope == "whole" and offloaded:
+        elif state.scope is CompileScope.WHOLE and offloaded:
             hint = ("turn fullgraph off, or use placement 'device' (model CPU offload hooks cannot be traced and "
                     f"{type(pipe.transformer).__name__} declares no repeated blocks)")
         else:

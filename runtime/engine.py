@@ -11,16 +11,17 @@ import logging
 import time
 
 from . import compile_cache
-from .compile_cache import CompileRequest, CompileSpec, CompileState
+from .compile_cache import CompileRequest, CompileState
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed.group import WorkerGroupError, WorkerGroups
-from .distributed.mesh import LAUNCH_LOCAL, check_mesh, world_size
+from .distributed.mesh import check_mesh, world_size
 from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
-from .modes import ExecutionMode, Placement, execution_mode, grad_mode, outside_inference_mode
+from .modes import execution_mode, grad_mode, outside_inference_mode
 from .sampling import SampleRequest, run_pipeline, validate_request
+from .specs import CompileSpec, ExecutionMode, Placement, Workers
 
 log = logging.getLogger("tpu_diffusers")
 
@@ -145,7 +146,7 @@ class Engine:
                                  "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
         notes += check_mesh(handle.mesh, handle.source, device)
         size = world_size(handle.mesh, device)
-        if device.type != "cpu" and handle.mesh.workers == LAUNCH_LOCAL:
+        if device.type != "cpu" and handle.mesh.workers is Workers.LAUNCH_LOCAL:
             self.cache.clear(device)  # the local ranks need every chip, this process's pipelines included
         start = time.perf_counter()
         group, launched = self.workers.get(handle, device, size, on_progress)

@@ -18,22 +18,21 @@ class Family:
     takes_negative_prompt: bool
     guidance_kwarg: str  # the __call__ argument the node's "guidance" feeds
     size_multiple: int  # height and width must be multiples of this (VAE factor x patch size)
-    default_steps: int
-    default_guidance: float
+    default_steps: int  # named in the message for a bad step count
 
 
 FAMILIES = {
     f.pipeline_class: f
     for f in (
         Family("FLUX.1", "FluxPipeline", takes_negative_prompt=False, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=4, default_guidance=0.0),
+               size_multiple=16, default_steps=4),
         Family("SD3/SD3.5", "StableDiffusion3Pipeline", takes_negative_prompt=True, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=40, default_guidance=4.5),
+               size_multiple=16, default_steps=40),
         Family("FLUX.2", "Flux2Pipeline", takes_negative_prompt=False, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=28, default_guidance=4.0),
+               size_multiple=16, default_steps=28),
         # QwenImage's CFG is "true CFG" and only runs when a negative prompt is given.
         Family("QwenImage", "QwenImagePipeline", takes_negative_prompt=True, guidance_kwarg="true_cfg_scale",
-               size_multiple=16, default_steps=50, default_guidance=4.0),
+               size_multiple=16, default_steps=50),
     )
 }
 

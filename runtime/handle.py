@@ -10,27 +10,28 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .compile_cache import CompileSpec
 from .device import DeviceInfo
-from .distributed.mesh import MeshSpec
-from .modes import ExecutionMode, Placement
-
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+from .specs import CompileSpec, DeviceChoice, DType, ExecutionMode, MeshSpec, Placement
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineHandle:
     source: str  # absolute path of a diffusers folder, or a hub id
     pipeline_class: str  # from model_index.json, e.g. "FluxPipeline"
-    dtype: str = "auto"  # "auto" = the device's default (bf16 on tpu/cuda, float32 on cpu)
-    device: str = "auto"  # "auto" = detected (tpu > cuda > cpu)
+    dtype: DType = DType.AUTO
+    device: DeviceChoice = DeviceChoice.AUTO
     mode: ExecutionMode = ExecutionMode.EAGER
     placement: Placement = Placement.DEVICE
     compile: CompileSpec | None = None  # compiled mode's options; None = CompileSpec() defaults
     mesh: MeshSpec | None = None  # tensor parallelism over worker processes; None = this process
 
+    def __post_init__(self):  # also accepts the plain values a workflow or the wire carries
+        for name, choice in (("dtype", DType), ("device", DeviceChoice), ("mode", ExecutionMode),
+                             ("placement", Placement)):
+            object.__setattr__(self, name, choice(getattr(self, name)))
+
     def resolved_dtype(self, device: DeviceInfo) -> str:
-        return device.default_dtype if self.dtype == "auto" else self.dtype
+        return device.default_dtype if self.dtype is DType.AUTO else self.dtype.value
 
     def load_key(self, device: DeviceInfo) -> tuple:
         """What a loaded pipeline depends on; two handles with equal keys share one pipeline."""
@@ -43,12 +44,8 @@ class PipelineHandle:
 
     @classmethod
     def from_wire(cls, data: dict) -> "PipelineHandle":
-        compile_spec = data.get("compile")
-        if compile_spec:
-            compile_spec = CompileSpec(**{**compile_spec, "warmup_sizes": tuple(map(tuple, compile_spec["warmup_sizes"]))})
-        mesh = data.get("mesh")
-        return cls(**{**data, "mode": ExecutionMode(data["mode"]), "placement": Placement(data["placement"]),
-                      "compile": compile_spec, "mesh": mesh and MeshSpec(**mesh)})
+        compile_spec, mesh = data.get("compile"), data.get("mesh")
+        return cls(**{**data, "compile": compile_spec and CompileSpec(**compile_spec), "mesh": mesh and MeshSpec(**mesh)})
 
     def describe(self) -> str:
-        return f"{self.pipeline_class} from {self.source} [{self.dtype}, {self.placement.value}]"
+        return f"{self.pipeline_class} from {self.source} [{self.dtype}, {self.placement}]"

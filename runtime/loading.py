@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 from .device import DeviceInfo, empty_cache
 from .errors import ModelLoadError, UserInputError
 from .families import family_for
-from .modes import Placement
+from .specs import Placement
 
 if TYPE_CHECKING:  # handle.py imports the mesh spec, which uses this module
     from .handle import PipelineHandle

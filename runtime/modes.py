@@ -10,23 +10,12 @@ Every load and run happens with inference mode off and autograd off (`outside_in
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 
 from .device import DeviceInfo, note_experimental
+from .specs import ExecutionMode
 
 log = logging.getLogger("tpu_diffusers")
-
-
-class ExecutionMode(str, enum.Enum):
-    EAGER = "eager"  # EagerMode.DEFER_NEVER: ops dispatched one by one
-    FUSED_EAGER = "fused_eager"  # EagerMode.DEFER_AND_FUSE: ops deferred and fused into graphs
-    COMPILED = "compiled"  # transformer through torch.compile (backend tpu / inductor); the rest strict eager
-
-
-class Placement(str, enum.Enum):
-    DEVICE = "device"  # the whole pipeline lives on the accelerator
-    MODEL_CPU_OFFLOAD = "model_cpu_offload"  # each model moves to the accelerator only while it runs
 
 
 _TPU_EAGER_MODES = {ExecutionMode.EAGER: "DEFER_NEVER", ExecutionMode.FUSED_EAGER: "DEFER_AND_FUSE"}
@@ -64,7 +53,7 @@ def execution_mode(mode: ExecutionMode, device: DeviceInfo):
     if mode is ExecutionMode.COMPILED:
         yield f"{mode.value} (backend {device.compile_backend})"
         return
-    if device.type == "tpu":
+    if device.has_fused_eager:  # TorchTPU: both eager modes are its EagerMode settings
         import torch
 
         note_experimental("torch.tpu.set_eager_mode", "it switches eager and fused eager runs, never "

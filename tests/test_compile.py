@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from runtime import compile_cache, process_env
-from runtime.compile_cache import CompileError, CompileSpec, parse_sizes
+from runtime.compile_cache import CompileError, parse_sizes
+from runtime.specs import CompileSpec
 from runtime.device import device_info
 from runtime.engine import Engine
 from runtime.errors import UserInputError
 from runtime.handle import PipelineHandle
-from runtime.modes import ExecutionMode, Placement
+from runtime.specs import ExecutionMode, Placement
 from runtime.sampling import SampleRequest
 
 # inductor reorders float32 reductions; images agree to a few 1e-4 on these tiny random models
@@ -119,10 +120,10 @@ import json, sys
 sys.path.insert(0, {ROOT!r})
 from runtime import process_env
 process_env.apply(process_env.default_root())
-from runtime.compile_cache import CompileSpec
+from runtime.specs import CompileSpec
 from runtime.engine import Engine
 from runtime.handle import PipelineHandle
-from runtime.modes import ExecutionMode
+from runtime.specs import ExecutionMode
 from runtime.sampling import SampleRequest
 handle = PipelineHandle(source={tiny("flux1-schnell")!r}, pipeline_class="FluxPipeline",
                         mode=ExecutionMode.COMPILED, compile=CompileSpec())

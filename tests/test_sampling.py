@@ -9,7 +9,7 @@ from runtime.errors import UserInputError
 from runtime.families import FAMILIES
 from runtime.handle import PipelineHandle
 from runtime.loading import inspect_source, load_pipeline
-from runtime.modes import ExecutionMode, Placement
+from runtime.specs import ExecutionMode, Placement
 from runtime.sampling import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs

@@ -13,7 +13,8 @@ from processes import launched_workers
 from runtime import settings
 from runtime.device import device_info
 from runtime.distributed import channel
-from runtime.distributed.mesh import ATTACH, MeshSpec, check_mesh
+from runtime.distributed.mesh import check_mesh
+from runtime.specs import MeshSpec, Workers
 from runtime.engine import Engine
 from runtime.errors import SettingError
 from runtime.handle import PipelineHandle
@@ -87,7 +88,7 @@ def test_a_bad_control_key_in_the_environment_is_refused_before_attaching_withou
     monkeypatch.setenv(channel.KEY_ENV, key)
     with pytest.raises(SettingError, match=f"{channel.KEY_ENV} \\(value not shown.*the control key is not hex") \
             as raised:
-        check_mesh(MeshSpec(chips=2, workers=ATTACH, address="127.0.0.1:7777"), tiny("flux1-schnell"),
+        check_mesh(MeshSpec(chips=2, workers=Workers.ATTACH, address="127.0.0.1:7777"), tiny("flux1-schnell"),
                    device_info("cpu"))
     assert key[2:] not in str(raised.value)
 

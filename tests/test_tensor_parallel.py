@@ -18,18 +18,20 @@ import torch
 from comfy_host import free_port
 from processes import alive_after, launched_workers
 
-from runtime.compile_cache import CompileError, CompileSpec
+from runtime.compile_cache import CompileError
+from runtime.specs import CompileSpec
 from runtime.device import device_info
 from runtime.distributed import channel
 from runtime.distributed.group import (WORKER_SCRIPT, WorkerGroupError, WorkerRequestError, request_error,
                                        root_cause)
-from runtime.distributed.mesh import ATTACH, MeshSpec, check_mesh
+from runtime.distributed.mesh import check_mesh
+from runtime.specs import MeshSpec, Workers
 from runtime.distributed.sharding import local_bytes
 from runtime.engine import Engine
 from runtime.errors import ModelLoadError, UserInputError
 from runtime.handle import PipelineHandle
 from runtime.loading import inspect_source
-from runtime.modes import ExecutionMode, Placement
+from runtime.specs import ExecutionMode, Placement
 from runtime.sampling import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +297,7 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
               for rank in (0, 1)]
     try:
-        mesh = MeshSpec(chips=2, workers=ATTACH, address=control, key=key)
+        mesh = MeshSpec(chips=2, workers=Workers.ATTACH, address=control, key=key)
         deadline = time.monotonic() + 180
         while True:  # the hosts take a while to start; the node would just be queued again
             try:
@@ -312,7 +314,7 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
             channel.connect(control, channel.new_key(), timeout=30)
         assert all(h.poll() is None for h in hosts)
         monkeypatch.setenv(channel.KEY_ENV, key)  # the key from the environment, not from the (shared) workflow
-        without_key = MeshSpec(chips=2, workers=ATTACH, address=control)
+        without_key = MeshSpec(chips=2, workers=Workers.ATTACH, address=control)
         again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=without_key), request(seed=18))
         assert again.info.loaded  # unload asked the attached workers to drop the pipeline
         assert key not in repr(mesh)

@@ -12,10 +12,11 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from runtime import device as device_module
-from runtime.compile_cache import CompileSpec
+from runtime.specs import CompileSpec
 from runtime.engine import Engine
 from runtime.handle import PipelineHandle
-from runtime.modes import ExecutionMode, Placement, execution_mode
+from runtime.modes import execution_mode
+from runtime.specs import ExecutionMode, Placement
 from runtime.sampling import SampleRequest
 
 OUTSIDE_INFERENCE_MODE = "inference mode off, grad off"

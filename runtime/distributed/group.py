@@ -25,7 +25,7 @@ from .. import settings
 from ..compile_cache import CompileError
 from ..errors import ModelLoadError, UserInputError
 from . import channel
-from .mesh import ATTACH, MeshSpec
+from ..specs import MeshSpec, Workers
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 POLL_SECONDS = 0.25
@@ -264,7 +264,7 @@ class WorkerGroups:
         if self.current is not None and self.key == key and self.current.alive():
             return self.current, False
         self.stop()
-        if handle.mesh.workers == ATTACH:
+        if handle.mesh.workers is Workers.ATTACH:
             self.current = WorkerGroup.attach(handle.mesh)
         else:
             self.current = WorkerGroup.launch(world_size, device, on_progress)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -10,21 +9,10 @@ from .. import settings
 from ..device import DeviceInfo
 from ..errors import ModelLoadError, UserInputError
 from ..loading import components, is_hub_id, read_model_index
+from ..specs import MeshSpec, Workers
 from .channel import KEY_ENV, decode_key, parse_address
 
-LAUNCH_LOCAL = "launch_local"
-ATTACH = "attach"
 CPU_MESH_DEFAULT_RANKS = 2  # a CPU "mesh" is for development; two ranks show everything TP does
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshSpec:
-    chips: int = 0  # 0 = every local chip
-    shard_transformer: bool = True
-    shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
-    workers: str = LAUNCH_LOCAL  # or ATTACH: workers already started with torchrun, maybe on other hosts
-    address: str = ""  # attach: host:port of rank 0's control channel
-    key: str = dataclasses.field(default="", repr=False)  # attach: the control key (hex); "" = $TPU_DIFFUSERS_CONTROL_KEY
 
 
 def local_chips(device: DeviceInfo) -> int:
@@ -57,9 +45,7 @@ def _unreadable_config(folder: str, name: str, error: Exception) -> ModelLoadErr
 
 def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     """Refuse what cannot work before launching: returns notes on what stays whole."""
-    if spec.workers not in (LAUNCH_LOCAL, ATTACH):
-        raise UserInputError(f"workers must be '{LAUNCH_LOCAL}' or '{ATTACH}', not '{spec.workers}'.")
-    if spec.workers == ATTACH:
+    if spec.workers == Workers.ATTACH:
         key = spec.key or settings.get(KEY_ENV)
         if not spec.address or not key:
             raise UserInputError(f"attach needs the address (host:port) of the workers' rank 0 and their key (in "
@@ -67,7 +53,7 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
         parse_address(spec.address)
         decode_key(key)
     size = world_size(spec, device)
-    if spec.workers == LAUNCH_LOCAL and size > local_chips(device):
+    if spec.workers == Workers.LAUNCH_LOCAL and size > local_chips(device):
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"
         raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} {unit}; "
                              "lower 'chips', or attach to workers started on several hosts.")

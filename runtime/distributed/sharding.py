@@ -8,7 +8,8 @@ everything else (VAE, encoders without a plan) loads whole on every rank.
 
 from __future__ import annotations
 
-from .mesh import MeshSpec, text_encoder_has_tp_plan
+from ..specs import MeshSpec
+from .mesh import text_encoder_has_tp_plan
 
 
 class Sharding:

@@ -1,0 +1,81 @@
+"""The plain choices a workflow makes, in one leaf module that imports nothing of the pack.
+
+Nodes offer these enums as their combo options and put the specs on the handle; the runtime
+modules that act on them (modes, compile_cache, distributed) import them from here, so the
+handle no longer pulls in the distributed package (and it, the loader, and the handle again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Choice(str, enum.Enum):
+    """A workflow choice: equal to, and printed as, the widget value it comes from."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class ExecutionMode(Choice):
+    EAGER = "eager"  # EagerMode.DEFER_NEVER: ops dispatched one by one
+    FUSED_EAGER = "fused_eager"  # EagerMode.DEFER_AND_FUSE: ops deferred and fused into graphs
+    COMPILED = "compiled"  # transformer through torch.compile (backend tpu / inductor); the rest strict eager
+
+
+class Placement(Choice):
+    DEVICE = "device"  # the whole pipeline lives on the accelerator
+    MODEL_CPU_OFFLOAD = "model_cpu_offload"  # each model moves to the accelerator only while it runs
+
+
+class DType(Choice):
+    AUTO = "auto"  # the device's default: bf16 on tpu/cuda, float32 on cpu
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class DeviceChoice(Choice):
+    AUTO = "auto"  # detected: tpu > cuda > cpu
+    TPU = "tpu"
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class CompileScope(Choice):
+    AUTO = "auto"  # repeated blocks under model CPU offload (when the model declares them), else whole
+    WHOLE = "whole"
+    REPEATED_BLOCKS = "repeated_blocks"
+
+
+class Workers(Choice):
+    LAUNCH_LOCAL = "launch_local"  # torchrun on this host
+    ATTACH = "attach"  # workers already started with torchrun, maybe on other hosts
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSpec:
+    scope: CompileScope = CompileScope.AUTO
+    fullgraph: bool = True
+    warmup_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) compiled ahead, at first realisation
+
+    def __post_init__(self):  # also accepts the plain values a workflow or the wire carries
+        object.__setattr__(self, "scope", CompileScope(self.scope))
+        object.__setattr__(self, "warmup_sizes", tuple(tuple(size) for size in self.warmup_sizes))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    chips: int = 0  # 0 = every local chip
+    shard_transformer: bool = True
+    shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
+    workers: Workers = Workers.LAUNCH_LOCAL
+    address: str = ""  # attach: host:port of rank 0's control channel
+    key: str = dataclasses.field(default="", repr=False)  # attach: the control key (hex); "" = $TPU_DIFFUSERS_CONTROL_KEY
+
+    def __post_init__(self):
+        object.__setattr__(self, "workers", Workers(self.workers))
