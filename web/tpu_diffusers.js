@@ -24,7 +24,21 @@ function statusText(info) {
   else if (info.compiled_now === false) lines.push("compile reused");
   // The detail in brackets: the TorchTPU eager mode, or why fused eager ran as strict eager.
   else if (mode !== info.mode) lines.push(info.mode.slice(mode.length + 2, -1));
+  if (info.compiled_now != null) lines.push(cacheLine(info));
   return lines.join("\n");
+}
+
+/** Where compiled graphs persist (a process setting) and this run's cache hits, so a user sees
+ *  whether a restart reused them. A long path keeps its last three parts, which name it. */
+function cacheLine(info) {
+  const cache = info.compile_cache ?? {};
+  const folder = (info.device === "tpu" && cache.tpu_tier3) || cache.inductor || "?";
+  const lookups = info.compile_cache_lookups ?? {};
+  const hits = (lookups.fxgraph_hits ?? 0) + (lookups.tpu_hits ?? 0);
+  const misses = (lookups.fxgraph_misses ?? 0) + (lookups.tpu_misses ?? 0);
+  const parts = folder.split("/");
+  const shown = parts.length > 4 ? `…/${parts.slice(-3).join("/")}` : folder;
+  return `cache ${shown} · ${hits} hit(s), ${misses} miss(es)`;
 }
 
 /** The Sampler and every node of ours up its `pipeline` input chain (Compile, Mesh, Mode, Loader). */

@@ -234,11 +234,17 @@ def test_status_shows_on_our_nodes_inside_a_subgraph_after_a_run(page, server):
 
 COMPILED = dict(device="tpu", mode="compiled (backend tpu)", placement="model_cpu_offload", loaded=True,
                 load_seconds=41.26, sample_seconds=9.81, peak_device_memory_mb=30720.0, compiled_now=True,
-                compile_seconds=123.44, notes=[])
+                compile_seconds=123.44, notes=[],
+                compile_cache=dict(inductor="/home/me/ComfyUI/user/tpu_diffusers/compile_cache/inductor",
+                                   tpu_tier3="gs://fleet-cache/tpu"),
+                compile_cache_lookups=dict(fxgraph_hits=0, fxgraph_misses=2, tpu_hits=0, tpu_misses=3))
 STATUS_CASES = [
-    (COMPILED, "tpu · compiled · offload · loaded 41.3s · sampled 9.8s · peak 30.0 GB\ncompiled now 123.4s"),
-    ({**COMPILED, "loaded": False, "compiled_now": False, "compile_seconds": 0.0},
-     "tpu · compiled · offload · already loaded · sampled 9.8s · peak 30.0 GB\ncompile reused"),
+    (COMPILED, "tpu · compiled · offload · loaded 41.3s · sampled 9.8s · peak 30.0 GB\ncompiled now 123.4s\n"
+               "cache gs://fleet-cache/tpu · 0 hit(s), 5 miss(es)"),
+    ({**COMPILED, "loaded": False, "compiled_now": False, "compile_seconds": 0.0, "device": "cpu",
+      "compile_cache_lookups": dict(fxgraph_hits=2, fxgraph_misses=0)},
+     "cpu · compiled · offload · already loaded · sampled 9.8s · peak 30.0 GB\ncompile reused\n"
+     "cache …/tpu_diffusers/compile_cache/inductor · 2 hit(s), 0 miss(es)"),
     ({**COMPILED, "device": "cpu", "placement": "device", "peak_device_memory_mb": None, "compiled_now": None,
       "mode": "eager (fused eager needs TorchTPU; cpu has no equivalent, ran strict eager)"},
      "cpu · eager · loaded 41.3s · sampled 9.8s\nfused eager needs TorchTPU; cpu has no equivalent, ran strict eager"),
