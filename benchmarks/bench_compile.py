@@ -6,8 +6,10 @@
 
 Step times are medians of the gaps between step callbacks (the first compiled call of a size,
 which compiles, is excluded). Compile times are dynamo's own (`compile_seconds` in the run
-info). The warm number comes from a new Python process pointed at the same cache directory,
-as after a ComfyUI restart.
+info). Each phase runs in its own process, one after another, all with one new compile-cache
+folder: eager, then compiled (cold: it fills the folder), then compiled again in a fresh
+process (warm, as after a ComfyUI restart). This process never touches the device: on a TPU a
+chip belongs to the first process that uses it until that process exits.
 """
 
 from __future__ import annotations
@@ -19,39 +21,48 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import PROMPT, StepClock, bench_model, parse_size
+from common import PROMPT, StepClock, bench_model, compile_cache_env, parse_size
 
-from runtime.compile_cache import CompileSpec
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
-from runtime.modes import ExecutionMode
-from runtime.sampling import SampleRequest
+PHASES = ("eager", "cold", "warm")
 
 
-def handle(model: Path, device: str, cache_dir: str | None) -> PipelineHandle:
-    compiled = cache_dir is not None
-    return PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=device,
-                          mode=ExecutionMode.COMPILED if compiled else ExecutionMode.EAGER,
-                          compile=CompileSpec(cache_dir=cache_dir) if compiled else None)
+def measure(args) -> dict:
+    """One phase over every size, in this (child) process: {size: {"step_seconds", "compile_seconds"}}."""
+    from runtime import process_env
+
+    process_env.apply(process_env.default_root())  # the cache folder, before torch starts (as ComfyUI does)
+    from runtime.engine import Engine
+    from runtime.handle import PipelineHandle
+    from runtime.loading import inspect_source
+    from runtime.sampling import SampleRequest
+    from runtime.specs import ExecutionMode
+
+    mode = ExecutionMode.EAGER if args.phase == "eager" else ExecutionMode.COMPILED
+    handle = PipelineHandle(source=str(args.model), pipeline_class=inspect_source(str(args.model)),
+                            device=args.device, mode=mode)
+    engine, results = Engine(), {}
+    for text in args.sizes.split(","):
+        width, height = parse_size(text)
+        runs = []
+        for seed in (0, 1):  # the first loads, warms eager kernels or compiles; the second is timed
+            clock = StepClock()
+            info = engine.generate(handle, SampleRequest(prompt=PROMPT, width=width, height=height,
+                                                         steps=args.steps, guidance=0.0, seed=seed), clock).info
+            runs.append((clock.step_seconds(), info))
+        results[text] = {"step_seconds": runs[1][0], "compile_seconds": runs[0][1].compile_seconds,
+                         "device": runs[0][1].device}
+    return results
 
 
-def request(size: tuple[int, int], steps: int, seed: int = 0) -> SampleRequest:
-    return SampleRequest(prompt=PROMPT, width=size[0], height=size[1], steps=steps, guidance=0.0, seed=seed)
-
-
-def timed_run(engine: Engine, spec: PipelineHandle, req: SampleRequest):
-    clock = StepClock()
-    info = engine.generate(spec, req, on_progress=clock).info
-    return clock.step_seconds(), info
-
-
-def warm_compile_seconds(args, size, cache_dir: str) -> float:
-    """Compile time of `size` in a new process with the cache directory the first process filled."""
-    out = subprocess.run([sys.executable, __file__, "--model", str(args.model), "--device", args.device,
-                          "--steps", "2", "--warm-child", f"{size[0]}x{size[1]}", "--cache-dir", cache_dir],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["compile_seconds"]
+def run_phase(args, phase: str, cache_dir: Path) -> dict:
+    """A phase in a fresh process; each gets its own TorchTPU host cache, so only the folder carries over."""
+    command = [sys.executable, __file__, "--model", str(args.model), "--device", args.device, "--sizes", args.sizes,
+               "--steps", str(args.steps), "--phase", phase]
+    done = subprocess.run(command, env=compile_cache_env(cache_dir, phase), capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise SystemExit(f"the {phase} phase failed (exit code {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -60,38 +71,30 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--sizes", default="256x256,256x512")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--warm-child", help=argparse.SUPPRESS)
-    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.model = bench_model(args.model)
 
-    if args.warm_child:  # the fresh process of warm_compile_seconds
-        _, info = timed_run(Engine(), handle(args.model, args.device, args.cache_dir),
-                            request(parse_size(args.warm_child), args.steps))
-        print(json.dumps({"compile_seconds": info.compile_seconds}))
+    if args.phase:
+        print(json.dumps(measure(args)))
         return 0
 
-    cache_dir = tempfile.mkdtemp(prefix="bench-compile-cache-")
-    eager_engine, compiled_engine = Engine(), Engine()
-    eager, compiled = handle(args.model, args.device, None), handle(args.model, args.device, cache_dir)
-    rows = []
-    for text in args.sizes.split(","):
-        size = parse_size(text)
-        timed_run(eager_engine, eager, request(size, args.steps))  # loads, and warms eager kernels
-        eager_step, _ = timed_run(eager_engine, eager, request(size, args.steps, seed=1))
-        _, cold = timed_run(compiled_engine, compiled, request(size, args.steps))
-        compiled_step, _ = timed_run(compiled_engine, compiled, request(size, args.steps, seed=1))
-        warm = warm_compile_seconds(args, size, cache_dir)
-        rows.append((text, eager_step, compiled_step, cold.compile_seconds, warm))
-        print(f"{text}: eager {eager_step:.3f}s/step, compiled {compiled_step:.3f}s/step, "
-              f"compile cold {cold.compile_seconds:.1f}s, warm {warm:.1f}s", flush=True)
+    cache_dir = Path(tempfile.mkdtemp(prefix="bench-compile-cache-"))
+    phases = {}
+    for phase in PHASES:
+        phases[phase] = run_phase(args, phase, cache_dir)
+        print(f"{phase}: " + ", ".join(f"{size} {r['step_seconds']:.3f}s/step, compile {r['compile_seconds']:.1f}s"
+                                       for size, r in phases[phase].items()), flush=True)
 
-    print(f"\nmodel {args.model.name}, device {cold.device}, {args.steps} steps; cache {cache_dir}")
+    device = next(iter(phases["eager"].values()))["device"]
+    print(f"\nmodel {args.model.name}, device {device}, {args.steps} steps; cache {cache_dir}")
     print(f"{'size':<10}{'eager s/step':>13}{'compiled s/step':>16}{'compiled/eager':>15}"
           f"{'cold compile s':>15}{'warm compile s':>15}{'warm/cold':>10}")
-    for text, eager_step, compiled_step, cold_s, warm_s in rows:
-        print(f"{text:<10}{eager_step:>13.3f}{compiled_step:>16.3f}{compiled_step / eager_step:>15.2f}"
-              f"{cold_s:>15.1f}{warm_s:>15.1f}{warm_s / cold_s:>10.2f}")
+    for size in args.sizes.split(","):
+        eager, cold, warm = (phases[phase][size] for phase in PHASES)
+        print(f"{size:<10}{eager['step_seconds']:>13.3f}{cold['step_seconds']:>16.3f}"
+              f"{cold['step_seconds'] / eager['step_seconds']:>15.2f}{cold['compile_seconds']:>15.1f}"
+              f"{warm['compile_seconds']:>15.1f}{warm['compile_seconds'] / cold['compile_seconds']:>10.2f}")
     return 0
 
 

@@ -5,7 +5,9 @@
         [--ranks 2] [--size 256x256] [--steps 4]
 
 1 rank is this process (no workers); N ranks is a worker group launched with torchrun, one
-process per chip. Step times are medians of the gaps between step callbacks of a warm run.
+process per chip. N ranks run first and their workers are stopped before this process uses the
+device: on a TPU a chip belongs to the first process that uses it until that process exits.
+Step times are medians of the gaps between step callbacks of a warm run.
 On a CPU host the N ranks share the same cores (torchrun gives each one thread), so the CPU
 numbers show the mechanism and the memory split, not a speed-up.
 """
@@ -18,12 +20,12 @@ from pathlib import Path
 
 from common import PROMPT, StepClock, bench_model, parse_size
 
-from runtime.distributed.mesh import MeshSpec
 from runtime.distributed.sharding import local_bytes
 from runtime.engine import Engine
 from runtime.handle import PipelineHandle
 from runtime.loading import inspect_source
 from runtime.sampling import SampleRequest
+from runtime.specs import MeshSpec
 
 
 def main(argv=None) -> int:
@@ -39,7 +41,8 @@ def main(argv=None) -> int:
     base = PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=args.device)
     engine = Engine()
     rows = []
-    for ranks, spec in ((1, base), (args.ranks, PipelineHandle(**{**base.__dict__, "mesh": MeshSpec(chips=args.ranks)}))):
+    sharded = PipelineHandle(**{**base.__dict__, "mesh": MeshSpec(chips=args.ranks)})
+    for ranks, spec in ((args.ranks, sharded), (1, base)):
         for seed in (0, 1):  # the first run loads (and launches the workers); the second is timed
             clock = StepClock()
             result = engine.generate(spec, SampleRequest(prompt=PROMPT, width=width, height=height,
@@ -50,10 +53,10 @@ def main(argv=None) -> int:
         print(f"{ranks} rank(s): {rows[-1][1]:.3f}s/step, {rows[-1][2]:.0f} MiB of transformer per rank", flush=True)
         engine.unload()
 
-    one = rows[0]
+    one = rows[1]
     print(f"\nmodel {model.name}, device {one[3]}, {args.size}, {args.steps} steps")
     print(f"{'ranks':<7}{'s/step':>9}{'vs 1 rank':>11}{'transformer MiB/rank':>22}{'vs 1 rank':>11}")
-    for ranks, step, mib, _ in rows:
+    for ranks, step, mib, _ in reversed(rows):
         print(f"{ranks:<7}{step:>9.3f}{step / one[1]:>11.2f}{mib:>22.0f}{mib / one[2]:>11.2f}")
     return 0
 

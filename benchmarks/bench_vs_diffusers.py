@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Our nodes in a real ComfyUI server vs a plain diffusers script: same pipeline, seed, size, steps.
 
-The two arms alternate, image by image, in one run, so machine noise hits both alike.
+The two arms alternate, image by image, in one run, so machine noise hits both alike (on a TPU
+they run one after the other, ComfyUI's first: a chip belongs to the first process that uses it
+until that process exits, so the server must be gone before this process takes the chip).
 Ours is timed from ComfyUI's own execution_start to execution_success messages (the whole
 prompt: Sampler plus Save Image); plain is `pipe(...)` plus saving the PNG. Peak memory:
 the process's peak RSS (VmHWM) for each arm, and peak accelerator memory where there is one.
@@ -17,20 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from comfy_host import ComfyServer, execution_error, prepare_comfyui  # noqa: E402
-
-PROMPT = "a golden retriever surfing a wave, photorealistic"
+from common import PROMPT, ROOT, bench_model
+from comfy_host import ComfyServer, execution_error, prepare_comfyui
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
@@ -96,44 +92,49 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
 
-    work = Path(tempfile.mkdtemp(prefix="bench-vs-diffusers-"))
-    model = args.model
-    if model is None:
-        import tiny_models
+    from runtime.device import resolve_device
 
-        model = ROOT / ".comfyui" / "bench-models" / "bench-flux1-schnell"
-        if not (model / "model_index.json").exists():
-            print(f"building the bench model into {model}", flush=True)
-            tiny_models.build("flux1-schnell", model, size="bench")
-    model = model.resolve()
+    work = Path(tempfile.mkdtemp(prefix="bench-vs-diffusers-"))
+    model = bench_model(args.model)
     (work / "models" / "diffusers").mkdir(parents=True)
     (work / "models" / "diffusers" / model.name).symlink_to(model, target_is_directory=True)
+    alternate = resolve_device(args.device).type != "tpu"
+    seeds = [1000 + i for i in range(args.runs + 1)]  # the first run warms each arm up (ours loads the model)
+    times, infos, plain = {"plain": [], "ours": []}, [], None
+
+    def run_plain(seed: int) -> None:
+        times["plain"].append(plain.run(args.size, args.steps, seed, work))
+        print(f"plain, seed {seed}: {times['plain'][-1]:.3f}s", flush=True)
+
+    def run_ours(seed: int) -> None:
+        entry = server.run(ours_workflow(model.name, args.device, args.size, args.steps, seed), timeout=3600)
+        error = execution_error(entry)
+        if error:
+            raise SystemExit(f"ComfyUI run failed: {error['exception_message']}")
+        infos.append(entry["outputs"]["3"]["tpu_run_info"][0])
+        times["ours"].append(prompt_seconds(entry))
+        print(f"ours, seed {seed}: {times['ours'][-1]:.3f}s", flush=True)
 
     server = ComfyServer(prepare_comfyui(), base_dir=work)
     server.start()
     try:
-        plain = PlainDiffusers(model, args.device)
-        times = {"plain": [], "ours": []}
-        loads_after_first = 0
-        for i in range(args.runs + 1):  # run 0 warms both arms up (ours loads the model in it)
-            seed = 1000 + i
-            t_plain = plain.run(args.size, args.steps, seed, work)
-            entry = server.run(ours_workflow(model.name, args.device, args.size, args.steps, seed), timeout=3600)
-            error = execution_error(entry)
-            if error:
-                raise SystemExit(f"ComfyUI run failed: {error['exception_message']}")
-            info = entry["outputs"]["3"]["tpu_run_info"][0]
-            if i == 0:
-                ours_peak_device = info["peak_device_memory_mb"]
-                continue
-            loads_after_first += info["loaded"]
-            times["plain"].append(t_plain)
-            times["ours"].append(prompt_seconds(entry))
-            print(f"run {i}: plain {t_plain:.3f}s  ours {times['ours'][-1]:.3f}s", flush=True)
-        plain_peak_device = plain.peak_device_mb()
-        rss = {"plain": peak_rss_mb(), "ours": peak_rss_mb(server.process.pid)}
+        if alternate:
+            plain = PlainDiffusers(model, args.device)
+        for seed in seeds:
+            if alternate:
+                run_plain(seed)
+            run_ours(seed)
+        ours_rss = peak_rss_mb(server.process.pid)
     finally:
         server.stop()
+    if not alternate:
+        plain = PlainDiffusers(model, args.device)
+        for seed in seeds:
+            run_plain(seed)
+    times = {arm: runs[1:] for arm, runs in times.items()}
+    rss = {"plain": peak_rss_mb(), "ours": ours_rss}
+    plain_peak_device, ours_peak_device = plain.peak_device_mb(), infos[0]["peak_device_memory_mb"]
+    loads_after_first = sum(info["loaded"] for info in infos[1:])
 
     def fmt(value):
         return "-" if value is None else f"{value:.0f}"
@@ -141,7 +142,8 @@ def main(argv=None) -> int:
     med = {arm: statistics.median(t) for arm, t in times.items()}
     print()
     print(f"model {model.name}, device {plain.device.type}, {args.size}x{args.size}, {args.steps} steps, "
-          f"{args.runs} runs per arm (alternating, after one warm-up each)")
+          f"{args.runs} runs per arm ({'alternating' if alternate else 'one arm after the other'}, "
+          f"after one warm-up each)")
     print(f"{'arm':<8}{'median s/image':>16}{'min s/image':>14}{'peak RSS MiB':>14}{'peak device MiB':>17}")
     for arm, device_peak in (("plain", plain_peak_device), ("ours", ours_peak_device)):
         print(f"{arm:<8}{med[arm]:>16.3f}{min(times[arm]):>14.3f}{rss[arm]:>14.0f}{fmt(device_peak):>17}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -15,17 +16,40 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = "a golden retriever surfing a wave, photorealistic"
 
 
-def bench_model(model: Path | None) -> Path:
-    """The given diffusers folder, or a FLUX.1-schnell-shaped one with real layer widths (built once)."""
-    if model is not None:
-        return model.resolve()
+def built_model(family: str, size: str) -> Path:
+    """A tools/tiny_models.py pipeline under .comfyui/<size>-models/, built once and kept (random weights,
+    byte-identical for given library versions). Built beside its final name, so an interrupted build is
+    never taken for a finished one."""
     import tiny_models
 
-    model = ROOT / ".comfyui" / "bench-models" / "bench-flux1-schnell"
+    model = ROOT / ".comfyui" / f"{size}-models" / f"{size}-{family}"
     if not (model / "model_index.json").exists():
-        print(f"building the bench model into {model}", flush=True)
-        tiny_models.build("flux1-schnell", model, size="bench")
+        print(f"building the {size} {family} model into {model}", flush=True)
+        partial = model.with_name(model.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        tiny_models.build(family, partial, size=size)
+        shutil.rmtree(model, ignore_errors=True)  # what an interrupted build of an older version left
+        partial.rename(model)
     return model
+
+
+def compile_cache_env(folder: Path, process: str) -> dict:
+    """The environment of a child process whose compile caches live in `folder` (the pack's
+    TPU_DIFFUSERS_COMPILE_CACHE, which the child applies before torch starts, as ComfyUI's prestartup
+    does). Cache variables already set here are dropped, so the measurement starts where we say; and
+    TorchTPU's host-shared tier-2 cache (in /dev/shm, which outlives processes) gets a name of its own
+    per folder and `process`, so the folder is the only cache a fresh process can reuse."""
+    from runtime import process_env
+
+    managed = (process_env.INDUCTOR_CACHE, process_env.TPU_TIER2_CACHE, process_env.TPU_TIER3_CACHE,
+               process_env.TPU_TIER3_LOCAL_BACKUP)
+    env = {name: value for name, value in os.environ.items() if name not in managed}
+    return {**env, process_env.COMPILE_CACHE_ENV: str(folder), process_env.TPU_TIER2_CACHE: f"{folder.name}-{process}"}
+
+
+def bench_model(model: Path | None) -> Path:
+    """The given diffusers folder, or a FLUX.1-schnell-shaped one with real layer widths (built once)."""
+    return model.resolve() if model is not None else built_model("flux1-schnell", "bench")
 
 
 class StepClock:

@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Prove the pack on this machine's accelerator in one run and write down what was measured.
+
+    python tools/verify_device.py [--device tpu|cuda|cpu] [--quick] [--out FILE]
+
+(`bash scripts/verify_device.sh` sets up the environment first, then runs this.) It runs the
+runtime test suite, every cell of the README's support matrix through the runtime's Engine (on
+tiny models, and without --quick on real-width "bench" models), the three benchmarks, and a
+restart-and-reuse check of the persistent compile cache; then writes
+docs/verified/<device>-<date>.md. A cell records what it did: a fallback (fused eager where there
+is no TorchTPU) or a refusal (TP with fewer chips than ranks) is not a pass.
+
+Everything that touches the accelerator runs in a child process, one after another: on a TPU a
+chip belongs to the first process that uses it until that process exits, so this process never
+uses it, and locally launched TP workers find their chips free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
+
+from common import built_model, compile_cache_env  # noqa: E402  (benchmarks/common.py)
+
+FAMILIES = {"flux1-schnell": "FLUX.1-schnell", "sd3": "SD3", "flux2": "FLUX.2", "qwenimage": "QwenImage"}
+CELLS = {  # the README's support-matrix columns, in its order
+    "eager": "eager", "fused_eager": "fused eager", "model_cpu_offload": "model CPU offload",
+    "compile_whole": "compile whole", "compile_repeated_blocks": "compile repeated blocks", "tp": "TP",
+}
+# Run order inside one process: cells sharing a loaded pipeline run back to back.
+SINGLE_PROCESS_CELLS = ("eager", "fused_eager", "compile_whole", "model_cpu_offload", "compile_repeated_blocks")
+TP_RANKS = 2  # every tiny and bench model's attention heads divide by 2; more chips need other models
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    width: int
+    height: int
+    steps: int
+
+
+SIZES = {"tiny": Size(64, 64, 2), "bench": Size(512, 512, 4)}
+PROMPT = "a golden retriever surfing a wave, photorealistic"
+CHILD_TIMEOUT = {True: 1800, False: 4 * 3600}  # seconds, by --quick; a first TPU compile takes minutes
+RESTART_CHECK = ("flux1-schnell", "compile_whole", "tiny")  # compiled again in a fresh process
+
+
+# ------------------------------------------------------------------ child: run cells on the device
+def cell_handle(source: str, cell: str, device: str):
+    """The PipelineHandle for one matrix cell: what the matching nodes of a workflow would build."""
+    import diffusers
+
+    from runtime.handle import PipelineHandle
+    from runtime.loading import components, inspect_source, read_model_index
+    from runtime.specs import CompileSpec, ExecutionMode, MeshSpec, Placement
+
+    transformer_class = components(read_model_index(source, is_folder=True))["transformer"][1]
+    # The README's recipe: under offload, scope auto compiles the repeated blocks; a transformer that
+    # declares none (SD3) is compiled whole there, which needs fullgraph off.
+    has_blocks = bool(getattr(getattr(diffusers, transformer_class), "_repeated_blocks", None))
+    fields = {
+        "eager": {},
+        "fused_eager": dict(mode=ExecutionMode.FUSED_EAGER),
+        "model_cpu_offload": dict(placement=Placement.MODEL_CPU_OFFLOAD),
+        "compile_whole": dict(mode=ExecutionMode.COMPILED, compile=CompileSpec(scope="whole")),
+        "compile_repeated_blocks": dict(mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
+                                        compile=CompileSpec(scope="auto", fullgraph=has_blocks)),
+        "tp": dict(mesh=MeshSpec(chips=TP_RANKS)),
+    }[cell]
+    return PipelineHandle(source=source, pipeline_class=inspect_source(source), device=device, **fields)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def run_cell(engine, family: str, cell: str, size_name: str, source: str, device: str) -> dict:
+    """Run the cell twice at one size (the second run must reuse everything) and say what happened."""
+    import torch
+
+    from runtime.errors import UserInputError
+    from runtime.sampling import SampleRequest
+
+    size = SIZES[size_name]
+    record = {"family": family, "cell": cell, "size": size_name}
+    handle = cell_handle(source, cell, device)
+    requests = [SampleRequest(prompt=PROMPT, width=size.width, height=size.height, steps=size.steps,
+                              guidance=3.5, seed=seed) for seed in (1, 2)]
+    try:
+        start = time.perf_counter()
+        first = engine.generate(handle, requests[0])
+        record["first_seconds"] = time.perf_counter() - start
+        warm = engine.generate(handle, requests[1])
+    except UserInputError as e:
+        return {**record, "status": "refused", "error": first_line(e)}
+    except Exception as e:  # noqa: BLE001  (any failure is a measured result here)
+        return {**record, "status": "fail", "error": first_line(e)}
+    info = first.info
+    record.update(mode=info.mode, loaded=info.loaded, warm_seconds=warm.info.sample_seconds,
+                  compiled_now=[info.compiled_now, warm.info.compiled_now], compile_seconds=info.compile_seconds,
+                  cache=info.compile_cache_lookups, cache_folders=info.compile_cache, world_size=info.world_size,
+                  notes=[*info.notes, *warm.info.notes])
+    if handle.compile is not None and handle.mesh is None:
+        record["scope"] = engine.realise(handle)[0].compiled.scope
+    images = first.images
+    expected = (1, size.height, size.width, 3)
+    problems = []
+    if tuple(images.shape) != expected or not torch.isfinite(images).all():
+        problems.append(f"bad image: shape {tuple(images.shape)} (expected {expected}), finite "
+                        f"{bool(torch.isfinite(images).all())}")
+    if handle.compile is not None and record["compiled_now"] != [True, False]:
+        problems.append(f"compiled now on the first and second run: {record['compiled_now']} (expected "
+                        "[True, False]: compile once, then reuse)")
+    if handle.mesh is not None and info.world_size != TP_RANKS:
+        problems.append(f"ran on {info.world_size} rank(s), not {TP_RANKS}")
+    if problems:
+        return {**record, "status": "fail", "error": "; ".join(problems)}
+    asked = handle.mode.value
+    return {**record, "status": "pass" if info.mode.startswith(asked) else "fallback"}
+
+
+def run_child(spec: dict, out: Path) -> int:
+    """Child process: run spec["cells"] ([family, cell, size] triples) and append one JSON line per cell."""
+    from runtime import process_env
+
+    process_env.apply(process_env.default_root())  # the compile cache folder, before torch starts (as in ComfyUI)
+    from runtime.engine import Engine
+
+    engine = Engine()
+    for family, cell, size_name in spec["cells"]:
+        record = run_cell(engine, family, cell, size_name, spec["models"][size_name][family], spec["device"])
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"[verify] {size_name} {family} {cell}: {record['status']} {record.get('error', '')}", flush=True)
+        if cell in ("tp", SINGLE_PROCESS_CELLS[-1]):
+            engine.unload()  # the family's last cell: free the device (and stop TP workers) for the next
+    return 0
+
+
+# -------------------------------------------------------------------------- parent: orchestration
+@dataclasses.dataclass
+class Context:
+    device: str
+    quick: bool
+    work: Path  # logs, child outputs, and the compile cache folder of this run (so compiles start cold)
+
+
+@dataclasses.dataclass
+class Ran:
+    """A finished child process: exit code (None: timed out), and its output, kept in work/<name>.out/.err."""
+
+    code: int | None
+    stdout: str
+    stderr: str
+
+    def last_words(self) -> str:
+        """Why it stopped: the last line it wrote to stderr (a traceback ends there), else to stdout."""
+        for text in (self.stderr, self.stdout):
+            lines = [line for line in text.splitlines() if line.strip()]
+            if lines:
+                return lines[-1]
+        return "no output"
+
+
+def run_logged(ctx: Context, name: str, command: list[str], env: dict | None = None) -> Ran:
+    out, err = ctx.work / f"{name}.out", ctx.work / f"{name}.err"
+    print(f"[verify] {name}: {shlex.join(command)}", flush=True)
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        try:
+            code = subprocess.run(command, cwd=ROOT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+                                  stdout=stdout, stderr=stderr, timeout=CHILD_TIMEOUT[ctx.quick]).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    return Ran(code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+
+def run_cells(ctx: Context, name: str, cells: list[tuple[str, str, str]], models: dict) -> list[dict]:
+    """Run cells in one child process, with the run's compile cache folder; a cell the child never
+    reported (it died, or timed out) is a failure."""
+    out = ctx.work / f"{name}.jsonl"
+    spec = {"cells": cells, "models": models, "device": ctx.device}
+    ran = run_logged(ctx, name, [sys.executable, __file__, "--child", json.dumps(spec), "--child-out", str(out)],
+                     compile_cache_env(ctx.work / "compile-cache", name))
+    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    done = {(r["family"], r["cell"], r["size"]) for r in records}
+    why = ("timed out" if ran.code is None else f"the process exited with code {ran.code}") + \
+        f": {ran.last_words()} (log {ctx.work / name}.err)"
+    return records + [{"family": f, "cell": c, "size": s, "status": "fail", "error": why}
+                      for f, c, s in cells if (f, c, s) not in done]
+
+
+def versions(device: str) -> dict:
+    """Library versions and the device as this host reports it (without taking a TPU chip)."""
+    import torch
+
+    def version(package):
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    facts = {"python": platform.python_version(), "torch": torch.__version__,
+             **{p: version(p) for p in ("torch_tpu", "libtpu", "diffusers", "transformers", "accelerate")}}
+    if device == "cpu":
+        model = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+        facts["device"] = f"cpu: {model[1] if model else platform.machine()}, {os.cpu_count()} cores"
+    else:
+        name = torch.cuda.get_device_name(0) if device == "cuda" else torch.tpu.get_device_name()
+        facts["device"] = f"{device}: {name} x {torch.accelerator.device_count()}"
+    return facts
+
+
+def run_suite(ctx: Context) -> dict:
+    """The runtime test suite (tests/test_*.py). It has no device switch: handles use device "auto",
+    so its runs go to this host's accelerator, and assertions written for CPU may not hold there."""
+    if ctx.quick:
+        files = [ROOT / "tests" / "test_torch_tpu_contract.py"]
+        scope = "--quick: only tests/test_torch_tpu_contract.py (CI runs the whole suite with scripts/test.sh)"
+    else:
+        files = sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_verify_device.py")
+        scope = "tests/test_*.py except test_verify_device.py (which runs this tool)"
+    ran = run_logged(ctx, "tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, files)])
+    summary = [line for line in ran.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    return {"scope": scope, "exit_code": ran.code, "summary": summary[-1].strip("= ") if summary else ran.last_words(),
+            "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", ran.stdout, re.M)}
+
+
+def run_benchmarks(ctx: Context, tiny_flux: Path) -> list[dict]:
+    """The three benchmarks with --device; in --quick on the tiny model with the fewest runs."""
+    model = str(tiny_flux.relative_to(ROOT))
+    quick_args = {
+        "bench_vs_diffusers.py": ["--model", model, "--size", "64", "--steps", "2", "--runs", "2"],
+        "bench_compile.py": ["--model", model, "--sizes", "64x64", "--steps", "2"],
+        "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", "--ranks", str(TP_RANKS)],
+    }
+    results = []
+    for script, args in quick_args.items():
+        command = [sys.executable, f"benchmarks/{script}", "--device", ctx.device,
+                   *(args if ctx.quick else ["--ranks", str(TP_RANKS)] if script == "bench_tp.py" else [])]
+        start = time.perf_counter()
+        ran = run_logged(ctx, script.removesuffix(".py"), command)
+        results.append({"script": script, "command": shlex.join(["python", *command[1:]]), "exit_code": ran.code,
+                        "seconds": time.perf_counter() - start, "stdout": ran.stdout, "stderr": ran.stderr})
+    return results
+
+
+def restart_check(ctx: Context, matrix: list[dict], models: dict) -> dict:
+    """Compile in a fresh process against the cache the matrix run filled: it must come from the cache."""
+    family, cell, size = RESTART_CHECK
+    cold = next(r for r in matrix if (r["family"], r["cell"], r["size"]) == RESTART_CHECK)
+    if cold["status"] != "pass":
+        return {"cold": cold, "warm": None, "reused": False}
+    warm = run_cells(ctx, "restart", [list(RESTART_CHECK)], models)[0]
+    return {"cold": cold, "warm": warm, "reused": warm["status"] == "pass" and cache_hits(warm) > 0}
+
+
+# ------------------------------------------------------------------------------------------ report
+def cache_hits(record: dict) -> int:
+    """Compile-cache hits in a cell's first run (inductor's FX graph cache; TorchTPU's on a TPU)."""
+    lookups = record.get("cache", {})
+    return lookups.get("fxgraph_hits", 0) + lookups.get("tpu_hits", 0)
+
+
+def cache_word(record: dict) -> str:
+    """Whether a compile was fresh or came from the compile cache, from the caches' own counters."""
+    lookups = record.get("cache", {})
+    misses = lookups.get("fxgraph_misses", 0) + lookups.get("tpu_misses", 0)
+    hits = cache_hits(record)
+    return ("no cache lookups" if not hits + misses else "fresh" if not hits
+            else "from cache" if not misses else "partly from cache")
+
+
+def cache_counts(record: dict) -> str:
+    return ", ".join(f"{name} {count}" for name, count in record.get("cache", {}).items())
+
+
+def cell_text(record: dict) -> str:
+    status = record["status"]
+    if status in ("fail", "refused"):
+        return f"**{status.upper()}**" if status == "fail" else "refused"
+    text = f"{status} {record['first_seconds']:.1f}s, warm {record['warm_seconds']:.2f}s"
+    if record["compiled_now"][0] is not None:
+        text += f"; compile {record['compile_seconds']:.1f}s ({cache_word(record)}), then reused"
+    return text
+
+
+def matrix_table(records: list[dict], size_name: str) -> list[str]:
+    size = SIZES[size_name]
+    lines = [f"### {size_name} models ({size.width}x{size.height}, {size.steps} steps)", "",
+             "| family | " + " | ".join(CELLS.values()) + " |", "|---" * (len(CELLS) + 1) + "|"]
+    by_key = {(r["family"], r["cell"]): r for r in records if r["size"] == size_name}
+    for family, title in FAMILIES.items():
+        lines.append(f"| {title} | " + " | ".join(cell_text(by_key[(family, c)]) for c in CELLS) + " |")
+    lines += ["", "What each cell did:", ""]
+    for family, title in FAMILIES.items():
+        for cell, column in CELLS.items():
+            r = by_key[(family, cell)]
+            if "error" in r:
+                detail = r["error"]
+            else:
+                detail = f"ran `{r['mode']}`" + (f", compiled scope `{r['scope']}`" if "scope" in r else "") + \
+                    (f", {r['world_size']} ranks" if cell == "tp" else "") + \
+                    (f"; cache lookups: {cache_counts(r)}" if r["compiled_now"][0] is not None else "") + \
+                    "".join(f"; {note}" for note in dict.fromkeys(r["notes"]))
+            lines.append(f"- {title} / {column}: {r['status']}: {detail}")
+    return lines + [""]
+
+
+def failures(suite: dict, matrix: list[dict], cache: dict, benchmarks: list[dict]) -> list[str]:
+    """What did not work: failed tests, failed cells (fallbacks and refusals are results, not failures),
+    a compile cache that was not reused, failed benchmarks."""
+    found = [f"tests: {suite['summary']}"] if suite["exit_code"] != 0 else []
+    found += [f"{FAMILIES[r['family']]} / {CELLS[r['cell']]} ({r['size']}): {r['error']}"
+              for r in matrix if r["status"] == "fail"]
+    found += [] if cache["reused"] else ["the compile cache was not reused after a restart"]
+    found += [f"{b['script']} exited with code {b['exit_code']}" for b in benchmarks if b["exit_code"] != 0]
+    return found
+
+
+def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: list[dict], sizes: list[str],
+                 cache: dict, benchmarks: list[dict], seconds: float, command: str) -> list[str]:
+    """Write the report; returns its failures."""
+    problems = failures(suite, matrix, cache, benchmarks)
+    lines = [f"# TPU Diffusers on {ctx.device}: verified {datetime.date.today().isoformat()}", "",
+             f"Written by `{command}` in {seconds / 60:.1f} min" + (" (--quick)." if ctx.quick else "."), "",
+             f"**{len(problems)} failure(s)**" + (":" if problems else "."), "", *(f"- {p}" for p in problems),
+             *([""] if problems else []),
+             "## Versions", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts.items()), "",
+             "## Runtime test suite", "", f"Scope: {suite['scope']}. The suite has no device switch: its "
+             "handles use device `auto`, so on this host they ran on the device above.", "",
+             f"Result: {suite['summary']} (exit code {suite['exit_code']})."]
+    lines += [f"- failed: `{name}`" for name in suite["failed"]]
+    lines += ["", "## Support matrix", "",
+              "Each cell ran twice through the runtime's Engine at one size (seeds 1, 2): the first run "
+              "(seconds include loading, compiling, launching TP workers) and a warm run (its sampling "
+              "seconds). **pass**: ran as asked; **fallback**: ran, but not what was asked (the detail says "
+              "what ran); **refused**: the runtime refused before running (the message says why); **FAIL**: "
+              f"an error or a wrong result. Compiled cells must compile on the first run and reuse on the "
+              f"second; TP cells use {TP_RANKS} ranks. A run's compile cache starts empty, so compiles here "
+              "are fresh; the restart check below measures reuse.", ""]
+    for size_name in SIZES:
+        if size_name in sizes:
+            lines += matrix_table(matrix, size_name)
+        else:
+            lines += [f"### {size_name} models: not run (--quick)", ""]
+    lines += ["## Persistent compile cache: restart and reuse", ""]
+    family, cell, size_name = RESTART_CHECK
+    what = f"{FAMILIES[family]} {size_name}, {CELLS[cell]}"
+    if cache["warm"] is None:
+        lines.append(f"Not run: the first compile ({what}) did not pass: {cache['cold'].get('error', '')}")
+    else:
+        folders = ", ".join(f"{name} `{value}`" for name, value in cache["cold"]["cache_folders"].items() if value)
+        lines += [f"{what}: compiled in the matrix's process, then again in a fresh process with the same "
+                  f"compile cache settings ({folders}). Each process had a TorchTPU host cache (tier 2) of its "
+                  "own, so only the folders could be reused.", "",
+                  "| process | status | compile s | cache | lookups |", "|---|---|---|---|---|"]
+        for name in ("cold", "warm"):
+            r = cache[name]
+            lines.append(f"| {name} | {r['status']} | {r.get('compile_seconds', float('nan')):.1f} | "
+                         f"{cache_word(r) if 'cache' in r else r.get('error', '')} | {cache_counts(r)} |")
+        lines += ["", "Verdict: " + ("**reused**: the fresh process compiled from the on-disk cache."
+                                     if cache["reused"] else "**not reused**: no cache hit in the fresh process.")]
+    lines += ["", "## Benchmarks", ""]
+    if ctx.quick:
+        lines += ["--quick: each benchmark ran on the tiny FLUX.1-schnell model with the fewest runs, to prove "
+                  "it runs; its numbers measure overhead, not the device.", ""]
+    for bench in benchmarks:
+        status = "ok" if bench["exit_code"] == 0 else f"**FAIL** (exit code {bench['exit_code']})"
+        shown = bench["stdout"].strip().splitlines()[-25:]
+        if bench["exit_code"] != 0:
+            shown += ["", "stderr:", *bench["stderr"].strip().splitlines()[-15:]]
+        lines += [f"### {bench['script']}: {status}, {bench['seconds']:.0f}s", "", f"`{bench['command']}`", "",
+                  "```", *shown, "```", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return problems
+
+
+# -------------------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("auto", "tpu", "cuda", "cpu"), default="auto")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny models only, the contract tests instead of the whole suite, minimal benchmarks")
+    parser.add_argument("--out", type=Path, help="the report (default docs/verified/<device>-<date>.md)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_child(json.loads(args.child), args.child_out)
+
+    from runtime.device import resolve_device
+    from runtime.errors import UserInputError
+
+    started = time.perf_counter()
+    try:
+        device = resolve_device(args.device).type
+    except UserInputError as e:
+        parser.error(str(e))
+    work = Path(tempfile.mkdtemp(prefix=f"verify-{device}-"))
+    ctx = Context(device=device, quick=args.quick, work=work)
+    out = args.out or ROOT / "docs" / "verified" / f"{device}-{datetime.date.today().isoformat()}.md"
+    print(f"[verify] device {device}; logs and compile cache in {work}", flush=True)
+
+    sizes = ["tiny"] if args.quick else list(SIZES)
+    models = {size: {family: str(built_model(family, size)) for family in FAMILIES} for size in sizes}
+    facts = versions(device)
+    suite = run_suite(ctx)
+    matrix = []
+    for size in sizes:
+        matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in FAMILIES for c in SINGLE_PROCESS_CELLS],
+                            models)
+        matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, "tp", size] for f in FAMILIES], models)
+    cache = restart_check(ctx, matrix, models)
+    benchmarks = run_benchmarks(ctx, Path(models["tiny"]["flux1-schnell"]))
+    command = "bash scripts/verify_device.sh " + shlex.join(sys.argv[1:])
+    problems = write_report(out, ctx, facts, suite, matrix, sizes, cache, benchmarks, time.perf_counter() - started,
+                            command)
+    print(f"[verify] report: {out}; {len(problems)} failure(s)", *problems, sep="\n", flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
