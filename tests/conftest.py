@@ -1,4 +1,20 @@
-"""Shared fixtures: the runtime importable without ComfyUI, and tiny real pipelines built once."""
+"""Shared fixtures: the runtime importable without ComfyUI, and tiny real pipelines built once.
+
+Test tiers. Every test gets markers from where it lives and what it is called (see
+`pytest_collection_modifyitems`), so a tier can be picked or left out with `-m`:
+
+    e2e          tests/e2e/: a real ComfyUI 0.3.75 server with the pack (starts in 10-25 s)
+    browser      tests/e2e/test_browser.py: the real frontend in headless Chromium
+    compile      test_compile*.py, and any test with "compile" in its name: torch.compile
+                 on CPU costs 20-60 s per shape
+    tp           test_tensor_parallel.py, test_tp_*.py: torchrun worker groups of 2 gloo ranks
+    reliability  tests/reliability/: soak, bad inputs, faults through a real server (~10 min)
+
+    pytest tests -m "not (e2e or compile or tp or browser or reliability)"   # inner loop, under a minute
+    pytest tests -m "not reliability"                                         # what the suite covered before
+    pytest tests                                                              # everything (CI)
+    pytest tests/reliability -s                                               # soak/bad-input/fault counts
+"""
 
 import os
 import sys
@@ -10,9 +26,50 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded in tests
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers, also for tests/e2e
+sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers (processes.py, serving.py), also for subfolders
 
 import tiny_models  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+MARKERS = {
+    "e2e": "through a real ComfyUI server (tests/e2e)",
+    "browser": "the real frontend in headless Chromium (tests/e2e/test_browser.py)",
+    "compile": "torch.compile on CPU: tens of seconds per shape",
+    "tp": "tensor parallelism: torchrun worker groups",
+    "reliability": "soak, bad inputs and faults through a real server (tests/reliability)",
+}
+
+
+def pytest_configure(config):
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def tier_markers(path: Path, test_name: str) -> set[str]:
+    """The tiers of a test, from its file's place under tests/ and its name."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:  # collected from outside tests/
+        return set()
+    markers = set()
+    if parts[0] == "e2e":
+        markers.add("e2e")
+    if parts[0] == "reliability":
+        markers.add("reliability")
+    if path.name == "test_browser.py":
+        markers.add("browser")
+    if path.name.startswith("test_compile") or "compile" in test_name:
+        markers.add("compile")
+    if path.name == "test_tensor_parallel.py" or path.name.startswith("test_tp_"):
+        markers.add("tp")
+    return markers
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in sorted(tier_markers(Path(str(item.path)), item.name)):
+            item.add_marker(name)
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:

@@ -22,19 +22,28 @@ def alive_after(pids, timeout: float = 60) -> list[int]:
     return [pid for pid in pids if pid_alive(pid)]
 
 
-def launched_workers() -> list[int]:
-    """Live torchrun launchers started by this process (worker groups it launched)."""
-    found = []
+def _processes():
+    """(pid, parent pid, command line) of every process now."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().split(")")[-1].split()[1])
+                ppid = int(f.read().split(")")[-1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ")
         except (OSError, ValueError):
             continue
-        if parent == os.getpid() and b"torch.distributed.run" in command and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+        yield int(entry), ppid, command
+
+
+def launched_workers(parent: int | None = None) -> list[int]:
+    """Live torchrun launchers started by `parent` (default: this process), i.e. the worker groups it launched."""
+    parent = os.getpid() if parent is None else parent
+    return [pid for pid, ppid, command in _processes()
+            if ppid == parent and b"torch.distributed.run" in command and pid_alive(pid)]
+
+
+def children(parent: int) -> list[int]:
+    """Live child processes of `parent` (e.g. the ranks under a torchrun launcher)."""
+    return [pid for pid, ppid, _ in _processes() if ppid == parent and pid_alive(pid)]

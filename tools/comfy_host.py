@@ -12,16 +12,21 @@ extra_model_paths.yaml points at a missing folder and is dropped).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,11 +85,14 @@ class ComfyServer:
     user data all live under it (ComfyUI's --base-directory), so each test run is isolated."""
 
     def __init__(self, comfy_dir: Path, base_dir: Path | None = None, port: int | None = None,
-                 python: str = sys.executable, env: dict | None = None):
+                 python: str = sys.executable, env: dict | None = None, data_limit_bytes: int | None = None):
         self.comfy_dir, self.base_dir = Path(comfy_dir), Path(base_dir) if base_dir else None
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.python, self.extra_env = python, env or {}
+        # RLIMIT_DATA for the server (and what it starts): an allocation past it fails in the server
+        # instead of taking the machine's memory (for tests that ask for too much on purpose).
+        self.data_limit_bytes = data_limit_bytes
         root = self.base_dir or self.comfy_dir
         self.output_dir = root / "output"
         self.models_dir = root / "models"
@@ -110,6 +118,10 @@ class ComfyServer:
         log = open(self.log_path, "w")
         self.process = subprocess.Popen(args, cwd=self.comfy_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        if self.data_limit_bytes:  # set from outside (no preexec_fn: the tests that start servers run threads)
+            import resource
+
+            resource.prlimit(self.process.pid, resource.RLIMIT_DATA, (self.data_limit_bytes,) * 2)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -130,6 +142,25 @@ class ComfyServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the ComfyUI process alone (as the OOM killer or `kill -9` would): nothing of it runs
+        any clean-up, and what it started is left to notice by itself."""
+        if self.process and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the ComfyUI process now (VmRSS)."""
+        return _proc_status_kib(self.process.pid, "VmRSS") * 1024
+
+    def peak_rss_bytes(self) -> int:
+        """The most resident memory the ComfyUI process has had (VmHWM)."""
+        return _proc_status_kib(self.process.pid, "VmHWM") * 1024
+
+    def events(self, client_id: str | None = None) -> "EventStream":
+        """A websocket client on /ws (progress, executing, executed, execution_* messages)."""
+        return EventStream(self.port, client_id)
 
     def __enter__(self):
         return self.start()
@@ -165,9 +196,10 @@ class ComfyServer:
     def post(self, path: str, body, timeout: float = 30):
         return self.request("POST", path, body, timeout=timeout)
 
-    def queue(self, prompt: dict) -> str:
+    def queue(self, prompt: dict, client_id: str | None = None) -> str:
+        body = {"prompt": prompt, **({"client_id": client_id} if client_id else {})}
         try:
-            return self.post("/prompt", {"prompt": prompt})["prompt_id"]
+            return self.post("/prompt", body)["prompt_id"]
         except urllib.error.HTTPError as e:
             raise PromptRejected(e.code, json.loads(e.read() or b"{}")) from None
 
@@ -190,6 +222,89 @@ class ComfyServer:
         return [self.output_dir / img.get("subfolder", "") / img["filename"]
                 for out in entry.get("outputs", {}).values() for img in out.get("images", [])
                 if img.get("type") == "output"]
+
+
+def _proc_status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(f"{field} not in /proc/{pid}/status")
+
+
+class EventStream:
+    """ComfyUI's websocket (/ws) as a list of JSON messages, read on a background thread.
+
+    ComfyUI sends a prompt's progress and execution messages to the socket whose id the prompt
+    was queued with (`queue(prompt, client_id=stream.client_id)`), and to every socket when it
+    was queued with none. A minimal RFC 6455 client (server frames are unmasked and whole;
+    binary frames, i.e. previews, are skipped), so the tests need no websocket package.
+    """
+
+    def __init__(self, port: int, client_id: str | None = None, host: str = "127.0.0.1"):
+        self.client_id = client_id or uuid.uuid4().hex
+        self.messages: "queue.Queue[dict]" = queue.Queue()
+        self.seen: list[dict] = []
+        self.sock = socket.create_connection((host, port), timeout=30)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /ws?clientId={self.client_id} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                           f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self._stream = self.sock.makefile("rb")
+        status = self._stream.readline()
+        if b" 101 " not in status:
+            raise ConnectionError(f"/ws answered {status!r}")
+        while self._stream.readline() not in (b"\r\n", b""):
+            pass
+        self.sock.settimeout(None)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                head = self._stream.read(2)
+                if len(head) < 2:
+                    return
+                opcode, length = head[0] & 0x0F, head[1] & 0x7F
+                if length == 126:
+                    length = struct.unpack(">H", self._stream.read(2))[0]
+                elif length == 127:
+                    length = struct.unpack(">Q", self._stream.read(8))[0]
+                data = self._stream.read(length)
+                if opcode == 0x8:  # close
+                    return
+                if opcode == 0x1:
+                    self.messages.put(json.loads(data))
+        except (OSError, ValueError):
+            return
+
+    def wait_for(self, predicate, timeout: float) -> dict:
+        """The next message for which `predicate(message)` is true ({"type": ..., "data": {...}});
+        every message read on the way is kept in `seen`. `timeout` bounds the wait (against hangs)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no such websocket message within {timeout}s (last: {self.seen[-5:]})")
+            try:
+                message = self.messages.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                continue
+            self.seen.append(message)
+            if predicate(message):
+                return message
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def execution_error(entry: dict) -> dict | None:
