@@ -52,11 +52,12 @@ class TPUSampler(io.ComfyNode):
         """Checked when the prompt is queued, so a bad request is refused on this node before any node
         runs: what every supported family needs (each family's own rules are checked when it runs).
         ComfyUI skips its min/max check for the inputs named here, so the largest size is checked
-        too. An input fed by a link arrives as None and is checked when the node runs."""
+        too. An input fed by a link arrives as None and is checked when the node runs; a value that is
+        not a number has already been reported by ComfyUI's own conversion, which runs first."""
         if prompt is not None and not prompt.strip():
             return "prompt is empty: describe the image to generate."
         for name, value in (("width", width), ("height", height)):
-            if value is None:
+            if not isinstance(value, int):
                 continue
             if value > MAX_SIZE:
                 return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."

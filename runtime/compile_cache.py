@@ -195,7 +195,15 @@ def explained_compile_failures(state: CompileState, pipe):
             f"and restart ComfyUI. The pipeline runs eager until it is compiled again. ({e})") from e
     except dynamo_exc.TorchDynamoException as e:
         remove_compile(pipe)
-        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        root = _root_cause(e)
+        cause = f"{type(root).__name__}: {_first_line(root)}" if root is not e else _first_line(e)
+        folder = cache_folders()["inductor"]
+        if folder in f"{root} {getattr(root, 'filename', '')}":  # e.g. not writable, or a damaged cached file
+            raise CompileError(
+                f"compiling the transformer failed because the compile cache {folder} cannot be used ({cause}). "
+                "Check that the folder is writable and its disk has space; if a file in it is damaged (e.g. by a "
+                "crash), stop ComfyUI and delete the folder: it is rebuilt. The pipeline runs eager until it is "
+                "compiled again.") from e
         offloaded = state.request.placement is Placement.MODEL_CPU_OFFLOAD
         if state.scope is CompileScope.WHOLE and getattr(pipe.transformer, "_repeated_blocks", None):
             hint = "set scope to 'repeated_blocks', or turn fullgraph off"
@@ -207,6 +215,23 @@ def explained_compile_failures(state: CompileState, pipe):
         raise CompileError(f"compiling the transformer ({state.scope}, fullgraph={state.request.fullgraph}, backend "
                            f"{state.request.backend}) failed: {cause}. Try: {hint}; or run eager. The pipeline runs "
                            f"eager until it is compiled again.") from e
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The exception under dynamo's wrappers (BackendCompilerFailed keeps it as `inner_exception`)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "inner_exception", None) or error.__cause__
+        if inner is None:
+            break
+        error = inner
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def record_run(state: CompileState, shape: tuple[int, int, int], activity: CompileActivity) -> ShapeRecord:

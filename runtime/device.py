@@ -116,6 +116,16 @@ def resolve_device(requested: str = "auto") -> DeviceInfo:
                          f"({detected.reason}); choose 'auto' or '{detected.type}'.")
 
 
+def available_host_memory_bytes() -> int | None:
+    """What the kernel says can still be allocated without swapping (MemAvailable); None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def synchronize(info: DeviceInfo) -> None:
     import torch
 

@@ -12,7 +12,7 @@ import time
 
 from . import compile_cache
 from .compile_cache import CompileRequest, CompileState
-from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory, resolve_device
+from .device import DeviceInfo, available_host_memory_bytes, peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed.group import WorkerGroupError, WorkerGroups
 from .distributed.mesh import check_mesh, world_size
 from .errors import UserInputError
@@ -20,7 +20,7 @@ from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
 from .modes import execution_mode, grad_mode, outside_inference_mode
-from .sampling import SampleRequest, run_pipeline, validate_request
+from .sampling import SampleRequest, check_host_memory, run_pipeline, validate_request
 from .specs import CompileSpec, ExecutionMode, Placement, Workers
 
 log = logging.getLogger("tpu_diffusers")
@@ -93,6 +93,7 @@ class Engine:
                  on_progress: ProgressCallback | None = None) -> Generation:
         family = family_for(handle.pipeline_class)
         validate_request(family, request)  # fail before loading anything
+        check_host_memory(request, available_host_memory_bytes())
         notes = []
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")

@@ -51,6 +51,17 @@ def validate_request(family: Family, request: SampleRequest) -> None:
     validate_size(family, request.width, request.height)
 
 
+def check_host_memory(request: SampleRequest, available: int | None) -> None:
+    """Refuse a request whose images alone cannot fit in host memory, before anything is allocated:
+    the pipeline's float32 output and the IMAGE tensor made from it (2 x 4 bytes per value). A request
+    that large would otherwise allocate until the allocator fails or the OOM killer ends ComfyUI."""
+    needed = 2 * 4 * 3 * request.width * request.height * request.batch_size
+    if available is not None and needed > available:
+        raise UserInputError(f"batch {request.batch_size} at {request.width}x{request.height} is too large for this "
+                             f"machine's memory: the images alone need {needed / 2**30:.1f} GiB and "
+                             f"{available / 2**30:.1f} GiB are available. Lower the batch size or the image size.")
+
+
 def validate_size(family: Family, width: int, height: int) -> None:
     for name, value in (("width", width), ("height", height)):
         if value < family.size_multiple or value % family.size_multiple:

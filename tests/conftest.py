@@ -9,8 +9,10 @@ Test tiers. Every test gets markers from where it lives and what it is called (s
                  on CPU costs 20-60 s per shape
     tp           test_tensor_parallel.py, test_tp_*.py: torchrun worker groups of 2 gloo ranks
     reliability  tests/reliability/: soak, bad inputs, faults through a real server (~10 min)
+    process      tests that start fresh Python processes importing torch (test_verify_device.py, and
+                 tests marked @pytest.mark.process): 5-30 s each
 
-    pytest tests -m "not (e2e or compile or tp or browser or reliability)"   # inner loop, under a minute
+    pytest tests -m "not (e2e or compile or tp or browser or reliability or process)"   # inner loop
     pytest tests -m "not reliability"                                         # what the suite covered before
     pytest tests                                                              # everything (CI)
     pytest tests/reliability -s                                               # soak/bad-input/fault counts
@@ -37,6 +39,7 @@ MARKERS = {
     "compile": "torch.compile on CPU: tens of seconds per shape",
     "tp": "tensor parallelism: torchrun worker groups",
     "reliability": "soak, bad inputs and faults through a real server (tests/reliability)",
+    "process": "starts fresh Python processes that import torch: 5-30 s each",
 }
 
 
@@ -62,6 +65,8 @@ def tier_markers(path: Path, test_name: str) -> set[str]:
         markers.add("compile")
     if path.name == "test_tensor_parallel.py" or path.name.startswith("test_tp_"):
         markers.add("tp")
+    if path.name == "test_verify_device.py":
+        markers.add("process")
     return markers
 
 

@@ -86,6 +86,7 @@ def test_metadata_server_query_is_skipped_only_without_a_tpu(monkeypatch):
     assert os.environ["TPU_SKIP_MDS_QUERY"] == "0"
 
 
+@pytest.mark.process
 def test_with_torch_tpu_installed_and_no_chip_autograd_does_not_hang():
     """As inside ComfyUI: torch is imported first, then the pack. Without the pack's env hygiene
     the first backward starts libtpu, which retries the metadata server for ~640 s."""

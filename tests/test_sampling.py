@@ -150,3 +150,18 @@ def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(
 
 def test_the_family_table_covers_the_four_supported_pipelines():
     assert set(FAMILIES) == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline", "QwenImagePipeline"}
+
+
+def test_a_request_too_large_for_host_memory_is_refused_before_anything_is_allocated(handle_for):
+    from runtime import sampling
+
+    big = request(width=8192, height=8192, batch_size=64)
+    with pytest.raises(UserInputError, match=r"batch 64 at 8192x8192 is too large for this machine's memory: the "
+                                             r"images alone need 96\.0 GiB and 8\.0 GiB are available"):
+        sampling.check_host_memory(big, available=8 * 2**30)
+    sampling.check_host_memory(request(), available=8 * 2**30)  # a normal request passes
+    sampling.check_host_memory(big, available=None)  # unknown (not Linux): no guess
+    engine = Engine()
+    with pytest.raises(UserInputError, match="too large for this machine's memory"):
+        engine.generate(handle_for("flux1-schnell"), request(width=8192, height=8192, batch_size=4096))
+    assert engine.cache.stats.loads == 0

@@ -64,6 +64,7 @@ def test_good_values_and_unset_variables_read_as_what_the_pack_uses(monkeypatch,
     assert settings.get(name) == value
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", BAD_VALUES)
 def test_the_runtime_imports_with_a_bad_value(name):
     """As ComfyUI imports the pack: every runtime module, with the variable set badly."""

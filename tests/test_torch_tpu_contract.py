@@ -90,6 +90,7 @@ def test_launch_env_helper_takes_nproc_per_node(torch_tpu):
     assert signature.parameters["nproc_per_node"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
+@pytest.mark.process
 def test_the_launch_env_printer_the_readme_documents_runs(torch_tpu):
     """`python -m torch.tpu.distributed` (README, multi-host): prints the launch environment on a TPU
     host; without a chip it stops with TorchTPU's own message (not an ImportError)."""

@@ -29,6 +29,7 @@ from ..specs import MeshSpec, Workers
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 POLL_SECONDS = 0.25
+TERMINATE_GRACE_SECONDS = 15  # torchrun's own teardown of its ranks after SIGTERM
 
 
 class WorkerGroupError(RuntimeError):
@@ -246,8 +247,34 @@ class WorkerGroup:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+                self._terminate()
+
+    def _terminate(self) -> None:
+        """torchrun starts each rank in a session of its own, so killing the launcher's process group
+        would orphan them: SIGTERM lets torchrun stop its ranks; whatever is left is killed by pid."""
+        ranks = _children(self.process.pid)
+        self.process.terminate()
+        try:
+            self.process.wait(TERMINATE_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of a process (Linux /proc; the ranks of a torchrun launcher)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += map(int, (task / "children").read_text().split())
+        except OSError:
+            pass
+    return found
 
 
 class WorkerGroups:

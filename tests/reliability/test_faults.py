@@ -94,11 +94,6 @@ def tp_prompt(steps: int = 2) -> dict:
     return with_mesh(sampler_prompt("tiny-flux1-schnell", steps=steps))
 
 
-@pytest.mark.xfail(strict=True, reason="pack bug: Cancel while TP workers start kills only torchrun's process "
-                                       "group (runtime/distributed/group.py WorkerGroup.launch -> stop(timeout=0) "
-                                       "-> os.killpg(launcher)), but torchrun starts each rank in a session of its "
-                                       "own, so the ranks are orphaned and wait for the dead launcher's store "
-                                       "(init_process_group timeout: 30 days)")
 def test_interrupt_while_tp_workers_start_leaves_none_running_and_the_next_run_launches(server):
     server.post("/free", {"unload_models": True, "free_memory": True})  # no warm group: the next run starts one
     deadline = time.monotonic() + 60  # a bound against hangs
