@@ -99,8 +99,8 @@ def test_bad_meshes_are_refused_before_anything_launches(tiny, engine, monkeypat
     with pytest.raises(UserInputError, match="asks for 4096 chips but this host has"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=4096)), request())
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    with pytest.raises(UserInputError, match=r"3 chips do not divide the transformer's 2 attention heads; "
-                                             r"use one of \[1, 2\] chips"):
+    with pytest.raises(UserInputError, match=r"tp 3 \(chips / replicas\) does not divide the transformer's 2 "
+                                             r"attention heads; make chips / replicas one of \[1, 2\]"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=3)), request())
     with pytest.raises(UserInputError, match="placement to 'device'"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2),
