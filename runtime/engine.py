@@ -49,6 +49,7 @@ class RunInfo:
     replica_images: tuple[int, ...] = ()  # images each replica made, in batch order
     replica_sample_seconds: tuple[float, ...] = ()
     replica_step_seconds: tuple[float, ...] = ()  # each replica's sampling seconds per step
+    replica_compile_seconds: tuple[float, ...] = ()  # each replica's compile time (the compile cache may share it)
     replica_ranks: tuple[tuple[int, ...], ...] = ()  # the ranks of each replica (its TP group)
     grad_mode: str = ""  # seen inside the denoising loop: TorchTPU cannot compile under inference mode
     compile_cache: dict = dataclasses.field(default_factory=dict)  # compile_cache.cache_folders()
@@ -170,7 +171,7 @@ class Engine:
         info = {k: v for k, v in info.items() if k in fields}
         info.update({name: tuple(info[name]) for name in (
             "transformer_bytes_per_rank", "sharded_fraction_per_rank", "mesh_shape", "replica_images",
-            "replica_sample_seconds", "replica_step_seconds")})
+            "replica_sample_seconds", "replica_step_seconds", "replica_compile_seconds")})
         info.update(load_seconds=time.perf_counter() - start - info["sample_seconds"] if launched
                     else info["load_seconds"],
                     replica_ranks=tuple(map(tuple, info["replica_ranks"])),

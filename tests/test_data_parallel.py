@@ -15,7 +15,7 @@ from runtime.distributed.mesh import check_mesh, mesh_shape, split_batch
 from runtime.distributed.sharding import local_bytes
 from runtime.engine import Engine
 from runtime.errors import UserInputError
-from runtime.specs import MeshSpec
+from runtime.specs import CompileSpec, ExecutionMode, MeshSpec
 
 TWO_REPLICAS = MeshSpec(chips=2, replicas=2)
 
@@ -83,6 +83,19 @@ def test_two_replicas_of_two_tp_ranks_give_the_single_process_images(tiny, engin
     assert result.info.replica_images == (2, 1)
     assert result.info.sharded_fraction_per_rank == (0.5,) * 4  # half of every sharded weight on each rank
     assert max(result.info.transformer_bytes_per_rank) < 0.8 * single.full_bytes()
+
+
+def test_compiled_mode_and_warm_up_run_in_every_replica_and_the_second_prompt_compiles_nothing(tiny, engine,
+                                                                                              single):
+    handle = handle_for(tiny, "flux1-schnell", mesh=TWO_REPLICAS, mode=ExecutionMode.COMPILED,
+                        compile=CompileSpec(warmup_sizes=((64, 64),)))
+    first = engine.generate(handle, request(batch_size=2))
+    again = engine.generate(handle, request(batch_size=2, seed=12))
+    assert all(seconds > 0 for seconds in first.info.replica_compile_seconds)  # each replica compiled its own
+    assert "warm-up: compiled now for 64x64 (batch 1): 1 graph(s)" in " ".join(first.info.notes)
+    assert again.info.replica_compile_seconds == (0.0, 0.0) and again.info.compiled_now is False
+    assert not again.info.loaded
+    torch.testing.assert_close(first.images, single(2), atol=2e-3, rtol=0)
 
 
 def test_cancel_stops_every_replica_and_the_group_stays_warm(tiny, engine):

@@ -100,7 +100,6 @@ class Run:
     TP ranks stay in step and its first rank's decision is broadcast to the others."""
 
     prefix: str  # store keys of this run
-    replica: int
     leader: int  # global rank of this replica's first TP rank
     tp_group: object  # the replica's "tp" process group
     tp: int
@@ -219,7 +218,7 @@ class RankWorker:
         slices = split_batch(request.batch_size, replicas)
         start, count = slices[replica]
         self.runs += 1
-        self.run_state = Run(prefix=f"run{self.runs}/", replica=replica, leader=replica * tp,
+        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * tp,
                              tp_group=mesh.get_group("tp"), tp=tp,
                              group_steps=request.steps * sum(1 for _, n in slices if n))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
@@ -252,7 +251,8 @@ class RankWorker:
         ran = [entry for entry in leaders if "images" in entry]
         images = np.concatenate([entry["images"] for entry in ran])
         counts = [count for _, count in slices]
-        seconds = [entry["info"]["sample_seconds"] if "info" in entry else 0.0 for entry in leaders]
+        seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
+                             for name in ("sample_seconds", "compile_seconds"))
         info = dict(ran[0]["info"])
         notes = [f"data parallel: {len(counts)} replica(s) x {tp}-way TP, images per replica {counts}"]
         if len(set(counts)) > 1:
@@ -267,6 +267,7 @@ class RankWorker:
                     sharded_fraction_per_rank=[entry["fraction"] for entry in gathered],
                     rank_pids=[entry["pid"] for entry in gathered], replica_images=counts,
                     replica_sample_seconds=seconds, replica_step_seconds=[s / steps for s in seconds],
+                    replica_compile_seconds=compiles,
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],
                     notes=[*notes, *info["notes"]])
