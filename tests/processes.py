@@ -22,8 +22,9 @@ def alive_after(pids, timeout: float = 60) -> list[int]:
     return [pid for pid in pids if pid_alive(pid)]
 
 
-def launched_workers() -> list[int]:
-    """Live torchrun launchers started by this process (worker groups it launched)."""
+def launched_workers(parent_pid: int | None = None) -> list[int]:
+    """Live torchrun launchers started by `parent_pid` (this process by default): the worker groups it launched."""
+    parent_pid = parent_pid or os.getpid()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -35,6 +36,6 @@ def launched_workers() -> list[int]:
                 command = f.read().replace(b"\0", b" ")
         except (OSError, ValueError):
             continue
-        if parent == os.getpid() and b"torch.distributed.run" in command and pid_alive(int(entry)):
+        if parent == parent_pid and b"torch.distributed.run" in command and pid_alive(int(entry)):
             found.append(int(entry))
     return found
