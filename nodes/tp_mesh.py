@@ -1,4 +1,4 @@
-"""TPU TP Mesh: shard the pipeline over several chips, one worker process per chip."""
+"""TPU TP Mesh: replicas x tensor parallelism over several chips, one worker process per chip."""
 
 import dataclasses
 import os
@@ -18,18 +18,20 @@ class TPUMesh(io.ComfyNode):
             node_id="TPUMesh",
             display_name="TPU TP Mesh",
             category=CATEGORY,
-            description="Tensor parallelism: one worker process per chip, each holding a slice of the transformer "
-                        "(and of the text encoder where transformers has a TP plan, e.g. FLUX.2's Mistral3). "
-                        "The ComfyUI process never loads the full model. Workers stay warm between prompts; "
-                        "Unload Models stops them.",
+            description="One worker process per chip, arranged as replicas x TP: the batch is split over the "
+                        "replicas (image i keeps seed + i, so any shape gives the same images), and each replica "
+                        "shards the transformer over its TP chips (and the text encoder where transformers has a "
+                        "TP plan, e.g. FLUX.2's Mistral3). The ComfyUI process never loads the full model. "
+                        "Workers stay warm between prompts; Unload Models stops them.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader, Mode Selector or Compile "
                                                       "Transformer (placement must be 'device')."),
                 io.Int.Input("chips", default=0, min=0, max=1024,
-                             tooltip="Ranks (chips) in the mesh. 0 = every chip of this host (2 ranks on a CPU "
-                                     "host, for trying it out). Must divide the attention heads."),
+                             tooltip="Ranks (chips) in the whole mesh: replicas x TP. 0 = every chip of this host "
+                                     "(2 ranks on a CPU host, for trying it out)."),
                 io.Boolean.Input("shard_transformer", default=True,
-                                 tooltip="Shard the transformer with diffusers' TP plan (FLUX.1, FLUX.2, QwenImage)."),
+                                 tooltip="Shard the transformer over each replica's TP chips with diffusers' TP plan "
+                                         "(FLUX.1, FLUX.2, QwenImage). Off: every chip holds a whole model."),
                 io.Boolean.Input("shard_text_encoder", default=True,
                                  tooltip="Shard text encoders that transformers has a TP plan for (Mistral3, "
                                          "Qwen2.5-VL); others (T5, CLIP) are kept whole on every rank."),
@@ -42,8 +44,16 @@ class TPUMesh(io.ComfyNode):
                                 tooltip="attach: the control channel key the workers printed. Leave empty to use "
                                         "$TPU_DIFFUSERS_CONTROL_KEY of the ComfyUI process: a key typed here is "
                                         "saved in the workflow file."),
+                io.Int.Input("replicas", default=0, min=0, max=1024, optional=True,
+                             tooltip="Copies of the pipeline working on the batch at once; each shards over "
+                                     "chips / replicas chips (TP), which must divide the attention heads. "
+                                     "0 = as many as fit: one per chip when shard_transformer is off (a model "
+                                     "that fits one chip, e.g. FLUX.1-schnell on a v6e: 8 chips = 8 replicas), "
+                                     "one over all chips when it is on. Replicas beyond the batch stay idle. "
+                                     "(Last, so workflows saved before it existed keep their values.)"),
             ],
-            outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, sharded over the mesh.")],
+            outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, replicated and sharded over "
+                                                                         "the mesh.")],
         )
 
     @classmethod
@@ -69,7 +79,7 @@ class TPUMesh(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, chips: int, shard_transformer: bool, shard_text_encoder: bool, workers: str,
-                address: str, key: str) -> io.NodeOutput:
-        mesh = MeshSpec(chips=chips, shard_transformer=shard_transformer, shard_text_encoder=shard_text_encoder,
-                        workers=workers, address=address.strip(), key=key.strip())
+                address: str, key: str, replicas: int = 0) -> io.NodeOutput:
+        mesh = MeshSpec(chips=chips, replicas=replicas, shard_transformer=shard_transformer,
+                        shard_text_encoder=shard_text_encoder, workers=workers, address=address.strip(), key=key.strip())
         return io.NodeOutput(dataclasses.replace(pipeline, mesh=mesh))

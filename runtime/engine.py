@@ -45,6 +45,12 @@ class RunInfo:
     transformer_bytes_per_rank: tuple[int, ...] = ()  # weight bytes each rank holds (tensor parallelism)
     sharded_fraction_per_rank: tuple[float, ...] = ()  # share of the sharded weights each rank holds
     worker_pids: tuple[int, ...] = ()  # the worker group's launcher process (tensor parallelism, local launch)
+    mesh_shape: tuple[int, ...] = ()  # (replicas, tp) of a worker group
+    replica_images: tuple[int, ...] = ()  # images each replica made, in batch order
+    replica_sample_seconds: tuple[float, ...] = ()
+    replica_step_seconds: tuple[float, ...] = ()  # each replica's sampling seconds per step
+    replica_compile_seconds: tuple[float, ...] = ()  # each replica's compile time (the compile cache may share it)
+    replica_ranks: tuple[tuple[int, ...], ...] = ()  # the ranks of each replica (its TP group)
     grad_mode: str = ""  # seen inside the denoising loop: TorchTPU cannot compile under inference mode
     compile_cache: dict = dataclasses.field(default_factory=dict)  # compile_cache.cache_folders()
     compile_cache_lookups: dict = dataclasses.field(default_factory=dict)  # this run's; compile_cache.cache_lookups()
@@ -57,6 +63,10 @@ class RunInfo:
         load = f"loaded in {self.load_seconds:.1f}s" if self.loaded else "reused loaded pipeline"
         lines = [f"device: {self.device}", f"mode: {self.mode}", f"placement: {self.placement}",
                  f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s ({self.grad_mode})", *self.notes]
+        if self.mesh_shape:
+            lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {self.mesh_shape[1]} TP; " + ", ".join(
+                f"replica {i} ranks {list(ranks)}: {images} image(s), {step:.3f}s/step" for i, (ranks, images, step)
+                in enumerate(zip(self.replica_ranks, self.replica_images, self.replica_step_seconds))))
         if self.compile_cache and (self.compiled_now is not None or self.device == "tpu"):
             cache = self.compile_cache
             tpu = f", TorchTPU tier 3 {cache['tpu_tier3']}" if self.device == "tpu" else ""
@@ -140,7 +150,8 @@ class Engine:
     # --- tensor parallelism
     def _generate_on_workers(self, handle: PipelineHandle, request: SampleRequest, notes: list[str],
                              on_progress: ProgressCallback | None) -> Generation:
-        """One process per chip: checked here, before anything launches; run by the worker group."""
+        """One process per chip, replicas x tp of them: checked here, before anything launches; run by
+        the worker group, which splits the batch over the replicas."""
         device = resolve_device(handle.device)
         if handle.placement is not Placement.DEVICE:
             raise UserInputError("tensor parallelism keeps every shard on its chip; set the Mode Selector's "
@@ -159,12 +170,14 @@ class Engine:
         rank_pids = info.pop("rank_pids")
         fields = {f.name for f in dataclasses.fields(RunInfo)}
         info = {k: v for k, v in info.items() if k in fields}
+        info.update({name: tuple(info[name]) for name in (
+            "transformer_bytes_per_rank", "sharded_fraction_per_rank", "mesh_shape", "replica_images",
+            "replica_sample_seconds", "replica_step_seconds", "replica_compile_seconds")})
         info.update(load_seconds=time.perf_counter() - start - info["sample_seconds"] if launched
                     else info["load_seconds"],
-                    transformer_bytes_per_rank=tuple(info["transformer_bytes_per_rank"]),
-                    sharded_fraction_per_rank=tuple(info["sharded_fraction_per_rank"]),
+                    replica_ranks=tuple(map(tuple, info["replica_ranks"])),
                     worker_pids=(*group.pids(), *rank_pids),
-                    notes=(*notes, f"tensor parallel over {group.world_size} ranks "
+                    notes=(*notes, f"worker group of {group.world_size} ranks "
                                    f"({'attached' if group.process is None else 'launched here'})", *info["notes"]))
         run = RunInfo(**info)
         log.info("TPU Diffusers: %s", run.summary().replace("\n", "; "))

@@ -35,7 +35,7 @@ class PipelineHandle:
 
     def load_key(self, device: DeviceInfo) -> tuple:
         """What a loaded pipeline depends on; two handles with equal keys share one pipeline."""
-        sharding = self.mesh and (self.mesh.shard_transformer, self.mesh.shard_text_encoder)
+        sharding = self.mesh and (self.mesh.replicas, self.mesh.shard_transformer, self.mesh.shard_text_encoder)
         return (self.source, self.pipeline_class, self.resolved_dtype(device), device.type, self.placement, sharding)
 
     def to_wire(self) -> dict:

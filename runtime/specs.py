@@ -70,7 +70,8 @@ class CompileSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    chips: int = 0  # 0 = every local chip
+    chips: int = 0  # ranks in the whole mesh (replicas x tp); 0 = every local chip
+    replicas: int = 0  # data-parallel degree; 0 = as many as fit (see distributed.mesh.mesh_shape)
     shard_transformer: bool = True
     shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
     workers: Workers = Workers.LAUNCH_LOCAL

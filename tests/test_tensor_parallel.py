@@ -99,8 +99,8 @@ def test_bad_meshes_are_refused_before_anything_launches(tiny, engine, monkeypat
     with pytest.raises(UserInputError, match="asks for 4096 chips but this host has"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=4096)), request())
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    with pytest.raises(UserInputError, match=r"3 chips do not divide the transformer's 2 attention heads; "
-                                             r"use one of \[1, 2\] chips"):
+    with pytest.raises(UserInputError, match=r"tp 3 \(chips / replicas\) does not divide the transformer's 2 "
+                                             r"attention heads; make chips / replicas one of \[1, 2\]"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=3)), request())
     with pytest.raises(UserInputError, match="placement to 'device'"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2),
@@ -318,6 +318,12 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
         again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=without_key), request(seed=18))
         assert again.info.loaded  # unload asked the attached workers to drop the pipeline
         assert key not in repr(mesh)
+        # the same workers as one replica per "host": the shape is chosen per prompt
+        per_host = MeshSpec(chips=2, replicas=2, workers=Workers.ATTACH, address=control)
+        spanning = engine.generate(handle_for(tiny, "flux1-schnell", mesh=per_host), request(batch_size=2))
+        single_batch = Engine().generate(handle_for(tiny, "flux1-schnell"), request(batch_size=2))
+        torch.testing.assert_close(spanning.images, single_batch.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+        assert spanning.info.mesh_shape == (2, 1) and spanning.info.replica_ranks == ((0,), (1,))
     finally:
         for host in hosts:
             os.killpg(host.pid, signal.SIGTERM)

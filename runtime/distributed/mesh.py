@@ -1,4 +1,4 @@
-"""The TP Mesh spec, and everything that can be checked before a worker is launched."""
+"""The mesh's shape (replicas x tp), and everything that can be checked before a worker is launched."""
 
 from __future__ import annotations
 
@@ -30,6 +30,32 @@ def world_size(spec: MeshSpec, device: DeviceInfo) -> int:
     return min(CPU_MESH_DEFAULT_RANKS, local_chips(device)) if device.type == "cpu" else local_chips(device)
 
 
+def mesh_shape(spec: MeshSpec, ranks: int) -> tuple[int, int]:
+    """(replicas, tp) for `ranks` ranks: replicas x tp = ranks, refused otherwise.
+
+    replicas 0 means as many replicas as fit: with shard_transformer off the model is taken to fit one
+    chip, so every rank is a replica of its own (tp 1); with it on, one replica is sharded over all ranks.
+    """
+    replicas = spec.replicas or (1 if spec.shard_transformer else ranks)
+    if replicas < 1 or ranks % replicas:
+        valid = [n for n in range(1, ranks + 1) if ranks % n == 0]
+        raise UserInputError(f"{ranks} chips cannot be split into {replicas} replicas (replicas x tp must equal "
+                             f"the chips); use one of {valid} replicas, or 0 for as many as fit.")
+    return replicas, ranks // replicas
+
+
+def split_batch(batch_size: int, replicas: int) -> list[tuple[int, int]]:
+    """(first image, image count) of each replica's contiguous slice of the batch: the first
+    `batch_size % replicas` replicas take one image more; replicas beyond the batch take none."""
+    share, extra = divmod(batch_size, replicas)
+    slices, start = [], 0
+    for replica in range(replicas):
+        count = share + (replica < extra)
+        slices.append((start, count))
+        start += count
+    return slices
+
+
 def _subfolder_config(folder: str, name: str) -> dict:
     path = os.path.join(folder, name, "config.json")
     try:
@@ -44,7 +70,7 @@ def _unreadable_config(folder: str, name: str, error: Exception) -> ModelLoadErr
 
 
 def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
-    """Refuse what cannot work before launching: returns notes on what stays whole."""
+    """Refuse what cannot work before launching: returns notes on the mesh's shape and what stays whole."""
     if spec.workers == Workers.ATTACH:
         key = spec.key or settings.get(KEY_ENV)
         if not spec.address or not key:
@@ -60,31 +86,34 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     if is_hub_id(source):
         raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
                              f"'{source}' into models/diffusers and pick the folder.")
+    replicas, tp = mesh_shape(spec, size)
     parts = components(read_model_index(source, is_folder=True))
-    notes = []
+    notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]
+    if tp == 1:
+        return notes + ["tp 1: nothing is sharded, each replica holds the whole pipeline"]
     if spec.shard_transformer:
-        notes += _check_transformer(source, parts["transformer"][1], size)
+        notes += _check_transformer(source, parts["transformer"][1], tp)
     if spec.shard_text_encoder:
-        notes += [_check_text_encoder(source, name, cls, size)
+        notes += [_check_text_encoder(source, name, cls, tp)
                   for name, (library, cls) in parts.items() if name.startswith("text_encoder")]
     return notes
 
 
-def _check_transformer(source: str, cls: str, size: int) -> list[str]:
+def _check_transformer(source: str, cls: str, tp: int) -> list[str]:
     import diffusers
 
     if getattr(getattr(diffusers, cls), "_tp_plan", None) is None:
         raise UserInputError(f"{cls} has no tensor-parallel plan in diffusers, so it cannot be sharded "
                              "(FLUX.1, FLUX.2 and QwenImage can). Turn shard_transformer off or drop the TP Mesh.")
     heads = _subfolder_config(source, "transformer").get("num_attention_heads")
-    if heads and heads % size:
+    if heads and heads % tp:
         valid = [n for n in range(1, heads + 1) if heads % n == 0]
-        raise UserInputError(f"{size} chips do not divide the transformer's {heads} attention heads; "
-                             f"use one of {valid} chips.")
+        raise UserInputError(f"tp {tp} (chips / replicas) does not divide the transformer's {heads} attention "
+                             f"heads; make chips / replicas one of {valid}.")
     return []
 
 
-def _check_text_encoder(source: str, name: str, cls: str, size: int) -> str:
+def _check_text_encoder(source: str, name: str, cls: str, tp: int) -> str:
     """Sharded when transformers has a TP plan for it; otherwise kept whole on every rank (said in a note)."""
     if not text_encoder_has_tp_plan(source, name):
         return f"{name} ({cls}) has no TP plan in transformers: kept whole on every rank"
@@ -92,9 +121,10 @@ def _check_text_encoder(source: str, name: str, cls: str, size: int) -> str:
     text = text.get("text_config", text)
     for field in ("num_attention_heads", "num_key_value_heads"):
         count = text.get(field)
-        if count and count % size:
-            raise UserInputError(f"{size} chips do not divide {name}'s {count} {field.replace('_', ' ')}; "
-                                 "choose a chip count that does, or turn shard_text_encoder off.")
+        if count and count % tp:
+            raise UserInputError(f"tp {tp} (chips / replicas) does not divide {name}'s {count} "
+                                 f"{field.replace('_', ' ')}; choose a shape where it does, or turn "
+                                 "shard_text_encoder off.")
     return f"{name} ({cls}) sharded with transformers' TP plan"
 
 

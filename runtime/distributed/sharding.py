@@ -1,9 +1,10 @@
-"""How each pipeline component loads on one rank of a TP mesh.
+"""How each pipeline component loads on one rank of a replica's TP mesh.
 
 The transformer streams only this rank's slice of every planned weight
 (`from_pretrained(parallel_config=TensorParallelConfig(mesh=...))`); a text encoder with a
 TP plan in transformers is sharded by transformers (`DistributedConfig(tp_plan="auto")`);
-everything else (VAE, encoders without a plan) loads whole on every rank.
+everything else (VAE, encoders without a plan) loads whole on every rank. `mesh` is the
+replica's "tp" sub-mesh; at tp 1 nothing is sharded and each replica holds a whole pipeline.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ class Sharding:
         self.sharded: set[str] = set()  # components loaded sharded (and placed) by their library
 
     def load_kwargs(self, folder: str, name: str) -> dict:
+        if self.mesh.size() == 1:
+            return {}
         if name == "transformer" and self.spec.shard_transformer:
             from diffusers import TensorParallelConfig
 

@@ -18,9 +18,11 @@ reads back.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
+import time
 
 # Run as a script by torchrun: make the pack's runtime importable as a top-level package
 # (the pack itself imports ComfyUI, which a worker does not have).
@@ -38,6 +40,7 @@ IDLE_TIMEOUT = datetime.timedelta(days=30)  # ranks wait in a collective between
 # happens at the same point of the same program, so they arrive together; a rank that fails alone
 # leaves its peers stuck in a collective, and after this wait it exits so torchrun stops the group.
 AGREE_TIMEOUT = datetime.timedelta(seconds=30)
+POLL_SECONDS = 0.05  # rank 0's pace reading the other replicas' steps once its own slice is done
 
 
 class Cancelled(Exception):
@@ -89,32 +92,95 @@ class ControlServer:
         return self.conn is None
 
 
-class RankWorker:
-    """Runs commands on one rank with the ordinary Engine, whose loader shards by the handle's mesh."""
+@dataclasses.dataclass
+class Run:
+    """One generate command as this rank sees it. Replicas work at their own pace, so they share
+    step counts and the cancel decision through the group's store, not through collectives
+    (a replica with fewer images, or none, makes fewer progress calls); within a replica the
+    TP ranks stay in step and its first rank's decision is broadcast to the others."""
 
-    def __init__(self, mesh, server: ControlServer | None, device_type: str):
+    prefix: str  # store keys of this run
+    leader: int  # global rank of this replica's first TP rank
+    tp_group: object  # the replica's "tp" process group
+    tp: int
+    group_steps: int  # sampling steps of all replicas together
+
+
+class RankWorker:
+    """Runs commands on one rank with the ordinary Engine, whose loader shards over its replica's TP mesh."""
+
+    def __init__(self, server: ControlServer | None, device_type: str, store, gather_group):
         from runtime.distributed.sharding import Sharding
         from runtime.engine import Engine
         from runtime.loading import PipelineCache, load_pipeline
 
-        self.server, self.device_type = server, device_type
+        self.server, self.device_type, self.store, self.gather_group = server, device_type, store, gather_group
+        self.meshes = {}  # (replicas, tp) -> the 2-D DeviceMesh ("dp" outer, "tp" inner)
+        self.runs = 0
+        self.run_state: Run | None = None
 
         def sharded_loader(handle, device, on_progress):
-            return load_pipeline(handle, device, on_progress, sharding=Sharding(handle.mesh, mesh))
+            tp_mesh = self.device_mesh(handle.mesh)["tp"]
+            return load_pipeline(handle, device, on_progress, sharding=Sharding(handle.mesh, tp_mesh))
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
 
+    def device_mesh(self, spec):
+        """The mesh for a spec's shape, made once (every rank makes it at the same command)."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from runtime.distributed.mesh import mesh_shape
+
+        shape = mesh_shape(spec, dist.get_world_size())
+        if shape not in self.meshes:
+            ranks = torch.arange(dist.get_world_size()).reshape(shape)
+            self.meshes[shape] = DeviceMesh(self.device_type, ranks, mesh_dim_names=("dp", "tp"))
+        return self.meshes[shape]
+
     def progress(self, done: int, total: int, what: str) -> None:
-        """Called on every rank at the same points; rank 0 reports and decides whether to stop."""
+        """Called on every rank of a replica at the same points; the replica's first rank counts its
+        sampling steps, rank 0 reports them for the whole group, and every rank learns of a cancel."""
         import torch.distributed as dist
 
+        run = self.run_state
         decision = [False]
-        if self.server:
-            self.server.send({"op": "progress", "done": done, "total": total, "what": what})
-            decision = [self.server.cancel_requested()]
-        dist.broadcast_object_list(decision, src=0)
+        if dist.get_rank() == run.leader:
+            if what == "sampling":
+                self.store.add(run.prefix + "steps", 1)
+            if self.server:
+                self.report(done, total, what)
+            decision = [self.store.check([run.prefix + "cancel"])]
+        if run.tp > 1:
+            dist.broadcast_object_list(decision, src=run.leader, group=run.tp_group)
         if decision[0]:
             raise Cancelled
+
+    def report(self, done: int, total: int, what: str) -> None:
+        """Rank 0: send progress (sampling counted over every replica) and pass a Cancel on to all."""
+        run = self.run_state
+        if what == "sampling":
+            done, total = self.store.add(run.prefix + "steps", 0), run.group_steps
+        self.server.send({"op": "progress", "done": done, "total": total, "what": what})
+        self.pass_on_cancel()
+
+    def pass_on_cancel(self) -> None:
+        if self.server.cancel_requested():
+            self.store.set(self.run_state.prefix + "cancel", "1")
+
+    def wait_for_replicas(self) -> None:
+        """Rank 0, its own slice done: keep reporting the other replicas' steps until they finish."""
+        run = self.run_state
+        reported = None
+        while (steps := self.store.add(run.prefix + "steps", 0)) < run.group_steps:
+            if steps != reported:
+                self.server.send({"op": "progress", "done": steps, "total": run.group_steps, "what": "sampling"})
+                reported = steps
+            self.pass_on_cancel()
+            if self.store.check([run.prefix + "cancel"]):
+                raise Cancelled
+            time.sleep(POLL_SECONDS)
 
     def run(self, command: dict) -> tuple[dict, bytes | None] | None:
         """Run one command on this rank; returns the reply rank 0 sends (None on other ranks, or none due)."""
@@ -132,26 +198,79 @@ class RankWorker:
         raise ValueError(f"unknown command '{op}'")
 
     def generate(self, command: dict):
+        """Run this replica's contiguous slice of the batch (image i keeps seed + i); rank 0 gathers
+        every replica's images, in order, and answers for the group."""
         import numpy as np
         import torch.distributed as dist
 
+        from runtime.distributed.mesh import split_batch
         from runtime.distributed.sharding import local_bytes, sharded_fraction
+        from runtime.families import family_for
         from runtime.handle import PipelineHandle
-        from runtime.sampling import SampleRequest
+        from runtime.sampling import MAX_SEED, SampleRequest, validate_request
 
         handle = PipelineHandle.from_wire(command["handle"])
-        generation = self.engine.generate(handle, SampleRequest(**command["request"]), on_progress=self.progress)
-        entry = self.engine.realise(handle)[0]
-        per_rank = [None] * dist.get_world_size()
-        transformer = entry.pipe.transformer
-        dist.all_gather_object(per_rank, (local_bytes(transformer), sharded_fraction(transformer), os.getpid()))
+        request = SampleRequest(**command["request"])
+        validate_request(family_for(handle.pipeline_class), request)  # on every rank, even one with no image
+        mesh = self.device_mesh(handle.mesh)
+        replicas, tp = mesh.mesh.shape
+        replica = mesh.get_local_rank("dp")
+        slices = split_batch(request.batch_size, replicas)
+        start, count = slices[replica]
+        self.runs += 1
+        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * tp,
+                             tp_group=mesh.get_group("tp"), tp=tp,
+                             group_steps=request.steps * sum(1 for _, n in slices if n))
+        mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
+        try:
+            if count:
+                sliced = dataclasses.replace(request, seed=(request.seed + start) % (MAX_SEED + 1), batch_size=count)
+                generation = self.engine.generate(handle, sliced, on_progress=self.progress)
+                mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
+                if self.server:
+                    self.wait_for_replicas()
+            transformer = self.engine.realise(handle, self.progress)[0].pipe.transformer
+            mine.update(bytes=local_bytes(transformer), fraction=sharded_fraction(transformer))
+        except Cancelled:
+            mine["cancelled"] = True
+        # Every rank takes part, cancelled or not, so no replica waits here for one that left.
+        gathered = [None] * dist.get_world_size() if self.server else None
+        dist.gather_object(mine, gathered, dst=0, group=self.gather_group)
         if not self.server:
             return None
-        images = np.ascontiguousarray(generation.images.numpy())
-        sizes, fractions, pids = zip(*per_rank)
-        info = {**generation.info.as_dict(), "world_size": dist.get_world_size(),
-                "transformer_bytes_per_rank": sizes, "sharded_fraction_per_rank": fractions,
-                "rank_pids": pids}
+        if any(entry["cancelled"] for entry in gathered):
+            raise Cancelled
+        return self.result(gathered, slices, tp, request.steps)
+
+    @staticmethod
+    def result(gathered: list[dict], slices: list[tuple[int, int]], tp: int, steps: int):
+        """Rank 0's reply: the images in batch order, and run info for the whole mesh."""
+        import numpy as np
+
+        leaders = gathered[::tp]  # one entry per replica, in replica order
+        ran = [entry for entry in leaders if "images" in entry]
+        images = np.concatenate([entry["images"] for entry in ran])
+        counts = [count for _, count in slices]
+        seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
+                             for name in ("sample_seconds", "compile_seconds"))
+        info = dict(ran[0]["info"])
+        notes = [f"data parallel: {len(counts)} replica(s) x {tp}-way TP, images per replica {counts}"]
+        if len(set(counts)) > 1:
+            notes.append("uneven split: the first replicas take one image more (no padding)")
+        if 0 in counts:
+            notes.append(f"replicas {[i for i, n in enumerate(counts) if not n]} had no image: the batch is "
+                         "smaller than the replicas")
+        info.update(world_size=len(gathered), mesh_shape=(len(counts), tp), sample_seconds=max(seconds),
+                    compiled_now=info["compiled_now"] if info["compiled_now"] is None
+                    else any(entry["info"]["compiled_now"] for entry in ran),
+                    transformer_bytes_per_rank=[entry["bytes"] for entry in gathered],
+                    sharded_fraction_per_rank=[entry["fraction"] for entry in gathered],
+                    rank_pids=[entry["pid"] for entry in gathered], replica_images=counts,
+                    replica_sample_seconds=seconds, replica_step_seconds=[s / steps for s in seconds],
+                    replica_compile_seconds=compiles,
+                    replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
+                                   for r in range(len(counts))],
+                    notes=[*notes, *info["notes"]])
         return {"op": "result", "info": info, "shape": list(images.shape)}, images.tobytes()
 
 
@@ -190,6 +309,20 @@ def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple
     return reply
 
 
+def group_store(rank: int, world: int):
+    """A key-value store of the group's own, served by rank 0 where torchrun's master is, for what
+    replicas share without waiting for each other (step counts, the cancel decision)."""
+    import torch.distributed as dist
+
+    host = os.environ["MASTER_ADDR"]
+    port = [None]
+    store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False) if rank == 0 else None
+    if store is not None:
+        port = [store.port]
+    dist.broadcast_object_list(port, src=0)
+    return store or dist.TCPStore(host, port[0], world, is_master=False)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--control", required=True, help="host:port where rank 0 serves the control channel")
@@ -198,7 +331,6 @@ def main(argv=None) -> int:
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
 
     info = device_module.detect_device()
     if info.type == "cpu":
@@ -209,9 +341,9 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=info.process_group_backend, timeout=IDLE_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = DeviceMesh(info.type, list(range(world)))
-
     outcome_group = dist.new_group(backend="gloo", timeout=AGREE_TIMEOUT)
+    gather_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)  # images wait for the slowest replica
+    store = group_store(rank, world)
 
     server = None
     if rank == 0:
@@ -221,7 +353,7 @@ def main(argv=None) -> int:
         shown_key = "from $" + channel.KEY_ENV if configured_key else key
         print(f"[worker] {world} rank(s) on {info.type}; control channel on {args.control}, key {shown_key}",
               flush=True)
-    worker = RankWorker(mesh, server, info.type)
+    worker = RankWorker(server, info.type, store, gather_group)
     while True:
         command = [server.next_command() if server else None]
         dist.broadcast_object_list(command, src=0)

@@ -11,7 +11,7 @@ from processes import alive_after, launched_workers, pid_alive
 def with_mesh(prompt, chips=2):
     """Insert a TP Mesh (node 6) between Mode Selector (2) and Sampler (3)."""
     prompt["6"] = {"class_type": "TPUMesh", "inputs": {
-        "pipeline": ["2", 0], "chips": chips, "shard_transformer": True, "shard_text_encoder": True,
+        "pipeline": ["2", 0], "chips": chips, "replicas": 0, "shard_transformer": True, "shard_text_encoder": True,
         "workers": "launch_local", "address": "", "key": ""}}
     prompt["3"]["inputs"]["pipeline"] = ["6", 0]
     return prompt

@@ -43,7 +43,7 @@ def with_compile(prompt, warmup_sizes):
 def with_mesh(prompt, **inputs):
     """A TP Mesh (node 6) between Mode Selector (2) and Sampler (3)."""
     prompt["6"] = {"class_type": "TPUMesh", "inputs": {
-        "pipeline": ["2", 0], "chips": 2, "shard_transformer": True, "shard_text_encoder": True,
+        "pipeline": ["2", 0], "chips": 2, "replicas": 0, "shard_transformer": True, "shard_text_encoder": True,
         "workers": "attach", "address": "127.0.0.1:7777", "key": "", **inputs}}
     prompt["3"]["inputs"]["pipeline"] = ["6", 0]
     return prompt

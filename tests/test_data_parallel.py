@@ -1,0 +1,152 @@
+"""Data parallelism over the worker group: replicas x tp meshes on CPU ranks (gloo)."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from processes import alive_after
+from test_tensor_parallel import TP_VS_SINGLE_ATOL, handle_for, request
+
+from runtime.device import device_info
+from runtime.distributed.group import WorkerGroupError
+from runtime.distributed.mesh import check_mesh, mesh_shape, split_batch
+from runtime.distributed.sharding import local_bytes
+from runtime.engine import Engine
+from runtime.errors import UserInputError
+from runtime.specs import CompileSpec, ExecutionMode, MeshSpec
+
+TWO_REPLICAS = MeshSpec(chips=2, replicas=2)
+
+
+@pytest.fixture
+def engine():
+    engine = Engine()
+    yield engine
+    engine.unload()
+
+
+@pytest.fixture(scope="module")
+def single(tiny_dir):
+    """One process, whole batches: what every mesh shape must reproduce."""
+    engine = Engine()
+    handle = handle_for(lambda name: str(tiny_dir / f"tiny-{name}"), "flux1-schnell")
+    cache = {}
+
+    def images(batch_size):
+        if batch_size not in cache:
+            cache[batch_size] = engine.generate(handle, request(batch_size=batch_size)).images
+        return cache[batch_size]
+
+    images.full_bytes = lambda: local_bytes(engine.realise(handle)[0].pipe.transformer)
+    return images
+
+
+def test_the_batch_is_split_into_contiguous_slices_the_first_replicas_taking_the_extra_images():
+    assert split_batch(4, 2) == [(0, 2), (2, 2)]
+    assert split_batch(3, 2) == [(0, 2), (2, 1)]
+    assert split_batch(1, 2) == [(0, 1), (1, 0)]
+    assert split_batch(5, 4) == [(0, 2), (2, 1), (3, 1), (4, 1)]
+
+
+def test_replicas_default_to_as_many_as_fit():
+    assert mesh_shape(MeshSpec(), 8) == (1, 8)  # sharded: one replica over every chip
+    assert mesh_shape(MeshSpec(shard_transformer=False), 8) == (8, 1)  # fits one chip: one replica per chip
+    assert mesh_shape(MeshSpec(replicas=2), 8) == (2, 4)
+
+
+def test_two_replicas_give_the_single_process_images_in_order_and_stay_warm(tiny, engine, single):
+    handle = handle_for(tiny, "flux1-schnell", mesh=TWO_REPLICAS)
+    runs = {batch: engine.generate(handle, request(batch_size=batch)) for batch in (2, 3, 4, 1)}
+    for batch, result in runs.items():
+        torch.testing.assert_close(result.images, single(batch), atol=TP_VS_SINGLE_ATOL, rtol=0)
+        assert result.info.mesh_shape == (2, 1) and result.info.replica_ranks == ((0,), (1,))
+        assert result.info.replica_images == {2: (1, 1), 3: (2, 1), 4: (2, 2), 1: (1, 0)}[batch]
+    # each replica holds a whole pipeline: nothing is sharded at tp 1
+    assert runs[2].info.sharded_fraction_per_rank == (1.0, 1.0)
+    assert runs[2].info.transformer_bytes_per_rank == (single.full_bytes(),) * 2
+    notes = {batch: " ".join(result.info.notes) for batch, result in runs.items()}
+    assert "uneven split" in notes[3] and "uneven split" not in notes[4]
+    assert "replicas [1] had no image" in notes[1]
+    # warm: the first run loaded; the others reused the same workers and pipelines
+    assert runs[2].info.loaded and not any(runs[batch].info.loaded for batch in (3, 4, 1))
+    assert len({result.info.worker_pids for result in runs.values()}) == 1
+
+
+def test_two_replicas_of_two_tp_ranks_give_the_single_process_images(tiny, engine, single, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # this host may have fewer cores than ranks: they share
+    result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=4, replicas=2)),
+                             request(batch_size=3))
+    torch.testing.assert_close(result.images, single(3), atol=TP_VS_SINGLE_ATOL, rtol=0)
+    assert result.info.mesh_shape == (2, 2) and result.info.replica_ranks == ((0, 1), (2, 3))
+    assert result.info.replica_images == (2, 1)
+    assert result.info.sharded_fraction_per_rank == (0.5,) * 4  # half of every sharded weight on each rank
+    assert max(result.info.transformer_bytes_per_rank) < 0.8 * single.full_bytes()
+
+
+def test_compiled_mode_and_warm_up_run_in_every_replica_and_the_second_prompt_compiles_nothing(tiny, engine,
+                                                                                              single):
+    handle = handle_for(tiny, "flux1-schnell", mesh=TWO_REPLICAS, mode=ExecutionMode.COMPILED,
+                        compile=CompileSpec(warmup_sizes=((64, 64),)))
+    first = engine.generate(handle, request(batch_size=2))
+    again = engine.generate(handle, request(batch_size=2, seed=12))
+    assert all(seconds > 0 for seconds in first.info.replica_compile_seconds)  # each replica compiled its own
+    assert "warm-up: compiled now for 64x64 (batch 1): 1 graph(s)" in " ".join(first.info.notes)
+    assert again.info.replica_compile_seconds == (0.0, 0.0) and again.info.compiled_now is False
+    assert not again.info.loaded
+    torch.testing.assert_close(first.images, single(2), atol=2e-3, rtol=0)
+
+
+def test_cancel_stops_every_replica_and_the_group_stays_warm(tiny, engine):
+    handle = handle_for(tiny, "flux1-schnell", mesh=TWO_REPLICAS)
+    engine.generate(handle, request(batch_size=2))
+
+    class Cancelled(Exception):
+        pass
+
+    seen = []
+
+    def cancel_at_step_2(done, total, what):
+        if what == "sampling":
+            seen.append((done, total))
+            if done >= 2:
+                raise Cancelled
+
+    with pytest.raises(Cancelled):
+        engine.generate(handle, request(steps=500, batch_size=2, seed=13), on_progress=cancel_at_step_2)
+    assert {total for _, total in seen} == {1000}  # steps counted over both replicas
+    again = engine.generate(handle, request(batch_size=2, seed=14))
+    assert not again.info.loaded  # the same warm group, and no replica still running the cancelled batch
+
+
+def test_a_killed_replica_fails_the_run_naming_its_rank_and_the_next_run_relaunches(tiny, engine):
+    handle = handle_for(tiny, "flux1-schnell", mesh=TWO_REPLICAS)
+    first = engine.generate(handle, request(batch_size=2))
+    launcher, rank0, rank1 = first.info.worker_pids
+
+    def kill_rank1_at_step_2(done, total, what):
+        if what == "sampling" and done == 2:
+            os.kill(rank1, signal.SIGKILL)
+
+    with pytest.raises(WorkerGroupError, match=r"worker rank 1 .*failed.*(-9|SIGKILL)"):
+        engine.generate(handle, request(width=256, height=256, steps=10_000, batch_size=2, seed=15),
+                        on_progress=kill_rank1_at_step_2)
+    assert engine.workers.current is None
+    assert alive_after((launcher, rank0, rank1)) == []
+    again = engine.generate(handle, request(batch_size=2, seed=16))
+    assert again.info.loaded and set(again.info.worker_pids).isdisjoint(first.info.worker_pids)
+
+
+def test_bad_meshes_are_refused_before_anything_launches(tiny, engine, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    with pytest.raises(UserInputError, match=r"2 chips cannot be split into 3 replicas \(replicas x tp must equal "
+                                             r"the chips\); use one of \[1, 2\] replicas"):
+        engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2, replicas=3)), request())
+    with pytest.raises(UserInputError, match=r"tp 4 \(chips / replicas\) does not divide the transformer's 2 "
+                                             r"attention heads; make chips / replicas one of \[1, 2\]"):
+        engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=8, replicas=2)), request())
+    assert engine.workers.current is None  # nothing was launched
+    # at tp 1 nothing is sharded, so a transformer without a TP plan (SD3) can have replicas
+    notes = check_mesh(MeshSpec(chips=2, replicas=2), tiny("sd3"), device_info("cpu"))
+    assert "tp 1: nothing is sharded, each replica holds the whole pipeline" in notes
