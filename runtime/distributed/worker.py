@@ -104,13 +104,17 @@ class RankWorker:
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
 
-    def progress(self, done: int, total: int, what: str) -> None:
-        """Called on every rank at the same points; rank 0 reports and decides whether to stop."""
+    def progress(self, done: int, total: int, what: str, preview=None) -> None:
+        """Called on every rank at the same points; rank 0 reports (with the step's preview image, when
+        previews are on) and decides whether to stop."""
         import torch.distributed as dist
 
         decision = [False]
         if self.server:
-            self.server.send({"op": "progress", "done": done, "total": total, "what": what})
+            message, payload = {"op": "progress", "done": done, "total": total, "what": what}, None
+            if preview is not None:
+                message["preview_shape"], payload = list(preview.shape), preview.tobytes()
+            self.server.send(message, payload)
             decision = [self.server.cancel_requested()]
         dist.broadcast_object_list(decision, src=0)
         if decision[0]:
@@ -137,10 +141,14 @@ class RankWorker:
 
         from runtime.distributed.sharding import local_bytes, sharded_fraction
         from runtime.handle import PipelineHandle
+        from runtime.preview import PreviewSpec
         from runtime.sampling import SampleRequest
 
         handle = PipelineHandle.from_wire(command["handle"])
-        generation = self.engine.generate(handle, SampleRequest(**command["request"]), on_progress=self.progress)
+        # Only rank 0 sends previews, so only rank 0 makes them (the latents are the same on every rank).
+        preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
+        generation = self.engine.generate(handle, SampleRequest(**command["request"]), on_progress=self.progress,
+                                          preview=preview)
         entry = self.engine.realise(handle)[0]
         per_rank = [None] * dist.get_world_size()
         transformer = entry.pipe.transformer
