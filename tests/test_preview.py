@@ -12,6 +12,7 @@ from runtime.handle import PipelineHandle
 from runtime.loading import inspect_source
 from runtime.preview import Previewer, PreviewSpec
 from runtime.sampling import SampleRequest
+from runtime.specs import MeshSpec
 
 # The latent channels ComfyUI's factors are for (the tiny models have the real VAEs' channel counts).
 CHANNELS = {"flux1-schnell": 16, "sd3": 16, "flux2": 32, "qwenimage": 16}
@@ -80,3 +81,24 @@ def test_factors_that_do_not_fit_the_latent_give_no_preview_and_the_run_goes_on(
 def test_a_preview_spec_survives_the_wire():
     preview = spec(16)
     assert PreviewSpec.from_wire(json.loads(json.dumps(preview.to_wire()))) == preview
+
+
+def test_tensor_parallel_previews_come_from_rank_0_and_match_one_process(tiny):
+    """Rank 0 sends each step's preview as bytes over the control channel (2 CPU ranks, gloo)."""
+    single = run(tiny, "flux1-schnell", spec(16), steps=2)
+    engine = Engine()
+    source = tiny("flux1-schnell")
+    handle = PipelineHandle(source=source, pipeline_class=inspect_source(source), mesh=MeshSpec(chips=2))
+    calls = []
+    try:
+        engine.generate(handle, SampleRequest(prompt="a cat", width=96, height=64, steps=2, guidance=2.0, seed=3,
+                                              negative_prompt="blurry"),
+                        on_progress=lambda done, total, what, *image: calls.append((done, what, *image)),
+                        preview=spec(16))
+    finally:
+        engine.unload()
+    sharded = [call for call in calls if call[1] == "sampling"]
+    assert [done for done, *_ in sharded] == [1, 2]
+    for (_, _, one), (_, _, tp) in zip(single, sharded):
+        assert tp.shape == one.shape and tp.dtype == np.uint8
+        assert np.abs(tp.astype(int) - one.astype(int)).max() <= 1  # the all-reduce order may round one level
