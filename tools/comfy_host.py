@@ -17,9 +17,11 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -80,8 +82,10 @@ class ComfyServer:
     user data all live under it (ComfyUI's --base-directory), so each test run is isolated."""
 
     def __init__(self, comfy_dir: Path, base_dir: Path | None = None, port: int | None = None,
-                 python: str = sys.executable, env: dict | None = None):
+                 python: str = sys.executable, env: dict | None = None, args: list[str] | None = None):
+        """`args` are more ComfyUI command-line options (e.g. ["--preview-method", "auto"])."""
         self.comfy_dir, self.base_dir = Path(comfy_dir), Path(base_dir) if base_dir else None
+        self.extra_args = list(args or [])
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.python, self.extra_env = python, env or {}
@@ -103,6 +107,7 @@ class ComfyServer:
                 settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
             args += ["--base-directory", str(self.base_dir), "--user-directory", str(user),
                      "--database-url", f"sqlite:///{user}/comfyui.db"]
+        args += self.extra_args
         link_pack((self.base_dir or self.comfy_dir) / "custom_nodes")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
                **self.extra_env}
@@ -165,9 +170,11 @@ class ComfyServer:
     def post(self, path: str, body, timeout: float = 30):
         return self.request("POST", path, body, timeout=timeout)
 
-    def queue(self, prompt: dict) -> str:
+    def queue(self, prompt: dict, client_id: str | None = None) -> str:
+        """Queue a prompt; ComfyUI sends its websocket messages (progress, previews) to `client_id`."""
+        body = {"prompt": prompt} if client_id is None else {"prompt": prompt, "client_id": client_id}
         try:
-            return self.post("/prompt", {"prompt": prompt})["prompt_id"]
+            return self.post("/prompt", body)["prompt_id"]
         except urllib.error.HTTPError as e:
             raise PromptRejected(e.code, json.loads(e.read() or b"{}")) from None
 
@@ -185,6 +192,36 @@ class ComfyServer:
 
     def run(self, prompt: dict, timeout: float = 600) -> dict:
         return self.wait(self.queue(prompt), timeout)
+
+    def run_watching(self, prompt: dict, timeout: float = 600) -> tuple[dict, list[tuple[int, bytes]]]:
+        """Run a prompt as the page does, connected to ComfyUI's websocket: its /history entry, and the
+        preview frames sent during the run as (image type: 1 JPEG, 2 PNG; image bytes)."""
+        import asyncio
+
+        return asyncio.run(asyncio.wait_for(self._run_watching(prompt), timeout))
+
+    async def _run_watching(self, prompt: dict):
+        import asyncio
+
+        import aiohttp  # ComfyUI's own dependency
+
+        client_id, previews = uuid.uuid4().hex, []
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"ws://127.0.0.1:{self.port}/ws?clientId={client_id}") as ws:
+                prompt_id = await asyncio.to_thread(self.queue, prompt, client_id)
+                async for message in ws:
+                    if message.type == aiohttp.WSMsgType.BINARY:
+                        # PREVIEW_IMAGE, what a client that announces no feature flags gets: event 1, image type
+                        if struct.unpack(">I", message.data[:4])[0] == 1:
+                            previews.append((struct.unpack(">I", message.data[4:8])[0], message.data[8:]))
+                    elif message.type == aiohttp.WSMsgType.TEXT:
+                        event = json.loads(message.data)
+                        if event["type"] in ("execution_success", "execution_error", "execution_interrupted") \
+                                and event["data"].get("prompt_id") == prompt_id:
+                            break
+                    else:
+                        raise RuntimeError(f"ComfyUI's websocket closed during prompt {prompt_id}")
+        return await asyncio.to_thread(self.wait, prompt_id), previews
 
     def output_images(self, entry: dict) -> list[Path]:
         return [self.output_dir / img.get("subfolder", "") / img["filename"]
