@@ -15,16 +15,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = "a golden retriever surfing a wave, photorealistic"
 
 
-def bench_model(model: Path | None) -> Path:
-    """The given diffusers folder, or a FLUX.1-schnell-shaped one with real layer widths (built once)."""
+def bench_model(model: Path | None, size: str = "bench") -> Path:
+    """The given diffusers folder, or a FLUX.1-schnell-shaped one built once: with real layer widths
+    ("bench"), or the test suite's tiny one ("tiny")."""
     if model is not None:
         return model.resolve()
     import tiny_models
 
-    model = ROOT / ".comfyui" / "bench-models" / "bench-flux1-schnell"
+    model = ROOT / ".comfyui" / "bench-models" / f"{size}-flux1-schnell"
     if not (model / "model_index.json").exists():
-        print(f"building the bench model into {model}", flush=True)
-        tiny_models.build("flux1-schnell", model, size="bench")
+        print(f"building the {size} model into {model}", flush=True)
+        tiny_models.build("flux1-schnell", model, size=size)
     return model
 
 
@@ -34,7 +35,7 @@ class StepClock:
     def __init__(self):
         self.stamps: list[float] = []
 
-    def __call__(self, done: int, total: int, what: str) -> None:
+    def __call__(self, done: int, total: int, what: str, *preview) -> None:
         if what == "sampling":
             self.stamps.append(time.perf_counter())
 
