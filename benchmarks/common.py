@@ -47,9 +47,10 @@ def compile_cache_env(folder: Path, process: str) -> dict:
     return {**env, process_env.COMPILE_CACHE_ENV: str(folder), process_env.TPU_TIER2_CACHE: f"{folder.name}-{process}"}
 
 
-def bench_model(model: Path | None) -> Path:
-    """The given diffusers folder, or a FLUX.1-schnell-shaped one with real layer widths (built once)."""
-    return model.resolve() if model is not None else built_model("flux1-schnell", "bench")
+def bench_model(model: Path | None, size: str = "bench") -> Path:
+    """The given diffusers folder, or a FLUX.1-schnell-shaped one built once: with real layer widths
+    ("bench"), or the test suite's tiny one ("tiny")."""
+    return model.resolve() if model is not None else built_model("flux1-schnell", size)
 
 
 class StepClock:
@@ -58,7 +59,7 @@ class StepClock:
     def __init__(self):
         self.stamps: list[float] = []
 
-    def __call__(self, done: int, total: int, what: str) -> None:
+    def __call__(self, done: int, total: int, what: str, *preview) -> None:
         if what == "sampling":
             self.stamps.append(time.perf_counter())
 

@@ -4,7 +4,7 @@ from comfy_api.latest import io
 
 from ..runtime.engine import ENGINE
 from ..runtime.sampling import MAX_SEED, SampleRequest, size_problem
-from .comfy_progress import ComfyProgress
+from .comfy_progress import ComfyProgress, preview_spec
 from .types import CATEGORY, TPUPipeline
 
 MAX_SIZE = 8192
@@ -18,7 +18,8 @@ class TPUSampler(io.ComfyNode):
             display_name="TPU Sampler",
             category=CATEGORY,
             description="Loads the pipeline on first use (later runs reuse it) and generates images. "
-                        "Shows progress per step; Cancel stops it within one step.",
+                        "Shows progress and a preview per step (ComfyUI's --preview-method); "
+                        "Cancel stops it within one step.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader or Mode Selector."),
                 io.String.Input("prompt", multiline=True, default="a golden retriever surfing a wave, photorealistic",
@@ -70,7 +71,8 @@ class TPUSampler(io.ComfyNode):
                 guidance: float, seed: int, batch_size: int) -> io.NodeOutput:
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size)
-        generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress())
+        generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
+                                     preview=preview_spec(pipeline.pipeline_class))
         info = generation.info
         # ComfyUI sends the ui dict to the page (`executed`, where web/tpu_diffusers.js shows it on
         # our nodes) and keeps it in the prompt's history, where API clients read it.

@@ -20,6 +20,7 @@ from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
 from .modes import execution_mode, grad_mode, outside_inference_mode
+from .preview import PreviewSpec
 from .sampling import SampleRequest, check_host_memory, run_pipeline, validate_request
 from .specs import CompileSpec, ExecutionMode, Placement, Workers
 
@@ -99,8 +100,10 @@ class Engine:
         self._apply_compile(entry, handle, device)
         return entry, device, loaded
 
-    def generate(self, handle: PipelineHandle, request: SampleRequest,
-                 on_progress: ProgressCallback | None = None) -> Generation:
+    def generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None = None,
+                 preview: PreviewSpec | None = None) -> Generation:
+        """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
+        on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
         family = family_for(handle.pipeline_class)
         validate_request(family, request)  # fail before loading anything
         check_host_memory(request, available_host_memory_bytes())
@@ -108,7 +111,7 @@ class Engine:
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
         if handle.mesh is not None and self.workers is not None:
-            return self._generate_on_workers(handle, request, notes, on_progress)
+            return self._generate_on_workers(handle, request, notes, on_progress, preview)
         self._free_chips_for_this_process(handle)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
@@ -116,17 +119,17 @@ class Engine:
 
         grad_modes = set()
 
-        def on_step(done: int, total: int) -> None:
+        def on_step(done: int, total: int, *preview_image) -> None:
             grad_modes.add(grad_mode())
             if on_progress:
-                on_progress(done, total, "sampling")
+                on_progress(done, total, "sampling", *preview_image)
 
         lookups_before = compile_cache.cache_lookups(device)
         with execution_mode(handle.mode, device) as mode_ran:
             warmup = self._warm_up(entry, family, request, device, on_progress)
             reset_peak_memory(device)
             start = time.perf_counter()
-            images, activity = self._run(entry, family, request, on_step)
+            images, activity = self._run(entry, family, request, on_step, preview)
             sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
         lookups = compile_cache.lookups_since(lookups_before, compile_cache.cache_lookups(device))
@@ -149,7 +152,7 @@ class Engine:
 
     # --- tensor parallelism
     def _generate_on_workers(self, handle: PipelineHandle, request: SampleRequest, notes: list[str],
-                             on_progress: ProgressCallback | None) -> Generation:
+                             on_progress: ProgressCallback | None, preview: PreviewSpec | None) -> Generation:
         """One process per chip, replicas x tp of them: checked here, before anything launches; run by
         the worker group, which splits the batch over the replicas."""
         device = resolve_device(handle.device)
@@ -163,7 +166,7 @@ class Engine:
         start = time.perf_counter()
         group, launched = self.workers.get(handle, device, size, on_progress)
         try:
-            images, info = group.generate(handle, request, on_progress)
+            images, info = group.generate(handle, request, on_progress, preview)
         except WorkerGroupError:
             self.workers.stop()  # the next run relaunches
             raise
@@ -204,15 +207,16 @@ class Engine:
         if wanted:
             entry.compiled.warmup_sizes = spec.warmup_sizes  # may change without a recompile
 
-    def _run(self, entry: LoadedPipeline, family: Family, request: SampleRequest, on_step):
+    def _run(self, entry: LoadedPipeline, family: Family, request: SampleRequest, on_step,
+             preview: PreviewSpec | None = None):
         """One pipeline call; with a compiled transformer, its compiles are counted and explained."""
         state: CompileState | None = entry.compiled
         if state is None:
-            return run_pipeline(entry.pipe, family, request, on_step), compile_cache.CompileActivity()
+            return run_pipeline(entry.pipe, family, request, on_step, preview), compile_cache.CompileActivity()
         try:
             with compile_cache.explained_compile_failures(state, entry.pipe), compile_cache.dynamo_limits(), \
                     compile_cache.watch_compiles() as activity:
-                images = run_pipeline(entry.pipe, family, request, on_step)
+                images = run_pipeline(entry.pipe, family, request, on_step, preview)
         except compile_cache.CompileError:
             entry.compiled = None  # the transformer is eager again; the next compiled run starts afresh
             raise

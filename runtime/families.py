@@ -7,8 +7,34 @@ that differs between families at sampling time is a field here, not an `if` else
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from .errors import UserInputError
+
+
+# How a family's in-loop latents (diffusers' callback_on_step_end "latents") become the image-shaped
+# latent (B, C, h, w) that ComfyUI's latent_rgb_factors for that family read: latent_grid(pipe, latents,
+# height, width). diffusers' loop latents are already in the normalised space ComfyUI's models sample in.
+def _spatial(_pipe, latents, _height, _width):
+    return latents  # SD3 samples (B, 16, H/8, W/8) as is
+
+
+def _packed_2x2(pipe, latents, height, width):
+    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)  # FLUX.1: (B, H*W/256, 64)
+
+
+def _packed_2x2_frame(pipe, latents, height, width):
+    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]  # QwenImage: one frame
+
+
+def _packed_patchified(pipe, latents, height, width):
+    """FLUX.2 packs (B, 128, H/16, W/16) row by row into tokens: undo Flux2Pipeline._pack_latents, then its
+    own _unpatchify_latents gives (B, 32, H/8, W/8), the layout ComfyUI's Flux2 factors are for (its
+    latent_rgb_factors_reshape does the same)."""
+    side = 2 * pipe.vae_scale_factor
+    batch, _, channels = latents.shape
+    grid = latents.permute(0, 2, 1).reshape(batch, channels, height // side, width // side)
+    return pipe._unpatchify_latents(grid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,20 +45,24 @@ class Family:
     guidance_kwarg: str  # the __call__ argument the node's "guidance" feeds
     size_multiple: int  # height and width must be multiples of this (VAE factor x patch size)
     default_steps: int  # named in the message for a bad step count
+    latent_grid: Callable  # (pipe, latents, height, width) -> (B, C, h, w), for previews
+    comfy_latent_format: str  # the class in ComfyUI's comfy.latent_formats whose latent_rgb_factors fit latent_grid
 
 
 FAMILIES = {
     f.pipeline_class: f
     for f in (
         Family("FLUX.1", "FluxPipeline", takes_negative_prompt=False, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=4),
+               size_multiple=16, default_steps=4, latent_grid=_packed_2x2, comfy_latent_format="Flux"),
         Family("SD3/SD3.5", "StableDiffusion3Pipeline", takes_negative_prompt=True, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=40),
+               size_multiple=16, default_steps=40, latent_grid=_spatial, comfy_latent_format="SD3"),
         Family("FLUX.2", "Flux2Pipeline", takes_negative_prompt=False, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=28),
-        # QwenImage's CFG is "true CFG" and only runs when a negative prompt is given.
+               size_multiple=16, default_steps=28, latent_grid=_packed_patchified,
+               comfy_latent_format="Flux2"),
+        # QwenImage's CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is Wan 2.1's,
+        # so ComfyUI previews it with the Wan21 latent format.
         Family("QwenImage", "QwenImagePipeline", takes_negative_prompt=True, guidance_kwarg="true_cfg_scale",
-               size_multiple=16, default_steps=50),
+               size_multiple=16, default_steps=50, latent_grid=_packed_2x2_frame, comfy_latent_format="Wan21"),
     )
 }
 

@@ -36,8 +36,9 @@ log = logging.getLogger("tpu_diffusers")
 ALLOWED_LIBRARIES = ("diffusers", "transformers")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-# on_progress(done, total, what): called as work advances; it may raise to cancel.
-ProgressCallback = Callable[[int, int, str], None]
+# on_progress(done, total, what[, preview]): called as work advances; it may raise to cancel. Sampling steps
+# pass a preview image too when the caller asked for previews (Engine.generate).
+ProgressCallback = Callable[..., None]
 
 
 def list_model_folders(roots: list[str]) -> list[str]:

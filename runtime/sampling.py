@@ -13,9 +13,11 @@ from typing import Callable
 from .errors import UserInputError
 from .families import FAMILIES, Family
 from .modes import outside_inference_mode
+from .preview import Previewer, PreviewSpec
 
-# on_step(done, total): called after each denoising step; it may raise to cancel the run.
-StepCallback = Callable[[int, int], None]
+# on_step(done, total[, preview]): called after each denoising step; it may raise to cancel the run.
+# With a PreviewSpec it also gets the step's preview (an RGB uint8 array, or None).
+StepCallback = Callable[..., None]
 
 MAX_SEED = 2**64 - 1  # ComfyUI's seed widgets go up to here; torch.Generator takes all of it
 
@@ -89,14 +91,19 @@ def pipeline_kwargs(family: Family, request: SampleRequest) -> dict:
     return kwargs
 
 
-def run_pipeline(pipe, family: Family, request: SampleRequest, on_step: StepCallback | None = None):
-    """Sample; returns a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE layout)."""
+def run_pipeline(pipe, family: Family, request: SampleRequest, on_step: StepCallback | None = None,
+                 preview: PreviewSpec | None = None):
+    """Sample; returns a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE layout). Without a
+    preview spec the step callback never touches the latents, so previews cost nothing when off."""
     import torch
 
     validate_request(family, request)
+    previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
 
     def step_end(_pipe, step, _timestep, callback_kwargs):
-        if on_step:
+        if previewer:
+            on_step(step + 1, request.steps, previewer(callback_kwargs["latents"]))
+        elif on_step:
             on_step(step + 1, request.steps)
         return callback_kwargs
 

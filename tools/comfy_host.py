@@ -85,8 +85,11 @@ class ComfyServer:
     user data all live under it (ComfyUI's --base-directory), so each test run is isolated."""
 
     def __init__(self, comfy_dir: Path, base_dir: Path | None = None, port: int | None = None,
-                 python: str = sys.executable, env: dict | None = None, data_limit_bytes: int | None = None):
+                 python: str = sys.executable, env: dict | None = None, data_limit_bytes: int | None = None,
+                 args: list[str] | None = None):
+        """`args` are more ComfyUI command-line options (e.g. ["--preview-method", "auto"])."""
         self.comfy_dir, self.base_dir = Path(comfy_dir), Path(base_dir) if base_dir else None
+        self.extra_args = list(args or [])
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.python, self.extra_env = python, env or {}
@@ -111,6 +114,7 @@ class ComfyServer:
                 settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
             args += ["--base-directory", str(self.base_dir), "--user-directory", str(user),
                      "--database-url", f"sqlite:///{user}/comfyui.db"]
+        args += self.extra_args
         link_pack((self.base_dir or self.comfy_dir) / "custom_nodes")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
                **self.extra_env}
@@ -197,6 +201,7 @@ class ComfyServer:
         return self.request("POST", path, body, timeout=timeout)
 
     def queue(self, prompt: dict, client_id: str | None = None) -> str:
+        """Queue a prompt; ComfyUI sends its websocket messages (progress, previews) to `client_id`."""
         body = {"prompt": prompt, **({"client_id": client_id} if client_id else {})}
         try:
             return self.post("/prompt", body)["prompt_id"]
@@ -218,6 +223,15 @@ class ComfyServer:
     def run(self, prompt: dict, timeout: float = 600) -> dict:
         return self.wait(self.queue(prompt), timeout)
 
+    def run_watching(self, prompt: dict, timeout: float = 600) -> tuple[dict, list[tuple[int, bytes]]]:
+        """Run a prompt as the page does, connected to ComfyUI's websocket: its /history entry, and the
+        preview frames sent during the run as (image type: 1 JPEG, 2 PNG; image bytes)."""
+        with self.events() as events:
+            prompt_id = self.queue(prompt, client_id=events.client_id)
+            events.wait_for(lambda m: m["type"] in ("execution_success", "execution_error", "execution_interrupted")
+                            and m["data"].get("prompt_id") == prompt_id, timeout)
+            return self.wait(prompt_id, timeout), list(events.previews)
+
     def output_images(self, entry: dict) -> list[Path]:
         return [self.output_dir / img.get("subfolder", "") / img["filename"]
                 for out in entry.get("outputs", {}).values() for img in out.get("images", [])
@@ -237,14 +251,16 @@ class EventStream:
 
     ComfyUI sends a prompt's progress and execution messages to the socket whose id the prompt
     was queued with (`queue(prompt, client_id=stream.client_id)`), and to every socket when it
-    was queued with none. A minimal RFC 6455 client (server frames are unmasked and whole;
-    binary frames, i.e. previews, are skipped), so the tests need no websocket package.
+    was queued with none. A minimal RFC 6455 client (server frames are unmasked and whole), so the
+    tests need no websocket package. Binary frames are previews: kept in `previews` as (image type:
+    1 JPEG, 2 PNG; image bytes), what ComfyUI sends a client that announces no feature flags.
     """
 
     def __init__(self, port: int, client_id: str | None = None, host: str = "127.0.0.1"):
         self.client_id = client_id or uuid.uuid4().hex
         self.messages: "queue.Queue[dict]" = queue.Queue()
         self.seen: list[dict] = []
+        self.previews: list[tuple[int, bytes]] = []
         self.sock = socket.create_connection((host, port), timeout=30)
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall((f"GET /ws?clientId={self.client_id} HTTP/1.1\r\nHost: {host}:{port}\r\n"
@@ -275,6 +291,8 @@ class EventStream:
                     return
                 if opcode == 0x1:
                     self.messages.put(json.loads(data))
+                elif opcode == 0x2 and struct.unpack(">I", data[:4])[0] == 1:  # PREVIEW_IMAGE
+                    self.previews.append((struct.unpack(">I", data[4:8])[0], data[8:]))
         except (OSError, ValueError):
             return
 

@@ -171,19 +171,23 @@ class WorkerGroup:
     def pids(self) -> list[int]:
         return [self.process.pid] if self.process else []
 
-    def generate(self, handle, request, on_progress=None):
-        """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict)."""
+    def generate(self, handle, request, on_progress=None, preview=None):
+        """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict). With a
+        PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message."""
         import numpy as np
         import torch
 
-        channel.send(self.conn, {"op": "generate", "handle": handle.to_wire(), "request": dataclasses.asdict(request)})
+        channel.send(self.conn, {"op": "generate", "handle": handle.to_wire(), "request": dataclasses.asdict(request),
+                                 "preview": preview and preview.to_wire()})
         interrupted = None
         while True:
             message, payload = self._next_message()
             op = message["op"]
             if op == "progress" and on_progress and interrupted is None:
                 try:
-                    on_progress(message["done"], message["total"], message["what"])
+                    image = () if payload is None else \
+                        (np.frombuffer(payload, dtype=np.uint8).reshape(message["preview_shape"]),)
+                    on_progress(message["done"], message["total"], message["what"], *image)
                 except BaseException as e:  # ComfyUI's interrupt: stop every rank at the next step
                     interrupted = e
                     channel.send(self.conn, {"op": "cancel"})

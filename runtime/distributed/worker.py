@@ -139,9 +139,10 @@ class RankWorker:
             self.meshes[shape] = DeviceMesh(self.device_type, ranks, mesh_dim_names=("dp", "tp"))
         return self.meshes[shape]
 
-    def progress(self, done: int, total: int, what: str) -> None:
+    def progress(self, done: int, total: int, what: str, preview=None) -> None:
         """Called on every rank of a replica at the same points; the replica's first rank counts its
-        sampling steps, rank 0 reports them for the whole group, and every rank learns of a cancel."""
+        sampling steps, rank 0 reports them for the whole group (with its step's preview image, when
+        previews are on), and every rank learns of a cancel."""
         import torch.distributed as dist
 
         run = self.run_state
@@ -150,19 +151,23 @@ class RankWorker:
             if what == "sampling":
                 self.store.add(run.prefix + "steps", 1)
             if self.server:
-                self.report(done, total, what)
+                self.report(done, total, what, preview)
             decision = [self.store.check([run.prefix + "cancel"])]
         if run.tp > 1:
             dist.broadcast_object_list(decision, src=run.leader, group=run.tp_group)
         if decision[0]:
             raise Cancelled
 
-    def report(self, done: int, total: int, what: str) -> None:
-        """Rank 0: send progress (sampling counted over every replica) and pass a Cancel on to all."""
+    def report(self, done: int, total: int, what: str, preview=None) -> None:
+        """Rank 0: send progress (sampling counted over every replica, with rank 0's preview image) and
+        pass a Cancel on to all."""
         run = self.run_state
         if what == "sampling":
             done, total = self.store.add(run.prefix + "steps", 0), run.group_steps
-        self.server.send({"op": "progress", "done": done, "total": total, "what": what})
+        message, payload = {"op": "progress", "done": done, "total": total, "what": what}, None
+        if preview is not None:
+            message["preview_shape"], payload = list(preview.shape), preview.tobytes()
+        self.server.send(message, payload)
         self.pass_on_cancel()
 
     def pass_on_cancel(self) -> None:
@@ -207,9 +212,12 @@ class RankWorker:
         from runtime.distributed.sharding import local_bytes, sharded_fraction
         from runtime.families import family_for
         from runtime.handle import PipelineHandle
+        from runtime.preview import PreviewSpec
         from runtime.sampling import MAX_SEED, SampleRequest, validate_request
 
         handle = PipelineHandle.from_wire(command["handle"])
+        # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
+        preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         request = SampleRequest(**command["request"])
         validate_request(family_for(handle.pipeline_class), request)  # on every rank, even one with no image
         mesh = self.device_mesh(handle.mesh)
@@ -225,7 +233,7 @@ class RankWorker:
         try:
             if count:
                 sliced = dataclasses.replace(request, seed=(request.seed + start) % (MAX_SEED + 1), batch_size=count)
-                generation = self.engine.generate(handle, sliced, on_progress=self.progress)
+                generation = self.engine.generate(handle, sliced, on_progress=self.progress, preview=preview)
                 mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
                 if self.server:
                     self.wait_for_replicas()

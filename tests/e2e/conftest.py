@@ -60,7 +60,8 @@ def server(tiny_dir, tmp_path_factory):
     _corrupt_models(diffusers_dir, tiny_dir)
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / "other_pack_unload_all_models.py").write_text(OTHER_PACK_NODE)
-    with ComfyServer(prepare_comfyui(), base_dir=base) as running:
+    # ComfyUI 0.3.75's default preview method, named so a newer default cannot change what the tests see
+    with ComfyServer(prepare_comfyui(), base_dir=base, args=["--preview-method", "none"]) as running:
         yield running
 
 
