@@ -2,12 +2,12 @@
 
 import copy
 import json
-import shutil
 import time
 
 import pytest
 
-from comfy_host import ROOT, ComfyServer, execution_error, prepare_comfyui
+from comfy_host import ROOT, execution_error
+from serving import comfy_server
 
 API_WORKFLOW = ROOT / "workflows" / "api" / "tpu_demo_tiny_flux.json"
 
@@ -35,33 +35,13 @@ NODE_CLASS_MAPPINGS = {"UnloadAllModelsAfter": UnloadAllModelsAfter}
 """
 
 
-def _corrupt_models(diffusers_dir, tiny_dir):
-    """Model folders a user can get wrong, next to the good ones."""
-    plain = diffusers_dir / "not-a-pipeline"
-    plain.mkdir()
-    (plain / "model_index.json").write_text(json.dumps({"_diffusers_version": "0.42.1"}))
-    unsupported = diffusers_dir / "unsupported-sdxl"
-    shutil.copytree(tiny_dir / "tiny-flux1-schnell", unsupported)
-    index = json.loads((unsupported / "model_index.json").read_text())
-    (unsupported / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionXLPipeline"}))
-    corrupt = diffusers_dir / "corrupt-flux"
-    shutil.copytree(tiny_dir / "tiny-flux1-schnell", corrupt)
-    weights = next((corrupt / "transformer").glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:1000])
-
-
 @pytest.fixture(scope="session")
 def server(tiny_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-base")
-    diffusers_dir = base / "models" / "diffusers"
-    diffusers_dir.mkdir(parents=True)
-    for folder in tiny_dir.iterdir():
-        (diffusers_dir / folder.name).symlink_to(folder, target_is_directory=True)
-    _corrupt_models(diffusers_dir, tiny_dir)
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / "other_pack_unload_all_models.py").write_text(OTHER_PACK_NODE)
     # ComfyUI 0.3.75's default preview method, named so a newer default cannot change what the tests see
-    with ComfyServer(prepare_comfyui(), base_dir=base, args=["--preview-method", "none"]) as running:
+    with comfy_server(base, tiny_dir, broken_models=True, args=["--preview-method", "none"]) as running:
         yield running
 
 
