@@ -5,7 +5,7 @@
 
 (`bash scripts/verify_device.sh` sets up the environment first, then runs this.) It runs the
 runtime test suite, every cell of the README's support matrix through the runtime's Engine (on
-tiny models, and without --quick on real-width "bench" models), the three benchmarks, and a
+tiny models, and without --quick on real-width "bench" models), the benchmarks (ours vs diffusers, compile, TP, replicas), and a
 restart-and-reuse check of the persistent compile cache; then writes
 docs/verified/<device>-<date>.md. A cell records what it did: a fallback (fused eager where there
 is no TorchTPU) or a refusal (TP with fewer chips than ranks) is not a pass.
@@ -242,17 +242,20 @@ def run_suite(ctx: Context) -> dict:
 
 
 def run_benchmarks(ctx: Context, tiny_flux: Path) -> list[dict]:
-    """The three benchmarks with --device; in --quick on the tiny model with the fewest runs."""
+    """The benchmarks with --device; in --quick on the tiny model with the fewest runs."""
     model = str(tiny_flux.relative_to(ROOT))
     quick_args = {
         "bench_vs_diffusers.py": ["--model", model, "--size", "64", "--steps", "2", "--runs", "2"],
         "bench_compile.py": ["--model", model, "--sizes", "64x64", "--steps", "2"],
         "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", "--ranks", str(TP_RANKS)],
+        "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", "--ranks", str(TP_RANKS),
+                        "--batch", str(TP_RANKS)],
     }
     results = []
     for script, args in quick_args.items():
         command = [sys.executable, f"benchmarks/{script}", "--device", ctx.device,
-                   *(args if ctx.quick else ["--ranks", str(TP_RANKS)] if script == "bench_tp.py" else [])]
+                   *(args if ctx.quick else ["--ranks", str(TP_RANKS)] if script in ("bench_tp.py", "bench_dp.py")
+                     else [])]
         start = time.perf_counter()
         ran = run_logged(ctx, script.removesuffix(".py"), command)
         results.append({"script": script, "command": shlex.join(["python", *command[1:]]), "exit_code": ran.code,
