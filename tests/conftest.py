@@ -76,6 +76,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo(request):
+    """No compile-tier test sees code an earlier one compiled (dynamo's caches are per process)."""
+    if request.node.get_closest_marker("compile"):
+        import torch
+
+        torch.compiler.reset()
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """Every supported family, built once per test session with random weights."""

@@ -28,11 +28,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DYNAMO_SETTINGS = ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch.compiler.reset()  # no test sees code an earlier one compiled
-
-
 def dynamo_settings() -> dict:
     return {name: getattr(torch._dynamo.config, name) for name in DYNAMO_SETTINGS}
 

@@ -22,11 +22,6 @@ from runtime.sampling import SampleRequest
 OUTSIDE_INFERENCE_MODE = "inference mode off, grad off"
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch.compiler.reset()  # compile tests start from no compiled code
-
-
 @pytest.mark.parametrize("mode, placement, scope, compiled_scope", [
     (ExecutionMode.EAGER, Placement.DEVICE, None, None),
     (ExecutionMode.EAGER, Placement.MODEL_CPU_OFFLOAD, None, None),

@@ -41,6 +41,7 @@ def test_tp_workflow_errors_on_the_node_runs_stays_warm_and_no_worker_outlives_t
         info = entry["outputs"]["3"]["tpu_run_info"][0]
         assert info["world_size"] == 2 and info["loaded"] is True and info["worker_pids"][0] == launcher
         assert info["sharded_fraction_per_rank"] == [0.5, 0.5]
+        assert info["grad_mode"] == "inference mode off, grad off"  # what TorchTPU's compile needs, in the workers too
         [png] = server.output_images(entry)
         with Image.open(png) as image:
             assert image.size == (96, 64)
