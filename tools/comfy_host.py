@@ -346,6 +346,9 @@ def build_default_model(models_dir: Path) -> Path:
 
 
 def demo(args) -> int:
+    # Ctrl-C stops the demo and its server, even when it was started as a background job, which
+    # starts with SIGINT ignored (Python then installs no KeyboardInterrupt handler of its own).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.comfyui:
         server = ComfyServer(Path(args.comfyui), port=args.port)
     else:
