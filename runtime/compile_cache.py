@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 import re
 
 from . import process_env, settings

@@ -15,7 +15,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from harness import count, start_server
 from processes import alive_after, children, launched_workers, pid_alive
