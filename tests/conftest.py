@@ -76,6 +76,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
 
 
+TORCH_TPU_OPT_OUT = "TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT"
+
+
+@pytest.fixture(scope="session")
+def torch_tpu():
+    """The installed torch_tpu. The suite runs on a TPU user's stack (scripts/test.sh installs it): without
+    it, a test of the pack next to torch_tpu would pass without checking anything, so it fails and says why,
+    unless TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT=1 asks to skip on purpose."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_tpu") is None:
+        if os.environ.get(TORCH_TPU_OPT_OUT) == "1":
+            pytest.skip(f"torch_tpu is not installed and {TORCH_TPU_OPT_OUT}=1")
+        pytest.fail(f"torch_tpu is not installed, but this test checks the pack against a TPU user's stack: "
+                    f"install it (EXTRAS=test bash scripts/setup_env.sh installs torch_tpu==0.2.0) or set "
+                    f"{TORCH_TPU_OPT_OUT}=1 to skip it on purpose.", pytrace=False)
+    import torch_tpu
+
+    return torch_tpu
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo(request):
     """No compile-tier test sees code an earlier one compiled (dynamo's caches are per process)."""

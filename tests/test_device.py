@@ -1,4 +1,3 @@
-import importlib.util
 import logging
 import os
 import subprocess
@@ -12,19 +11,6 @@ from runtime.handle import PipelineHandle
 from runtime.loading import load_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPT_OUT = "TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT"  # as in test_torch_tpu_contract.py: a stack without torch_tpu
-
-
-def require_torch_tpu():
-    """The suite runs on a TPU user's stack (scripts/test.sh installs torch_tpu): without it, a test of how
-    the pack behaves next to torch_tpu would pass without checking anything, so it fails and says why."""
-    if importlib.util.find_spec("torch_tpu") is None:
-        if os.environ.get(OPT_OUT) == "1":
-            pytest.skip(f"torch_tpu is not installed and {OPT_OUT}=1")
-        pytest.fail(f"torch_tpu is not installed, but this test checks the pack next to it, as on a TPU VM: "
-                    f"install it (EXTRAS=test bash scripts/setup_env.sh does) or set {OPT_OUT}=1.", pytrace=False)
-
-
 @pytest.mark.parametrize("row_dtype, loaded_dtype", [(None, torch.float32), ("bfloat16", torch.bfloat16)])
 def test_the_device_table_row_decides_the_dtype_an_auto_pipeline_loads_in(tiny, monkeypatch, row_dtype,
                                                                             loaded_dtype):
@@ -50,8 +36,7 @@ def fresh_detection():
     (True, None, "a TPU is on the PCI bus but TorchTPU did not register it"),
 ])
 def test_with_torch_tpu_and_no_usable_chip_the_log_says_why_and_falls_back(caplog, monkeypatch, fresh_detection,
-                                                                         on_pci_bus, autoload, why):
-    require_torch_tpu()
+                                                                         on_pci_bus, autoload, why, torch_tpu):
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: None)
     monkeypatch.setattr(device, "tpu_on_pci_bus", lambda: on_pci_bus)
     if autoload is None:
@@ -87,10 +72,9 @@ def test_metadata_server_query_is_skipped_only_without_a_tpu(monkeypatch):
 
 
 @pytest.mark.process
-def test_with_torch_tpu_installed_and_no_chip_autograd_does_not_hang():
+def test_with_torch_tpu_installed_and_no_chip_autograd_does_not_hang(torch_tpu):
     """As inside ComfyUI: torch is imported first, then the pack. Without the pack's env hygiene
     the first backward starts libtpu, which retries the metadata server for ~640 s."""
-    require_torch_tpu()
     if device.tpu_on_pci_bus():
         pytest.skip("this host has a TPU: the hang this guards against needs a host without one")
     script = (

@@ -12,7 +12,6 @@ set TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT=1 to skip them on purpose (e.g. a CUDA
 import importlib.util
 import inspect
 import mmap
-import os
 import re
 import subprocess
 import sys
@@ -24,8 +23,6 @@ from runtime.device import device_info, tpu_on_pci_bus
 from runtime.modes import execution_mode
 from runtime.specs import ExecutionMode
 
-OPT_OUT = "TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT"
-
 # Environment variables the pack sets for TorchTPU (compile caches, XLA options) and for libtpu.
 TORCH_TPU_ENV_NAMES = ("TORCH_TPU_TIER2_COMPILATION_CACHE", "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT",
                        "TORCH_TPU_INTERNAL_TIER3_COMPILATION_CACHE_LOCAL_BACKUP_TASK",
@@ -33,17 +30,7 @@ TORCH_TPU_ENV_NAMES = ("TORCH_TPU_TIER2_COMPILATION_CACHE", "TORCH_TPU_TIER3_COM
 LIBTPU_ENV_NAMES = ("TPU_SKIP_MDS_QUERY",)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def torch_tpu():
-    if importlib.util.find_spec("torch_tpu") is None:
-        if os.environ.get(OPT_OUT) == "1":
-            pytest.skip(f"torch_tpu is not installed and {OPT_OUT}=1")
-        pytest.fail(f"torch_tpu is not installed, but this suite checks the pack against a TPU user's stack: "
-                    f"install it (EXTRAS=test bash scripts/setup_env.sh installs torch_tpu==0.2.0) or set "
-                    f"{OPT_OUT}=1 to skip the contract on purpose.", pytrace=False)
-    import torch_tpu
-
-    return torch_tpu
+pytestmark = pytest.mark.usefixtures("torch_tpu")  # tests/conftest.py: fails clearly without torch_tpu
 
 
 @pytest.fixture(scope="module")
