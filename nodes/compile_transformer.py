@@ -10,7 +10,8 @@ from comfy_api.latest import io
 from ..runtime.compile_cache import parse_sizes
 from ..runtime.families import family_for
 from ..runtime.specs import CompileScope, CompileSpec, ExecutionMode
-from ..runtime.sampling import validate_size
+from ..runtime.errors import UserInputError
+from ..runtime.sampling import size_problem, validate_size
 from .types import CATEGORY, TPUPipeline
 
 
@@ -48,9 +49,6 @@ class TPUCompileTransformer(io.ComfyNode):
         """Checked when the prompt is queued, so bad warm-up sizes are refused on this node before any
         node runs; execute checks them again with the model's own rule. Fed by a link: None, checked
         when the node runs."""
-        from ..runtime.errors import UserInputError
-        from ..runtime.sampling import size_problem
-
         if warmup_sizes is None:
             return True
         try:
