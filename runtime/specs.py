@@ -80,3 +80,12 @@ class MeshSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "workers", Workers(self.workers))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    path: str  # absolute path of a LoRA file inside ComfyUI's models/loras
+    strength: float = 1.0  # 0 leaves the base weights exactly as they are
+
+    def __post_init__(self):
+        object.__setattr__(self, "strength", float(self.strength))
