@@ -19,6 +19,7 @@ from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
+from .lora import apply_loras
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .preview import PreviewSpec
 from .sampling import SampleRequest, check_host_memory, run_pipeline, validate_request
@@ -97,6 +98,8 @@ class Engine:
         device = resolve_device(handle.device)
         with outside_inference_mode():  # weights loaded under inference mode would be inference tensors
             entry, loaded = self.cache.get(handle, device, on_progress)
+            # fused in place, before compiling: a compiled transformer keeps its graphs (only weight values change)
+            apply_loras(entry.pipe, handle.loras, entry.lora, on_progress)  # its notes stay in entry.lora.notes
         self._apply_compile(entry, handle, device)
         return entry, device, loaded
 
@@ -110,12 +113,18 @@ class Engine:
         notes = []
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
+        if handle.mesh is not None and handle.loras:
+            raise UserInputError(
+                "LoRAs are not supported with a TP Mesh yet: the sharded transformer's weights are DTensors split "
+                "over the ranks, and diffusers' LoRA loading and fusing handles only whole weights. Remove the "
+                "LoRAs, or remove the TP Mesh to run them in this process.")
         if handle.mesh is not None and self.workers is not None:
             return self._generate_on_workers(handle, request, notes, on_progress, preview)
         self._free_chips_for_this_process(handle)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
         load_seconds = time.perf_counter() - start
+        notes += entry.lora.notes
 
         grad_modes = set()
 

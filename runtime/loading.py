@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable
 from .device import DeviceInfo, empty_cache
 from .errors import ModelLoadError, UserInputError
 from .families import family_for
+from .lora import LoraState
 from .specs import Placement
 
 if TYPE_CHECKING:  # handle.py imports the mesh spec, which uses this module
@@ -267,6 +268,7 @@ class LoadedPipeline:
 
     pipe: object
     compiled: object = None  # compile_cache.CompileState while the transformer is compiled
+    lora: LoraState = dataclasses.field(default_factory=LoraState)  # the LoRAs fused into its weights now
 
 
 @dataclasses.dataclass

@@ -1,0 +1,277 @@
+"""LoRAs fused into a loaded pipeline's weights, switched without reloading or recompiling.
+
+The handle's LoRAs are not part of its load key: the cached base pipeline is reused and the LoRAs are
+applied onto it. diffusers does the reading and converting (`load_lora_weights` knows the diffusers,
+kohya, ComfyUI and BFL layouts); here each LoRA is injected, weighted with its strength, fused into the
+base weights, and the peft layers are removed again (`fuse_lora`, `unload_lora_weights`). So a LoRA adds
+no per-step cost, and the transformer has its original module structure: a compiled transformer keeps
+its compiled graphs, as only weight values change, in place.
+
+Before a layer's weights are first changed, they are copied to the CPU once; switching LoRAs copies them
+back (an exact restore, not unfuse arithmetic), so strength 0 or no LoRA gives the base image bit for bit.
+On any error the pipeline is left as the base.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+
+from .errors import UserInputError
+from .specs import LoraSpec
+
+log = logging.getLogger("tpu_diffusers")
+
+LORA_KEY = re.compile(r"(^|\.)(lora_A|lora_B|lora_down|lora_up)(\.|$)|\.alpha$")
+_LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
+ADAPTER_PREFIX = "tpu_diffusers_lora_"
+
+
+@dataclasses.dataclass
+class LoraState:
+    """What is applied to one loaded pipeline, and the base values of every weight a LoRA changed."""
+
+    applied: tuple[LoraSpec, ...] = ()
+    # "component.module.param" -> (the parameter, its base value on the CPU), copied once, before the first change
+    backups: dict[str, tuple[object, object]] = dataclasses.field(default_factory=dict)
+    changed: set[str] = dataclasses.field(default_factory=set)  # the backups whose parameter now differs from it
+    notes: tuple[str, ...] = ()  # for the run info of every run with these LoRAs
+
+
+def check_lora_file(path: str) -> None:
+    """Header-only check (for queue time): a readable safetensors file with LoRA-looking keys."""
+    name = os.path.basename(path)
+    if not path.lower().endswith(".safetensors"):
+        raise UserInputError(f"LoRA '{name}' is not a .safetensors file; only safetensors LoRAs are loaded (other "
+                             "formats can run code when read). Get or convert the LoRA to .safetensors.")
+    if not os.path.isfile(path):
+        raise UserInputError(f"LoRA file '{path}' does not exist; pick a LoRA from the list again.")
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            keys = list(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserInputError(f"LoRA '{name}' is not a readable safetensors file, it is truncated or corrupt ({e}); "
+                             "download it again.") from e
+    if not any(LORA_KEY.search(key) for key in keys):
+        raise UserInputError(f"'{name}' holds no LoRA weights (no lora_A/lora_B/lora_down/lora_up/alpha keys among "
+                             f"its {len(keys)} tensors); is it a full model? Full models go in models/diffusion_models "
+                             "or models/checkpoints, LoRAs in models/loras.")
+
+
+def _read(path: str) -> dict:
+    """All tensors of a LoRA file; a file the header check passed may still be cut short in its data."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UserInputError(f"LoRA '{os.path.basename(path)}' could not be read, it is truncated or corrupt ({e}); "
+                             "download it again.") from e
+
+
+def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:
+    """Make `pipe` the base with `loras` fused in, in order; returns notes for the run info.
+
+    Nothing happens when they are what is applied already. Otherwise the base weights are restored,
+    then each LoRA with a strength other than 0 is loaded by diffusers, weighted, fused and unloaded.
+    On any error the pipeline is left as the base and a UserInputError names the file and what to do.
+    """
+    loras = tuple(loras)
+    if loras == state.applied:
+        return list(state.notes)
+    active = [(index, lora) for index, lora in enumerate(loras) if lora.strength != 0]
+    for _, lora in active:
+        check_lora_file(lora.path)  # before anything changes
+    with _offload_removed(pipe):
+        _restore(state)
+        state.applied, state.notes = (), ()
+        if not active:
+            notes = [f"LoRA: {_name(lora)} @ 0 (strength 0: not applied)" for lora in loras]
+        else:
+            try:
+                notes = _fuse(pipe, loras, active, state, on_progress)
+            except BaseException:
+                _unload(pipe)
+                _restore(state)
+                raise
+    state.applied, state.notes = loras, tuple(notes)
+    return notes
+
+
+def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
+    import torch
+
+    names, layers = [], {}
+    for done, (index, lora) in enumerate(active):
+        if on_progress:
+            on_progress(done, len(active), f"LoRA {_name(lora)}")
+        adapter = f"{ADAPTER_PREFIX}{index}"
+        expected = _check_fits(pipe, lora)
+        try:
+            pipe.load_lora_weights(os.path.dirname(lora.path), weight_name=os.path.basename(lora.path),
+                                   adapter_name=adapter)
+        except (ValueError, RuntimeError, KeyError, AssertionError, TypeError) as e:
+            raise UserInputError(f"LoRA '{_name(lora)}' could not be loaded into this {type(pipe).__name__} "
+                                 f"({type(e).__name__}: {_first_line(e)}); is it a LoRA for this model? Pick one "
+                                 "made for it, or remove it.") from e
+        injected = _injected(pipe, adapter)
+        if not injected or injected.keys() != expected:
+            missing = sorted(expected - injected.keys())
+            raise UserInputError(
+                f"LoRA '{_name(lora)}' matches {'no' if not injected else 'not every'} layer of this "
+                f"{type(pipe).__name__} ({len(injected)} of {len(expected)} layers"
+                f"{', e.g. not ' + missing[0] if missing else ''}); it is a LoRA for another model. "
+                "Pick one made for this model, or remove it.")
+        _back_up(injected, state)
+        names.append(adapter)
+        layers[index] = len(injected)
+    if on_progress:
+        on_progress(len(active), len(active), "fusing LoRAs")
+    strengths = [lora.strength for _, lora in active]
+    loaded = [c for c in pipe._lora_loadable_modules
+              if isinstance(getattr(pipe, c, None), torch.nn.Module) and _has_adapters(getattr(pipe, c))]
+    pipe.set_adapters(names, strengths)
+    pipe.fuse_lora(components=loaded, lora_scale=1.0, adapter_names=names)
+    _unload(pipe)
+    notes = []
+    for index, lora in enumerate(loras):
+        if index in layers:
+            notes.append(f"LoRA: {_name(lora)} @ {lora.strength:g} (fused, {layers[index]} layers)")
+        else:
+            notes.append(f"LoRA: {_name(lora)} @ 0 (strength 0: not applied)")
+    return notes
+
+
+def _check_fits(pipe, lora: LoraSpec) -> set[str]:
+    """The layers ("component.module") the LoRA changes, as diffusers converts it; refused before anything
+    is injected when one is not in this pipeline or has other widths (diffusers would widen a FLUX.1
+    layer for a wider LoRA, which changes the model: a control LoRA, or a LoRA for another model)."""
+    import torch
+
+    try:
+        converted = pipe.lora_state_dict(_read(lora.path))
+    except UserInputError:
+        raise
+    except (ValueError, RuntimeError, KeyError, AssertionError, TypeError, IndexError) as e:
+        raise UserInputError(f"LoRA '{_name(lora)}' is not in a layout diffusers can read for a "
+                             f"{type(pipe).__name__} ({type(e).__name__}: {_first_line(e)}); is it a LoRA for this "
+                             "model? Pick one made for it, or remove it.") from e
+    if isinstance(converted, tuple):
+        converted = converted[0]
+    wanted = {}
+    for key, value in converted.items():
+        match = _LAYER.match(key)
+        if match:
+            wanted.setdefault(match[1], {})[match[2]] = value
+    misfits = []
+    for layer, parts in sorted(wanted.items()):
+        component, _, path = layer.partition(".")
+        model = getattr(pipe, component, None) if component in pipe._lora_loadable_modules else None
+        try:
+            module = model.get_submodule(path) if isinstance(model, torch.nn.Module) else None
+        except AttributeError:
+            module = None
+        if module is None:
+            misfits.append(f"{layer} is not in this pipeline")
+        elif isinstance(module, torch.nn.Linear) and "lora_A" in parts and "lora_B" in parts and (
+                parts["lora_A"].shape[-1] != module.in_features or parts["lora_B"].shape[0] != module.out_features):
+            misfits.append(f"{layer} is {module.in_features}->{module.out_features} here, "
+                           f"{parts['lora_A'].shape[-1]}->{parts['lora_B'].shape[0]} in the LoRA")
+    if not wanted:
+        raise UserInputError(f"LoRA '{_name(lora)}' has no layers diffusers can apply to a {type(pipe).__name__}; "
+                             "it is a LoRA for another model. Pick one made for this model, or remove it.")
+    if misfits:
+        raise UserInputError(f"LoRA '{_name(lora)}' does not fit this {type(pipe).__name__}: {len(misfits)} of its "
+                             f"{len(wanted)} layers do not match ({misfits[0]}); it is a LoRA for another model. "
+                             "Pick one made for this model, or remove it.")
+    return set(wanted)
+
+
+def _lora_layers(pipe):
+    """(component, module name, peft layer) of every peft layer in the pipeline's LoRA-loadable components."""
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for component in pipe._lora_loadable_modules:
+        model = getattr(pipe, component, None)
+        if isinstance(model, torch.nn.Module):
+            for name, module in model.named_modules():
+                if isinstance(module, BaseTunerLayer):
+                    yield component, name, module
+
+
+def _has_adapters(model) -> bool:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(module, BaseTunerLayer) for module in model.modules())
+
+
+def _injected(pipe, adapter: str) -> dict[str, object]:
+    """"component.module" -> peft layer, for the layers that hold `adapter`."""
+    return {f"{component}.{name}": layer for component, name, layer in _lora_layers(pipe)
+            if adapter in getattr(layer, "lora_A", {})}
+
+
+def _back_up(injected: dict[str, object], state: LoraState) -> None:
+    """Copy the base weights of the injected layers to the CPU, once per parameter, before they are fused."""
+    for layer_name, layer in injected.items():
+        for param_name, param in layer.get_base_layer().named_parameters(recurse=False):
+            key = f"{layer_name}.{param_name}"
+            if key not in state.backups:
+                state.backups[key] = (param, param.detach().to("cpu", copy=True))
+            state.changed.add(key)
+
+
+def _restore(state: LoraState) -> None:
+    """Copy the base values back into every parameter a LoRA changed, in place (compiled code stays valid)."""
+    import torch
+
+    with torch.no_grad():
+        for key in sorted(state.changed):
+            param, base = state.backups[key]
+            param.data.copy_(base)
+    state.changed.clear()
+
+
+def _unload(pipe) -> None:
+    """Remove every peft layer (fused or not): the modules are the original ones again."""
+    if any(True for _ in _lora_layers(pipe)):
+        pipe.unload_lora_weights()
+    for _, _, layer in _lora_layers(pipe):  # unload_lora_weights skips models that are not diffusers or transformers
+        raise RuntimeError(f"peft layer {type(layer).__name__} left after unloading LoRAs")
+    pipe._merged_adapters = set()  # diffusers' record of fused adapters (a class-level default otherwise)
+
+
+@contextlib.contextmanager
+def _offload_removed(pipe):
+    """Model CPU offload's hooks off around the LoRA work, and back on with the pipeline's own device.
+    (diffusers would re-enable them itself, but on its default accelerator, which is not ours on a TPU
+    or on the CPU.)"""
+    import torch
+
+    hooked = any(hasattr(module, "_hf_hook") for module in pipe.components.values()
+                 if isinstance(module, torch.nn.Module))
+    device = getattr(pipe, "_offload_device", None)
+    if not hooked or device is None:
+        yield
+        return
+    pipe.remove_all_hooks()
+    try:
+        yield
+    finally:
+        pipe.enable_model_cpu_offload(device=device)
+
+
+def _name(lora: LoraSpec) -> str:
+    return os.path.basename(lora.path)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
