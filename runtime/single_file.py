@@ -1,0 +1,423 @@
+"""Load pipeline components from ComfyUI-style single weight files.
+
+ComfyUI users keep models as single files: a diffusion model (`models/diffusion_models`, legacy `unet`),
+text encoders (`models/text_encoders`, legacy `clip`), a VAE (`models/vae`) or an all-in-one checkpoint
+(`models/checkpoints`). Weights come from those files; configs, tokenizers and the scheduler come from a
+diffusers folder (or hub repo) of the same family, `config_folder`. Transformers and VAEs are converted by
+diffusers' own single-file converters (BFL, Comfy-Org and Stability layouts); text encoders are already in
+transformers' key layout and load with transformers' own classes.
+
+Everything a user can get wrong is checked from the safetensors header alone (`pipeline_class_of`,
+`check_file_for_slot`), so the Loader node can refuse a wrong file at queue time without reading tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .errors import ModelLoadError, UserInputError
+from .families import FAMILIES
+
+SUPPORTED_FORMATS = "safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8)"
+
+# Key fragments that only bitsandbytes (NF4/FP4/int8) quantized files carry.
+BNB_MARKERS = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", "quant_state", ".SCB")
+# ComfyUI's per-layer quantization formats that are plain scaled fp8 (weight = stored * weight_scale).
+FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
+
+# ---------------------------------------------------------------------------------------- file kinds
+# What a file is, told by one key it must carry (after any checkpoint prefix is removed). The first kind
+# with a matching key wins, so more specific kinds come first (FLUX.2 also has FLUX.1's double blocks, and
+# Qwen2.5-VL's attention has biases that Mistral's lacks). Each kind lists its original layout's key first,
+# then the diffusers/transformers layout's. The transformer keys are diffusers' own detection keys.
+def _diffusers_keys(name: str) -> tuple[str, ...]:
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
+
+    keys = CHECKPOINT_KEY_NAMES[name]
+    return tuple(k for k in ([keys] if isinstance(keys, str) else keys) if not k.startswith("model.diffusion_model."))
+
+
+FILE_KINDS = (  # (kind, what it is in words, identifying keys: any one of them)
+    ("flux2_transformer", "a FLUX.2 diffusion model", lambda: _diffusers_keys("flux2") + (
+        "single_stream_modulation.linear.weight",)),
+    ("flux_transformer", "a FLUX.1 diffusion model", lambda: _diffusers_keys("flux") + (
+        "single_transformer_blocks.0.proj_mlp.weight",)),
+    ("sd3_transformer", "an SD3/SD3.5 diffusion model", lambda: _diffusers_keys("sd3") + ("pos_embed.proj.weight",)),
+    ("qwenimage_transformer", "a QwenImage diffusion model", lambda: ("transformer_blocks.0.img_mod.1.weight",)),
+    ("flux2_vae", "a FLUX.2 VAE", lambda: ("bn.running_mean",)),
+    ("wan_vae", "a Wan 2.1 / QwenImage VAE", lambda: (
+        "decoder.middle.0.residual.0.gamma", "decoder.mid_block.resnets.0.residual.0.gamma")),
+    ("kl_vae", "a FLUX.1/SD3 VAE", lambda: ("encoder.down.0.block.0.conv1.weight",
+                                             "encoder.down_blocks.0.resnets.0.conv1.weight")),
+    ("clip", "a CLIP text encoder", lambda: ("text_model.embeddings.position_embedding.weight",)),
+    ("t5", "a T5 text encoder", lambda: ("encoder.block.0.layer.0.SelfAttention.q.weight",)),
+    ("qwen25vl", "a Qwen2.5-VL text encoder", lambda: (
+        "model.layers.0.self_attn.q_proj.bias", "model.language_model.layers.0.self_attn.q_proj.bias")),
+    ("mistral3", "a Mistral 3 text encoder", lambda: (
+        "language_model.model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.q_proj.weight")),
+)
+KIND_WORDS = {kind: words for kind, words, _ in FILE_KINDS}
+
+# The kind of file each component slot of each family takes.
+SLOTS = {
+    "FluxPipeline": {"transformer": "flux_transformer", "vae": "kl_vae", "text_encoder": "clip", "text_encoder_2": "t5"},
+    "StableDiffusion3Pipeline": {"transformer": "sd3_transformer", "vae": "kl_vae", "text_encoder": "clip",
+                                 "text_encoder_2": "clip", "text_encoder_3": "t5"},
+    "Flux2Pipeline": {"transformer": "flux2_transformer", "vae": "flux2_vae", "text_encoder": "mistral3"},
+    "QwenImagePipeline": {"transformer": "qwenimage_transformer", "vae": "wan_vae", "text_encoder": "qwen25vl"},
+}
+PIPELINE_OF_TRANSFORMER = {slots["transformer"]: cls for cls, slots in SLOTS.items()}
+
+# Prefixes of the parts of ComfyUI/Stability all-in-one checkpoints. Text encoders are named by model
+# (clip_l, clip_g, t5xxl); which pipeline component each fills depends on the family.
+TRANSFORMER_PREFIX = "model.diffusion_model."
+VAE_PREFIXES = ("first_stage_model.", "vae.")
+TEXT_ENCODER_PREFIXES = {
+    "FluxPipeline": {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.t5xxl.transformer."},
+    "StableDiffusion3Pipeline": {"text_encoder": "text_encoders.clip_l.transformer.",
+                                 "text_encoder_2": "text_encoders.clip_g.transformer.",
+                                 "text_encoder_3": "text_encoders.t5xxl.transformer."},
+}
+
+# diffusers' model types (single_file_utils.infer_diffusers_model_type) of each family; a detected type
+# outside these (e.g. a tiny test model that diffusers cannot size) falls back to the family's default repo.
+MODEL_TYPES = {
+    "FluxPipeline": ("flux-dev", "flux-schnell", "flux-fill", "flux-depth"),
+    "StableDiffusion3Pipeline": ("sd3", "sd35_large", "sd35_medium"),
+    "Flux2Pipeline": ("flux-2-dev",),
+    "QwenImagePipeline": (),
+}
+DEFAULT_REPOS = {
+    "FluxPipeline": "black-forest-labs/FLUX.1-dev",
+    "StableDiffusion3Pipeline": "stabilityai/stable-diffusion-3.5-medium",
+    "Flux2Pipeline": "black-forest-labs/FLUX.2-dev",
+    "QwenImagePipeline": "Qwen/Qwen-Image",
+}
+
+# The small files of a diffusers repo that a single-file load needs: configs, tokenizers, scheduler.
+CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "tokenizer*", "*/tokenizer*"]
+
+# Keys a text-encoder file may carry that the transformers class does not keep (buffers, CLIP's logit scale,
+# a projection CLIPTextModel has no use for), and parts a text-to-image pipeline never runs, so a file
+# without them (ComfyUI's text-only Mistral/Qwen files) still loads. Everything else must match exactly.
+IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight")
+UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
+
+
+# -------------------------------------------------------------------------------------------- reading
+def _is_gguf(path: str) -> bool:
+    if path.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _open(path: str):
+    """safe_open with the errors a user can act on: wrong format, missing, truncated or corrupt."""
+    from safetensors import SafetensorError, safe_open
+
+    name = os.path.basename(path)
+    if _is_gguf(path):
+        raise UserInputError(f"'{name}' is a GGUF file, which TPU Diffusers does not support; supported are "
+                             f"{SUPPORTED_FORMATS}. Pick the safetensors version of this model.")
+    if not os.path.isfile(path):
+        raise UserInputError(f"weights file '{path}' does not exist; pick another file.")
+    try:
+        return safe_open(path, "pt")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
+
+
+def _refuse_quantized(name: str, keys) -> None:
+    bad = next((k for k in keys if any(m in k for m in BNB_MARKERS)), None)
+    if bad is not None:
+        raise UserInputError(f"'{name}' is quantized with bitsandbytes (NF4/int8: it has '{bad}'), which TPU "
+                             f"Diffusers does not support; supported are {SUPPORTED_FORMATS}. "
+                             "Pick a bf16, fp16 or fp8 version of this model.")
+
+
+def _layer_formats(f, keys) -> dict[str, str]:
+    """{layer: quantization format} of ComfyUI's newer per-layer format: a '<layer>.comfy_quant' uint8
+    tensor holding JSON, or the same in the '_quantization_metadata' header entry."""
+    formats = {}
+    meta = (f.metadata() or {}).get("_quantization_metadata")
+    if meta:
+        for layer, conf in json.loads(meta).get("layers", {}).items():
+            formats[layer] = conf.get("format") if isinstance(conf, dict) else conf
+    for k in keys:
+        if k.endswith(".comfy_quant"):
+            conf = json.loads(bytes(f.get_tensor(k).tolist()).decode("utf-8"))
+            formats[k[: -len(".comfy_quant")]] = conf.get("format")
+    return formats
+
+
+def read_weights(path: str, dtype) -> dict:
+    """All tensors of a .safetensors file as `dtype`, read tensor by tensor.
+
+    fp8 tensors are upcast. ComfyUI's scaled fp8 is de-scaled (weight * scale) and its scale and marker
+    keys dropped: the older format has a `scaled_fp8` marker and `<layer>.scale_weight` (and
+    `.scale_input`); the newer one has `<layer>.weight_scale` (and `.input_scale`) with the layer's format
+    in `<layer>.comfy_quant` or the `_quantization_metadata` header entry. Other quantizations (GGUF,
+    bitsandbytes NF4, ComfyUI's nvfp4/int8) are refused with a message saying what is supported.
+    """
+    import torch
+    from safetensors import SafetensorError
+
+    name = os.path.basename(path)
+    with _open(path) as f:
+        keys = list(f.keys())
+        _refuse_quantized(name, keys)
+        formats = _layer_formats(f, keys)
+        unsupported = sorted({fmt for fmt in formats.values() if fmt not in FP8_FORMATS})
+        if unsupported:
+            raise UserInputError(f"'{name}' is quantized as {', '.join(map(str, unsupported))}, which TPU Diffusers "
+                                 f"does not support; supported are {SUPPORTED_FORMATS}.")
+        dropped = ("scaled_fp8", ".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
+        out = {}
+        try:
+            for k in keys:
+                if k == "scaled_fp8" or k.endswith(dropped):
+                    continue
+                tensor = f.get_tensor(k)
+                layer = k[: -len(".weight")] if k.endswith(".weight") else None
+                scale_key = next((s for s in (f"{layer}.scale_weight", f"{layer}.weight_scale") if s in keys), None) \
+                    if layer is not None else None
+                if scale_key is not None:
+                    scale = f.get_tensor(scale_key).to(torch.float32)
+                    if scale.numel() != 1:
+                        raise UserInputError(f"'{name}' scales '{k}' per block, which TPU Diffusers does not support; "
+                                             f"supported are {SUPPORTED_FORMATS}.")
+                    tensor = tensor.to(torch.float32) * scale
+                out[k] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        except SafetensorError as e:
+            raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
+    return out
+
+
+# ---------------------------------------------------------------------------------- header-only checks
+class HeaderView:
+    """The keys and shapes of a safetensors file, read from its header only. Quacks like a state dict
+    enough for diffusers' `infer_diffusers_model_type` (`in`, iteration, `[key].shape`)."""
+
+    class _Shape:
+        def __init__(self, shape):
+            self.shape = tuple(shape)
+
+    def __init__(self, path: str):
+        self.path = path
+        self.name = os.path.basename(path)
+        with _open(path) as f:
+            self._keys = list(f.keys())
+            self._shapes = {k: f.get_slice(k).get_shape() for k in self._keys}
+        _refuse_quantized(self.name, self._keys)
+
+    def __contains__(self, key):
+        return key in self._shapes
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def keys(self):
+        return list(self._keys)
+
+    def __getitem__(self, key):
+        return self._Shape(self._shapes[key])
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+def _header(path) -> HeaderView:
+    return path if isinstance(path, HeaderView) else HeaderView(path)
+
+
+def _kind(header: HeaderView, prefix: str = "") -> str | None:
+    for kind, _, keys in FILE_KINDS:
+        if any(prefix + k in header for k in keys()):
+            return kind
+    return None
+
+
+def _supported_families() -> str:
+    return ", ".join(f"{FAMILIES[c].name} ({c})" for c in SLOTS)
+
+
+def pipeline_class_of(path) -> str:
+    """The pipeline class a diffusion-model or all-in-one checkpoint file belongs to."""
+    header = _header(path)
+    prefix = TRANSFORMER_PREFIX if any(k.startswith(TRANSFORMER_PREFIX) for k in header) else ""
+    kind = _kind(header, prefix)
+    if kind not in PIPELINE_OF_TRANSFORMER:
+        what = f"it is {KIND_WORDS[kind]}" if kind else "it is no diffusion model TPU Diffusers knows"
+        raise UserInputError(f"'{header.name}' is not a diffusion model of a supported family ({what}). "
+                             f"Supported: {_supported_families()}.")
+    return PIPELINE_OF_TRANSFORMER[kind]
+
+
+def components_in_checkpoint(path, pipeline_class: str | None = None) -> dict[str, str]:
+    """{component: key prefix} of the parts an all-in-one checkpoint carries (transformer, vae,
+    text_encoder, text_encoder_2, text_encoder_3); empty for a file of one component without prefixes."""
+    header = _header(path)
+    keys = header.keys()
+    found = {}
+    if any(k.startswith(TRANSFORMER_PREFIX) for k in keys):
+        found["transformer"] = TRANSFORMER_PREFIX
+        pipeline_class = pipeline_class or pipeline_class_of(header)
+    vae = next((p for p in VAE_PREFIXES if any(k.startswith(p) for k in keys)), None)
+    if vae:
+        found["vae"] = vae
+    for component, prefix in TEXT_ENCODER_PREFIXES.get(pipeline_class, {}).items():
+        if any(k.startswith(prefix) for k in keys):
+            found[component] = prefix
+    return found
+
+
+def _prefix_for(header: HeaderView, component: str, pipeline_class: str) -> str:
+    return components_in_checkpoint(header, pipeline_class).get(component, "")
+
+
+def check_file_for_slot(path, component: str, pipeline_class: str) -> str:
+    """Refuse a file that cannot fill `component` of a `pipeline_class` pipeline (a text encoder in the VAE
+    slot, a T5 where CLIP goes, a FLUX.1 model picked for SD3, a truncated file); returns the key prefix of
+    that component inside the file ('' unless it is an all-in-one checkpoint)."""
+    header = _header(path)
+    slots = SLOTS.get(pipeline_class)
+    if slots is None:
+        raise UserInputError(f"'{pipeline_class}' cannot load single files. Supported: {_supported_families()}.")
+    if component not in slots:
+        raise UserInputError(f"{FAMILIES[pipeline_class].name} has no '{component}' to load from a file; "
+                             f"it takes {', '.join(slots)}.")
+    want = slots[component]
+    prefix = _prefix_for(header, component, pipeline_class)
+    parts = components_in_checkpoint(header, pipeline_class)
+    if parts and component not in parts:
+        raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({KIND_WORDS[want]}); it carries "
+                             f"{', '.join(parts)}. Pick a separate {KIND_WORDS[want]} file for {component}.")
+    got = _kind(header, prefix)
+    if got != want:
+        what = KIND_WORDS[got] if got else "no model TPU Diffusers recognises"
+        raise UserInputError(f"'{header.name}' is {what}, but {component} of {FAMILIES[pipeline_class].name} needs "
+                             f"{KIND_WORDS[want]}. Pick the right file for {component}.")
+    return prefix
+
+
+def default_config_repo(path) -> str:
+    """diffusers' own default repo (DIFFUSERS_DEFAULT_PIPELINE_PATHS) for the model a file holds, where
+    configs and tokenizers can come from; the family's main repo when diffusers cannot tell."""
+    from diffusers.loaders.single_file_utils import DIFFUSERS_DEFAULT_PIPELINE_PATHS, infer_diffusers_model_type
+
+    header = _header(path)
+    pipeline_class = pipeline_class_of(header)
+    try:
+        model_type = infer_diffusers_model_type(header)
+    except (KeyError, ValueError, AttributeError, TypeError):
+        model_type = None
+    if model_type in MODEL_TYPES[pipeline_class]:
+        return DIFFUSERS_DEFAULT_PIPELINE_PATHS[model_type]["pretrained_model_name_or_path"]
+    return DEFAULT_REPOS[pipeline_class]
+
+
+# ------------------------------------------------------------------------------------- config folder
+def config_folder(source: str) -> str:
+    """Where configs, tokenizers and the scheduler come from: a local folder as is; for a hub id only its
+    small files, downloaded (or found in the local Hugging Face cache when offline)."""
+    if os.path.isabs(source):
+        if not os.path.isfile(os.path.join(source, "model_index.json")):
+            raise UserInputError(f"'{source}' is not a diffusers folder (it has no model_index.json) to take "
+                                 "configs and tokenizers from.")
+        return source
+    from .loading import check_hub_id
+
+    check_hub_id(source)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(source, allow_patterns=CONFIG_PATTERNS)
+    except Exception as e:  # offline and not cached, gated, no network: all need the same fix
+        name = source.split("/")[-1]
+        raise UserInputError(
+            f"the configs and tokenizers of '{source}' are not in the local Hugging Face cache and cannot be "
+            f"downloaded here ({type(e).__name__}). Fetch just those small files where there is network: "
+            f"`hf download {source} --exclude \"*.safetensors\" \"*.bin\" \"*.pth\" "
+            f"--local-dir ComfyUI/models/diffusers/{name}` (gated repos need `hf auth login` first), then pick "
+            f"that folder as the config source.") from e
+
+
+# ----------------------------------------------------------------------------------------- loading
+def _converted_vae(cls_name: str, weights: dict, config: dict) -> dict:
+    """VAEs whose diffusers class has no single-file support: FLUX.2's is FLUX.1's LDM layout plus a
+    batch norm; QwenImage's is Wan 2.1's layout."""
+    from diffusers.loaders import single_file_utils as sfu
+
+    if cls_name == "AutoencoderKLFlux2":
+        out = sfu.convert_ldm_vae_checkpoint(weights, config)
+        out.update({k: v for k, v in weights.items() if k.startswith("bn.")})
+        return out
+    return sfu.convert_wan_vae_to_diffusers(weights)
+
+
+def _load_diffusers(name, cls, weights, folder, dtype):
+    import torch
+    from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class
+
+    if _get_single_file_loadable_mapping_class(cls) is not None:
+        # diffusers converts the original layout; it pops keys from the dict it gets, so it gets a copy.
+        model = cls.from_single_file(dict(weights), config=folder, subfolder=name, torch_dtype=dtype,
+                                     local_files_only=True)
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        unexpected = []
+    else:
+        config = cls.load_config(folder, subfolder=name, local_files_only=True)
+        model = cls.from_config(config)
+        expected = set(model.state_dict())
+        state = weights if expected <= set(weights) else _converted_vae(cls.__name__, dict(weights), config)
+        result = model.load_state_dict(state, strict=False)
+        missing, unexpected = result.missing_keys, result.unexpected_keys
+        model.to(dtype)
+    return model, missing, unexpected, []
+
+
+def _load_transformers(name, cls, weights, folder, dtype):
+    config = cls.config_class.from_pretrained(os.path.join(folder, name))
+    model, info = cls.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, output_loading_info=True)
+    missing = [k for k in info["missing_keys"] if not k.startswith(UNUSED_PARTS)]
+    unexpected = [k for k in info["unexpected_keys"] if not k.endswith(IGNORED_UNEXPECTED)]
+    return model, missing, unexpected, sorted(info["mismatched_keys"])
+
+
+def load_component(name: str, cls, path: str, config_folder: str, dtype, weights_cache: dict):
+    """Load pipeline component `name` (class `cls`) with weights from the single file `path` and its config
+    from `config_folder/<name>`. `weights_cache` ({path: state dict}) lets one read of an all-in-one
+    checkpoint serve all its components; the caller drops it when the pipeline is built."""
+    import torch
+
+    with open(os.path.join(config_folder, "model_index.json")) as f:
+        pipeline_class = json.load(f)["_class_name"]
+    prefix = check_file_for_slot(path, name, pipeline_class)
+    if path not in weights_cache:
+        weights_cache[path] = read_weights(path, dtype)
+    weights = weights_cache[path]
+    if prefix:
+        weights = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    file = os.path.basename(path)
+    want = KIND_WORDS[SLOTS[pipeline_class][name]]
+    loader = _load_transformers if cls.__module__.startswith("transformers") else _load_diffusers
+    try:
+        model, missing, unexpected, mismatched = loader(name, cls, weights, config_folder, dtype)
+    except (RuntimeError, ValueError, KeyError, IndexError) as e:  # shape mismatches, missing converter keys
+        raise ModelLoadError(f"'{file}' is not {want} for {FAMILIES[pipeline_class].name} as "
+                             f"'{os.path.basename(config_folder)}' describes it ({type(e).__name__}: {e}).") from e
+    problems = [(what, keys) for what, keys in (("missing", missing), ("unexpected", unexpected),
+                                                ("of another shape", mismatched)) if keys]
+    if problems:
+        detail = "; ".join(f"{len(keys)} {what} (e.g. {sorted(keys)[0]})" for what, keys in problems)
+        raise ModelLoadError(f"'{file}' is not {want} for {FAMILIES[pipeline_class].name} as "
+                             f"'{os.path.basename(config_folder)}' describes it: weights {detail}.")
+    if isinstance(model, torch.nn.Module):
+        model.eval().requires_grad_(False)
+    return model

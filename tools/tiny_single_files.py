@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Write ComfyUI-style single weight files from a tiny diffusers folder (tools/tiny_models.py), for tests.
+
+The files use the real layouts and the usual names, so the loader meets what users download:
+  FLUX.1 (Comfy-Org): flux1-dev.safetensors (BFL layout), clip_l.safetensors, t5xxl_fp16.safetensors,
+                      t5xxl_fp8_e4m3fn_scaled.safetensors (ComfyUI's scaled fp8), ae.safetensors (LDM VAE)
+  SD3.5 (Stability):  sd3.5_medium.safetensors (all-in-one, with T5), sd3.5_medium_no_t5.safetensors,
+                      clip_l.safetensors, clip_g.safetensors, t5xxl_fp16.safetensors
+  FLUX.2 (Comfy-Org): flux2_dev.safetensors (BFL layout), mistral_3_small_flux2.safetensors, flux2-vae.safetensors
+  QwenImage:          qwen_image.safetensors, qwen_2.5_vl_7b.safetensors (both already in diffusers' /
+                      transformers' key layout, as Comfy-Org ships them)
+
+diffusers has converters from these layouts but none back, so the inverse key mappings below are written
+here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
+weights. Text encoders are stored as transformers saves them (ComfyUI's files use that layout).
+
+diffusers' FLUX.1 BFL converter hard-codes FLUX's width (3072), so `flux1_wide(out)` builds a FLUX.1-dev
+folder whose transformer has the real width with one double and one single block (bf16, ~1 GB), and tiny
+text encoders and VAE.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def folder_weights(folder, component: str) -> dict:
+    """The state dict of one component of a diffusers folder (all its safetensors shards)."""
+    out = {}
+    for f in sorted(Path(folder, component).glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _swap_halves(t):
+    """BFL/SD3 store the final modulation as (shift, scale), diffusers as (scale, shift)."""
+    a, b = t.chunk(2, dim=0)
+    return torch.cat([b, a], dim=0)
+
+
+# --------------------------------------------------------------------------------------- VAE (LDM)
+VAE_RULES = [  # diffusers key pattern -> LDM key, applied in order (the first match wins)
+    (r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.*)$", lambda m: f"{m[1]}.mid.block_{int(m[2]) + 1}.{m[3]}"),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.group_norm\.(.*)$", lambda m: f"{m[1]}.mid.attn_1.norm.{m[2]}"),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v)\.(.*)$", lambda m: f"{m[1]}.mid.attn_1.{m[2]}.{m[3]}"),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_out\.0\.(.*)$", lambda m: f"{m[1]}.mid.attn_1.proj_out.{m[2]}"),
+    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$", lambda m: f"encoder.down.{m[1]}.block.{m[2]}.{m[3]}"),
+    (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)$", lambda m: f"encoder.down.{m[1]}.downsample.{m[2]}"),
+    (r"^(encoder|decoder)\.conv_norm_out\.(.*)$", lambda m: f"{m[1]}.norm_out.{m[2]}"),
+]
+
+
+def vae_to_ldm(sd: dict, num_up_blocks: int) -> dict:
+    """AutoencoderKL (and AutoencoderKLFlux2) keys -> the LDM layout of FLUX's ae.safetensors and SD3's
+    first_stage_model. Decoder up blocks are numbered the other way round; attention projections are 1x1
+    convolutions there."""
+    rules = VAE_RULES + [
+        (r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$",
+         lambda m: f"decoder.up.{num_up_blocks - 1 - int(m[1])}.block.{m[2]}.{m[3]}"),
+        (r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$",
+         lambda m: f"decoder.up.{num_up_blocks - 1 - int(m[1])}.upsample.{m[2]}"),
+    ]
+    out = {}
+    for key, value in sd.items():
+        new = key
+        for pattern, repl in rules:
+            m = re.match(pattern, key)
+            if m:
+                new = repl(m)
+                break
+        new = new.replace("conv_shortcut", "nin_shortcut")
+        if ".mid.attn_1." in new and new.endswith(".weight") and value.dim() == 2:
+            value = value[:, :, None, None]
+        out[new] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ FLUX.1 transformer
+FLUX_RENAMES = {  # diffusers prefix -> BFL prefix (whole tensors)
+    "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+    "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+    "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+    "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+    "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+    "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+    "context_embedder": "txt_in",
+    "x_embedder": "img_in",
+    "proj_out": "final_layer.linear",
+}
+FLUX_DOUBLE = {  # inside transformer_blocks.N -> inside double_blocks.N
+    "norm1.linear": "img_mod.lin", "norm1_context.linear": "txt_mod.lin",
+    "attn.norm_q.weight": "img_attn.norm.query_norm.scale", "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+    "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+    "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
+    "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj",
+    "ff.net.0.proj": "img_mlp.0", "ff.net.2": "img_mlp.2", "ff_context.net.0.proj": "txt_mlp.0",
+    "ff_context.net.2": "txt_mlp.2",
+}
+FLUX_SINGLE = {"norm.linear": "modulation.lin", "proj_out": "linear2", "attn.norm_q.weight": "norm.query_norm.scale",
+               "attn.norm_k.weight": "norm.key_norm.scale"}
+
+
+def _rename_block(sd, out, src, dst, table, fused):
+    """Move the tensors of block `src` to `dst` by `table`; `fused` {bfl name: [diffusers names]} are
+    concatenated along dim 0 (weights and biases)."""
+    for name, parts in fused.items():
+        for suffix in ("weight", "bias"):
+            if f"{src}.{parts[0]}.{suffix}" in sd:
+                out[f"{dst}.{name}.{suffix}"] = torch.cat([sd.pop(f"{src}.{p}.{suffix}") for p in parts])
+    for key in [k for k in sd if k.startswith(src + ".")]:
+        rest = key[len(src) + 1:]
+        for d, b in table.items():
+            if rest == d or rest.startswith(d + "."):
+                out[f"{dst}.{b}{rest[len(d):]}"] = sd.pop(key)
+                break
+
+
+def flux_to_bfl(sd: dict) -> dict:
+    """FluxTransformer2DModel keys -> BFL's original FLUX.1 layout (flux1-dev.safetensors)."""
+    sd, out = dict(sd), {}
+    for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")}):
+        _rename_block(sd, out, f"transformer_blocks.{i}", f"double_blocks.{i}", FLUX_DOUBLE, {
+            "img_attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"],
+            "txt_attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]})
+    for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")}):
+        _rename_block(sd, out, f"single_transformer_blocks.{i}", f"single_blocks.{i}", FLUX_SINGLE, {
+            "linear1": ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]})
+    for suffix in ("weight", "bias"):
+        out[f"final_layer.adaLN_modulation.1.{suffix}"] = _swap_halves(sd.pop(f"norm_out.linear.{suffix}"))
+    _rename_block({f"m.{k}": v for k, v in sd.items()}, out, "m", "", FLUX_RENAMES, {})
+    out = {k.lstrip("."): v for k, v in out.items()}
+    return out
+
+
+# ------------------------------------------------------------------------------- SD3 transformer
+SD3_TOP = {
+    "pos_embed.pos_embed": "pos_embed", "pos_embed.proj": "x_embedder.proj",
+    "time_text_embed.timestep_embedder.linear_1": "t_embedder.mlp.0",
+    "time_text_embed.timestep_embedder.linear_2": "t_embedder.mlp.2",
+    "time_text_embed.text_embedder.linear_1": "y_embedder.mlp.0",
+    "time_text_embed.text_embedder.linear_2": "y_embedder.mlp.2",
+    "context_embedder": "context_embedder", "proj_out": "final_layer.linear",
+}
+SD3_BLOCK = {
+    "norm1.linear": "x_block.adaLN_modulation.1", "norm1_context.linear": "context_block.adaLN_modulation.1",
+    "attn.norm_q": "x_block.attn.ln_q", "attn.norm_k": "x_block.attn.ln_k",
+    "attn.norm_added_q": "context_block.attn.ln_q", "attn.norm_added_k": "context_block.attn.ln_k",
+    "attn.to_out.0": "x_block.attn.proj", "attn.to_add_out": "context_block.attn.proj",
+    "ff.net.0.proj": "x_block.mlp.fc1", "ff.net.2": "x_block.mlp.fc2",
+    "ff_context.net.0.proj": "context_block.mlp.fc1", "ff_context.net.2": "context_block.mlp.fc2",
+}
+
+
+def sd3_to_mmdit(sd: dict) -> dict:
+    """SD3Transformer2DModel keys -> Stability's MMDiT layout (without the checkpoint prefix). The last
+    block's context modulation is an AdaLayerNormContinuous, stored (shift, scale) there."""
+    sd, out = dict(sd), {}
+    if any(".attn2." in k for k in sd):
+        raise ValueError("dual-attention (SD3.5-medium attn2) blocks are not written by this tool")
+    blocks = sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")})
+    for i in blocks:
+        src = f"transformer_blocks.{i}"
+        if i == blocks[-1]:
+            for suffix in ("weight", "bias"):
+                out[f"joint_blocks.{i}.context_block.adaLN_modulation.1.{suffix}"] = _swap_halves(
+                    sd.pop(f"{src}.norm1_context.linear.{suffix}"))
+        _rename_block(sd, out, src, f"joint_blocks.{i}", SD3_BLOCK, {
+            "x_block.attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"],
+            "context_block.attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]})
+    for suffix in ("weight", "bias"):
+        out[f"final_layer.adaLN_modulation.1.{suffix}"] = _swap_halves(sd.pop(f"norm_out.linear.{suffix}"))
+    _rename_block({f"m.{k}": v for k, v in sd.items()}, out, "m", "", SD3_TOP, {})
+    return {k.lstrip("."): v for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------ FLUX.2 transformer
+FLUX2_RENAMES = {
+    "x_embedder": "img_in", "context_embedder": "txt_in",
+    "time_guidance_embed.timestep_embedder.linear_1": "time_in.in_layer",
+    "time_guidance_embed.timestep_embedder.linear_2": "time_in.out_layer",
+    "time_guidance_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+    "time_guidance_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+    "double_stream_modulation_img.linear": "double_stream_modulation_img.lin",
+    "double_stream_modulation_txt.linear": "double_stream_modulation_txt.lin",
+    "single_stream_modulation.linear": "single_stream_modulation.lin",
+    "proj_out": "final_layer.linear",
+}
+FLUX2_DOUBLE = {
+    "attn.norm_q.weight": "img_attn.norm.query_norm.scale", "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+    "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+    "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
+    "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj",
+    "ff.linear_in": "img_mlp.0", "ff.linear_out": "img_mlp.2", "ff_context.linear_in": "txt_mlp.0",
+    "ff_context.linear_out": "txt_mlp.2",
+}
+FLUX2_SINGLE = {"attn.to_qkv_mlp_proj": "linear1", "attn.to_out": "linear2",
+                "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale"}
+
+
+def flux2_to_bfl(sd: dict) -> dict:
+    """Flux2Transformer2DModel keys -> BFL's FLUX.2 layout (flux2_dev.safetensors)."""
+    sd, out = dict(sd), {}
+    for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")}):
+        _rename_block(sd, out, f"transformer_blocks.{i}", f"double_blocks.{i}", FLUX2_DOUBLE, {
+            "img_attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"],
+            "txt_attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]})
+    for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")}):
+        _rename_block(sd, out, f"single_transformer_blocks.{i}", f"single_blocks.{i}", FLUX2_SINGLE, {})
+    for suffix in ("weight", "bias"):
+        if f"norm_out.linear.{suffix}" in sd:
+            out[f"final_layer.adaLN_modulation.1.{suffix}"] = _swap_halves(sd.pop(f"norm_out.linear.{suffix}"))
+    _rename_block({f"m.{k}": v for k, v in sd.items()}, out, "m", "", FLUX2_RENAMES, {})
+    return {k.lstrip("."): v for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------ scaled fp8
+def scaled_fp8(sd: dict, new_format: bool = False) -> dict:
+    """ComfyUI's scaled fp8 of every 2-D weight: stored = weight / scale as float8_e4m3fn, with a per-tensor
+    scale. The older format marks the file with `scaled_fp8` and names the scale `<layer>.scale_weight`;
+    the newer one names it `<layer>.weight_scale` beside a `<layer>.comfy_quant` JSON tensor."""
+    import json
+
+    out = {} if new_format else {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
+    for key, value in sd.items():
+        if key.endswith(".weight") and value.dim() == 2 and value.is_floating_point():
+            layer = key[: -len(".weight")]
+            scale = value.float().abs().max().clamp(min=1e-12) / 448.0
+            out[key] = (value.float() / scale).to(torch.float8_e4m3fn)
+            out[f"{layer}.weight_scale" if new_format else f"{layer}.scale_weight"] = scale.reshape(())
+            if new_format:
+                out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).encode()),
+                                                           dtype=torch.uint8)
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------- writers
+def _save(sd: dict, path: Path) -> Path:
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    return path
+
+
+def _prefixed(sd: dict, prefix: str) -> dict:
+    return {prefix + k: v for k, v in sd.items()}
+
+
+def flux1_files(folder, out) -> dict[str, Path]:
+    """Comfy-Org FLUX.1 files; the transformer file only when the folder's transformer has FLUX's width."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "clip_l": _save(folder_weights(folder, "text_encoder"), out / "clip_l.safetensors"),
+        "t5xxl": _save(folder_weights(folder, "text_encoder_2"), out / "t5xxl_fp16.safetensors"),
+        "t5xxl_fp8": _save(scaled_fp8(folder_weights(folder, "text_encoder_2")),
+                           out / "t5xxl_fp8_e4m3fn_scaled.safetensors"),
+        "ae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "ae.safetensors"),
+    }
+    transformer = folder_weights(folder, "transformer")
+    if transformer["x_embedder.weight"].shape[0] == 3072:
+        bfl = flux_to_bfl(transformer)
+        files["transformer"] = _save(bfl, out / "flux1-dev.safetensors")
+        files["transformer_fp8"] = _save(scaled_fp8(bfl, new_format=True), out / "flux1-dev-fp8-scaled.safetensors")
+    return files
+
+
+def sd3_files(folder, out) -> dict[str, Path]:
+    """Stability's SD3.5 all-in-one checkpoints (with and without T5) and its separate text encoders."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    clip_l, clip_g, t5 = (folder_weights(folder, n) for n in ("text_encoder", "text_encoder_2", "text_encoder_3"))
+    base = {**_prefixed(sd3_to_mmdit(folder_weights(folder, "transformer")), "model.diffusion_model."),
+            **_prefixed(vae_to_ldm(folder_weights(folder, "vae"), 4), "first_stage_model."),
+            **_prefixed(clip_l, "text_encoders.clip_l.transformer."),
+            **_prefixed(clip_g, "text_encoders.clip_g.transformer.")}
+    return {
+        "checkpoint": _save({**base, **_prefixed(t5, "text_encoders.t5xxl.transformer.")}, out / "sd3.5_medium.safetensors"),
+        "checkpoint_no_t5": _save(base, out / "sd3.5_medium_no_t5.safetensors"),
+        "clip_l": _save(clip_l, out / "clip_l.safetensors"),
+        "clip_g": _save(clip_g, out / "clip_g.safetensors"),
+        "t5xxl": _save(t5, out / "t5xxl_fp16.safetensors"),
+    }
+
+
+def flux2_files(folder, out) -> dict[str, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "transformer": _save(flux2_to_bfl(folder_weights(folder, "transformer")), out / "flux2_dev.safetensors"),
+        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "mistral_3_small_flux2.safetensors"),
+        "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "flux2-vae.safetensors"),
+    }
+
+
+def qwenimage_files(folder, out) -> dict[str, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "transformer": _save(folder_weights(folder, "transformer"), out / "qwen_image.safetensors"),
+        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen_2.5_vl_7b.safetensors"),
+    }
+
+
+def flux1_wide(out) -> Path:
+    """A FLUX.1-dev folder whose transformer has FLUX's real width (24 x 128 = 3072) but one double and one
+    single block, in bf16 (~1 GB), with tiny text encoders and VAE: the smallest FLUX.1 that diffusers'
+    BFL converter (which hard-codes the width) can read."""
+    import tiny_models
+    from diffusers import FluxTransformer2DModel
+
+    pipe, raw = tiny_models.flux1("tiny", dev=True)
+    torch.manual_seed(0)
+    pipe.transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
+        num_attention_heads=24, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+        axes_dims_rope=(16, 56, 56)).to(torch.bfloat16)
+    pipe.register_modules(transformer=pipe.transformer)
+    out = Path(out)
+    pipe.save_pretrained(out)
+    for subfolder, files in raw.items():
+        for filename, data in files.items():
+            if not (out / subfolder / filename).exists():
+                (out / subfolder / filename).write_bytes(data)
+    tiny_models._fix_model_index(out)
+    return out
