@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .device import DeviceInfo, empty_cache
 from .errors import ModelLoadError, UserInputError
+from . import single_file
 from .families import family_for
 from .lora import LoraState
 from .specs import Placement
@@ -150,9 +151,11 @@ def check_source(source: str) -> bool:
     return False
 
 
-def check_index(source: str, index: dict, folder: str | None) -> None:
+def check_index(source: str, index: dict, folder: str | None, from_files: frozenset = frozenset()) -> None:
     """Refuse an unsupported pipeline and components from another library; with the local `folder`,
-    also a missing component folder or a truncated or corrupt safetensors file."""
+    also a missing component folder or a truncated or corrupt safetensors file. Components named in
+    `from_files` load from single files: their folder only needs its config; every other model component
+    then must have weights in the folder (a config-only folder says which file to pick)."""
     family_for(index["_class_name"], where=f"'{source}'")
     for name, (library, cls) in components(index).items():
         if library not in ALLOWED_LIBRARIES:
@@ -160,6 +163,20 @@ def check_index(source: str, index: dict, folder: str | None) -> None:
                                  f"only {', '.join(ALLOWED_LIBRARIES)} components are loaded.")
         if folder:
             _check_component_folder(folder, source, name, cls)
+            if from_files and name not in from_files:
+                _check_has_weights(folder, source, name, cls)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth")
+
+
+def _check_has_weights(pipeline_folder: str, source: str, name: str, cls: str) -> None:
+    """A model component (its folder has a config.json) that no file provides needs weights in the folder."""
+    folder = os.path.join(pipeline_folder, name)
+    files = os.listdir(folder)
+    if "config.json" in files and not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
+        raise UserInputError(f"'{source}' has only the config of '{name}' ({cls}), no weights, and no file was "
+                             f"picked for it: pick a weights file for {name} (or a folder that has its weights).")
 
 
 def local_folder(source: str) -> str:
@@ -206,9 +223,14 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     import diffusers
     import torch
 
-    folder = local_folder(handle.source)
+    files = dict(handle.files)
+    if files and sharding:
+        raise UserInputError("tensor parallelism (a TP Mesh) cannot load single weight files yet; "
+                             "use a diffusers folder for a sharded pipeline.")
+    # With single files, the folder (or the hub repo's small files) gives configs, tokenizers, scheduler.
+    folder = single_file.config_folder(handle.source) if files else local_folder(handle.source)
     index = read_model_index(folder, is_folder=True)
-    check_index(handle.source, index, folder)
+    check_index(handle.source, index, folder, from_files=frozenset(files))
     if index["_class_name"] != handle.pipeline_class:
         raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.pipeline_class} "
                              "the Loader found; queue the workflow again.")
@@ -217,12 +239,22 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     parts = {name: part for name, part in components(index).items() if name in takes}
     dtype = getattr(torch, handle.resolved_dtype(device))
     total = len(parts) + 1
+    unknown = sorted(set(files) - set(parts))
+    if unknown:
+        raise UserInputError(f"{handle.pipeline_class} has no component {', '.join(unknown)} to load from a file; "
+                             f"it has {', '.join(parts)}.")
     loaded = {}
+    weights_cache: dict = {}  # one read of an all-in-one checkpoint serves all its components
     for done, (name, (library, cls)) in enumerate(parts.items()):
         if on_progress:
             on_progress(done, total, f"loading {name}")
-        loaded[name] = _load_component(folder, name, library, cls, dtype,
-                                       sharding.load_kwargs(folder, name) if sharding else {})
+        if name in files:
+            loaded[name] = single_file.load_component(name, _component_class(name, library, cls), files[name],
+                                                      folder, dtype, weights_cache)
+        else:
+            loaded[name] = _load_component(folder, name, library, cls, dtype,
+                                           sharding.load_kwargs(folder, name) if sharding else {})
+    weights_cache.clear()
     try:
         pipe = pipeline_cls(**loaded)
     except TypeError as e:  # a component the pipeline needs is not in model_index.json
@@ -245,13 +277,18 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     return pipe
 
 
-def _load_component(folder: str, name: str, library: str, cls: str, dtype, extra_kwargs: dict):
-    import torch
-
+def _component_class(name: str, library: str, cls: str):
     component_cls = getattr(importlib.import_module(library), cls, None)
     if component_cls is None:
         raise ModelLoadError(f"component '{name}' needs {library}.{cls}, which the installed {library} lacks; "
                              f"upgrade {library}.")
+    return component_cls
+
+
+def _load_component(folder: str, name: str, library: str, cls: str, dtype, extra_kwargs: dict):
+    import torch
+
+    component_cls = _component_class(name, library, cls)
     kwargs = {"subfolder": name, "local_files_only": True, **extra_kwargs}
     if isinstance(component_cls, type) and issubclass(component_cls, torch.nn.Module):
         kwargs["dtype"] = dtype

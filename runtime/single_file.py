@@ -50,7 +50,8 @@ FILE_KINDS = (  # (kind, what it is in words, identifying keys: any one of them)
         "decoder.middle.0.residual.0.gamma", "decoder.mid_block.resnets.0.residual.0.gamma")),
     ("kl_vae", "a FLUX.1/SD3 VAE", lambda: ("encoder.down.0.block.0.conv1.weight",
                                              "encoder.down_blocks.0.resnets.0.conv1.weight")),
-    ("clip", "a CLIP text encoder", lambda: ("text_model.embeddings.position_embedding.weight",)),
+    ("clip", "a CLIP text encoder", lambda: ("text_model.embeddings.position_embedding.weight",
+                                             "embeddings.position_embedding.weight")),
     ("t5", "a T5 text encoder", lambda: ("encoder.block.0.layer.0.SelfAttention.q.weight",)),
     ("qwen25vl", "a Qwen2.5-VL text encoder", lambda: (
         "model.layers.0.self_attn.q_proj.bias", "model.language_model.layers.0.self_attn.q_proj.bias")),

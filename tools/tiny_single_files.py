@@ -239,6 +239,12 @@ def scaled_fp8(sd: dict, new_format: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- writers
+def clip_file_layout(sd: dict) -> dict:
+    """ComfyUI's (and OpenAI's HF) CLIP files name the text model 'text_model.'; transformers 5 saves a
+    CLIPTextModel without that prefix."""
+    return {k if k.startswith(("text_model.", "text_projection")) else "text_model." + k: v for k, v in sd.items()}
+
+
 def _save(sd: dict, path: Path) -> Path:
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
     return path
@@ -253,7 +259,7 @@ def flux1_files(folder, out) -> dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = {
-        "clip_l": _save(folder_weights(folder, "text_encoder"), out / "clip_l.safetensors"),
+        "clip_l": _save(clip_file_layout(folder_weights(folder, "text_encoder")), out / "clip_l.safetensors"),
         "t5xxl": _save(folder_weights(folder, "text_encoder_2"), out / "t5xxl_fp16.safetensors"),
         "t5xxl_fp8": _save(scaled_fp8(folder_weights(folder, "text_encoder_2")),
                            out / "t5xxl_fp8_e4m3fn_scaled.safetensors"),
@@ -271,7 +277,8 @@ def sd3_files(folder, out) -> dict[str, Path]:
     """Stability's SD3.5 all-in-one checkpoints (with and without T5) and its separate text encoders."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    clip_l, clip_g, t5 = (folder_weights(folder, n) for n in ("text_encoder", "text_encoder_2", "text_encoder_3"))
+    clip_l, clip_g = (clip_file_layout(folder_weights(folder, n)) for n in ("text_encoder", "text_encoder_2"))
+    t5 = folder_weights(folder, "text_encoder_3")
     base = {**_prefixed(sd3_to_mmdit(folder_weights(folder, "transformer")), "model.diffusion_model."),
             **_prefixed(vae_to_ldm(folder_weights(folder, "vae"), 4), "first_stage_model."),
             **_prefixed(clip_l, "text_encoders.clip_l.transformer."),

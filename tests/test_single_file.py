@@ -1,0 +1,257 @@
+"""Pipelines from ComfyUI-style single weight files (runtime/single_file.py).
+
+The files are written by tools/tiny_single_files.py in the real layouts (BFL, Stability, Comfy-Org) from
+tiny diffusers folders; loading them through `load_pipeline` must give exactly the folder's weights.
+Images are compared to 2e-5: with identical weights, tensors that were read into fresh memory instead of
+memory-mapped change CPU matmul rounding by an ulp (measured: 2e-7 per layer, 4e-6 on the image).
+"""
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import tiny_models
+import tiny_single_files as tsf
+from runtime import single_file
+from runtime.device import device_info
+from runtime.errors import ModelLoadError, UserInputError
+from runtime.handle import PipelineHandle
+from runtime.loading import PipelineCache, load_pipeline
+
+CPU = device_info("cpu")
+SD3 = "StableDiffusion3Pipeline"
+
+
+@pytest.fixture(scope="session")
+def sf_dir(tmp_path_factory):
+    """Tiny folders of every family, FLUX.1's real-width one, and their single files (built once)."""
+    root = tmp_path_factory.mktemp("single_files")
+    for name in ("flux1-dev", "sd3", "flux2", "qwenimage"):
+        tiny_models.build(name, root / name)
+    tsf.flux1_wide(root / "flux1-wide")
+    files = {
+        "flux1-dev": tsf.flux1_files(root / "flux1-dev", root / "files-flux1-tiny"),
+        "flux1-wide": tsf.flux1_files(root / "flux1-wide", root / "files-flux1"),
+        "sd3": tsf.sd3_files(root / "sd3", root / "files-sd3"),
+        "flux2": tsf.flux2_files(root / "flux2", root / "files-flux2"),
+        "qwenimage": tsf.qwenimage_files(root / "qwenimage", root / "files-qwenimage"),
+    }
+    return root, {family: {k: str(v) for k, v in f.items()} for family, f in files.items()}
+
+
+def folder(sf_dir, name):
+    return str(sf_dir[0] / name)
+
+
+def files(sf_dir, name):
+    return sf_dir[1][name]
+
+
+def image(pipe):
+    return pipe(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, output_type="np",
+                generator=torch.Generator().manual_seed(0), max_sequence_length=16).images
+
+
+def assert_same_pipeline(source, pipeline_class, picked):
+    """Same weights (exactly) and the same image as the diffusers folder."""
+    from_folder = load_pipeline(PipelineHandle(source=source, pipeline_class=pipeline_class), CPU)
+    from_files = load_pipeline(PipelineHandle(source=source, pipeline_class=pipeline_class, files=picked), CPU)
+    for name, _ in picked:
+        expected, got = from_folder.components[name].state_dict(), from_files.components[name].state_dict()
+        assert sorted(expected) == sorted(got), name
+        assert all(torch.equal(expected[k], got[k]) for k in expected), name
+        assert type(from_files.components[name]) is type(from_folder.components[name])
+    a, b = image(from_folder), image(from_files)
+    assert abs(a - b).max() < 2e-5
+
+
+def test_flux1_from_comfy_org_files_matches_the_folder(sf_dir):
+    f = files(sf_dir, "flux1-wide")
+    assert_same_pipeline(folder(sf_dir, "flux1-wide"), "FluxPipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["clip_l"]), ("text_encoder_2", f["t5xxl"]),
+        ("vae", f["ae"])))
+
+
+def test_sd35_all_in_one_checkpoint_matches_the_folder(sf_dir):
+    ckpt = files(sf_dir, "sd3")["checkpoint"]
+    assert single_file.components_in_checkpoint(ckpt) == {
+        "transformer": "model.diffusion_model.", "vae": "first_stage_model.",
+        "text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer.",
+        "text_encoder_3": "text_encoders.t5xxl.transformer."}
+    assert_same_pipeline(folder(sf_dir, "sd3"), SD3, tuple(
+        (name, ckpt) for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")))
+
+
+def test_sd35_checkpoint_without_t5_plus_separate_text_encoders(sf_dir):
+    f = files(sf_dir, "sd3")
+    assert "text_encoder_3" not in single_file.components_in_checkpoint(f["checkpoint_no_t5"])
+    assert_same_pipeline(folder(sf_dir, "sd3"), SD3, (
+        ("transformer", f["checkpoint_no_t5"]), ("vae", f["checkpoint_no_t5"]), ("text_encoder", f["clip_l"]),
+        ("text_encoder_2", f["clip_g"]), ("text_encoder_3", f["t5xxl"])))
+
+
+def test_flux2_from_files_matches_the_folder(sf_dir):
+    f = files(sf_dir, "flux2")
+    assert_same_pipeline(folder(sf_dir, "flux2"), "Flux2Pipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+
+
+def test_qwenimage_from_files_matches_the_folder(sf_dir):
+    f = files(sf_dir, "qwenimage")
+    assert_same_pipeline(folder(sf_dir, "qwenimage"), "QwenImagePipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"])))
+
+
+def test_one_read_of_a_checkpoint_serves_all_its_components(sf_dir, monkeypatch):
+    reads = []
+    read_weights = single_file.read_weights
+    monkeypatch.setattr(single_file, "read_weights", lambda path, dtype: reads.append(path) or read_weights(path, dtype))
+    ckpt = files(sf_dir, "sd3")["checkpoint"]
+    load_pipeline(PipelineHandle(source=folder(sf_dir, "sd3"), pipeline_class=SD3,
+                                 files=[(n, ckpt) for n in ("transformer", "vae", "text_encoder")]), CPU)
+    assert reads == [ckpt]
+
+
+@pytest.mark.parametrize("key", ["t5xxl_fp8", "transformer_fp8"])
+def test_scaled_fp8_files_are_upcast_and_descaled(sf_dir, key):
+    """Older (scaled_fp8 + .scale_weight) and newer (.weight_scale + .comfy_quant) ComfyUI fp8 formats."""
+    family, plain = ("flux1-dev", "t5xxl") if key == "t5xxl_fp8" else ("flux1-wide", "transformer")
+    f = files(sf_dir, family)
+    fp8 = single_file.read_weights(f[key], torch.float32)
+    full = single_file.read_weights(f[plain], torch.float32)
+    assert sorted(fp8) == sorted(full)  # the scale and marker keys are gone
+    for k in full:
+        assert fp8[k].dtype == torch.float32
+        # e4m3 keeps 3 mantissa bits: 1/16 relative error, and values near 0 flush to the scale's step
+        assert torch.allclose(fp8[k], full[k], rtol=0.07, atol=full[k].abs().max().item() * 2 ** -9), k
+        assert not torch.equal(fp8[k], full[k]) or full[k].dim() != 2
+
+
+def test_fp8_text_encoder_loads_into_the_pipeline(sf_dir):
+    f = files(sf_dir, "flux1-dev")
+    pipe = load_pipeline(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline",
+                                        files=[("text_encoder_2", f["t5xxl_fp8"])]), CPU)
+    ref = load_pipeline(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline"), CPU)
+    got, want = pipe.text_encoder_2.state_dict(), ref.text_encoder_2.state_dict()
+    assert all(torch.allclose(got[k], want[k], rtol=0.07, atol=want[k].abs().max().item() * 2 ** -9) for k in want)
+    assert image(pipe).shape == (1, 64, 64, 3)
+
+
+# ------------------------------------------------------------------------------------- detection
+def test_family_and_default_config_repo_are_detected_from_the_header(sf_dir):
+    assert single_file.pipeline_class_of(files(sf_dir, "flux1-wide")["transformer"]) == "FluxPipeline"
+    assert single_file.pipeline_class_of(files(sf_dir, "sd3")["checkpoint"]) == SD3
+    assert single_file.pipeline_class_of(files(sf_dir, "flux2")["transformer"]) == "Flux2Pipeline"
+    assert single_file.pipeline_class_of(files(sf_dir, "qwenimage")["transformer"]) == "QwenImagePipeline"
+    # diffusers' own detection names the repo where it can size the model; else the family's default
+    assert single_file.default_config_repo(files(sf_dir, "flux1-wide")["transformer"]) == "black-forest-labs/FLUX.1-dev"
+    assert single_file.default_config_repo(files(sf_dir, "flux2")["transformer"]) == "black-forest-labs/FLUX.2-dev"
+    assert single_file.default_config_repo(files(sf_dir, "sd3")["checkpoint"]) == "stabilityai/stable-diffusion-3.5-medium"
+
+
+def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
+    with pytest.raises(UserInputError, match=r"clip_l.safetensors.*CLIP text encoder.*Supported: FLUX.1"):
+        single_file.pipeline_class_of(files(sf_dir, "sd3")["clip_l"])
+
+
+@pytest.mark.parametrize("family, file, component, pipeline_class, pattern", [
+    ("sd3", "clip_l", "vae", SD3, r"is a CLIP text encoder, but vae .* needs a FLUX.1/SD3 VAE"),
+    ("flux1-dev", "ae", "text_encoder", "FluxPipeline", r"is a FLUX.1/SD3 VAE, but text_encoder .* needs a CLIP"),
+    ("flux1-dev", "t5xxl", "text_encoder", "FluxPipeline", r"is a T5 text encoder, but text_encoder .* needs a CLIP"),
+    ("flux1-wide", "transformer", "transformer", SD3, r"is a FLUX.1 diffusion model, but transformer of SD3/SD3.5"),
+    ("sd3", "checkpoint_no_t5", "text_encoder_3", SD3, r"checkpoint without a text_encoder_3"),
+    ("qwenimage", "text_encoder", "text_encoder", "Flux2Pipeline", r"Qwen2.5-VL .* needs a Mistral 3"),
+])
+def test_a_file_in_the_wrong_slot_is_refused_from_its_header(sf_dir, family, file, component, pipeline_class, pattern):
+    with pytest.raises(UserInputError, match=pattern):
+        single_file.check_file_for_slot(files(sf_dir, family)[file], component, pipeline_class)
+
+
+def test_clip_l_where_clip_g_goes_fails_at_load_and_keeps_nothing(sf_dir):
+    """Same kind (CLIP), other width: only the load can tell; the cache keeps nothing."""
+    cache = PipelineCache()
+    handle = PipelineHandle(source=folder(sf_dir, "sd3"), pipeline_class=SD3,
+                            files=[("text_encoder_2", files(sf_dir, "sd3")["clip_l"])])
+    with pytest.raises(ModelLoadError, match="clip_l.safetensors' is not a CLIP text encoder for SD3/SD3.5"):
+        cache.get(handle, CPU)
+    assert len(cache) == 0 and cache.stats.loads == 0
+
+
+# ------------------------------------------------------------------------------ unsupported files
+def test_gguf_is_refused_with_what_is_supported(tmp_path, sf_dir):
+    path = tmp_path / "flux1-dev-Q4_K_S.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 64)
+    for call in (lambda: single_file.read_weights(str(path), torch.float32),
+                 lambda: single_file.pipeline_class_of(str(path))):
+        with pytest.raises(UserInputError, match="GGUF.*supported are safetensors in bf16/fp16/fp32 or fp8"):
+            call()
+    renamed = tmp_path / "model.safetensors"  # the magic, not the name, tells
+    shutil.copy(path, renamed)
+    with pytest.raises(UserInputError, match="GGUF"):
+        single_file.read_weights(str(renamed), torch.float32)
+
+
+def test_nf4_is_refused_with_what_is_supported(tmp_path):
+    path = tmp_path / "flux1-dev-bnb-nf4.safetensors"
+    save_file({"double_blocks.0.img_attn.qkv.weight": torch.zeros(8, dtype=torch.uint8),
+               "double_blocks.0.img_attn.qkv.weight.absmax": torch.ones(1),
+               "double_blocks.0.img_attn.qkv.weight.quant_map": torch.ones(16)}, str(path))
+    with pytest.raises(UserInputError, match="bitsandbytes.*supported are safetensors"):
+        single_file.read_weights(str(path), torch.float32)
+    with pytest.raises(UserInputError, match="bitsandbytes"):
+        single_file.pipeline_class_of(str(path))
+
+
+def test_other_comfy_quant_formats_are_refused(tmp_path):
+    import json
+
+    path = tmp_path / "model_nvfp4.safetensors"
+    save_file({"a.weight": torch.zeros(4, 4, dtype=torch.uint8), "a.weight_scale": torch.ones(1),
+               "a.comfy_quant": torch.tensor(list(json.dumps({"format": "nvfp4"}).encode()), dtype=torch.uint8)},
+              str(path))
+    with pytest.raises(UserInputError, match="quantized as nvfp4"):
+        single_file.read_weights(str(path), torch.float32)
+
+
+def test_truncated_file_is_named_with_re_download(tmp_path, sf_dir):
+    path = tmp_path / "ae.safetensors"
+    data = open(files(sf_dir, "flux1-dev")["ae"], "rb").read()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="'ae.safetensors' is truncated or corrupt.*re-download"):
+        single_file.check_file_for_slot(str(path), "vae", "FluxPipeline")
+    cache = PipelineCache()
+    with pytest.raises(ModelLoadError, match="truncated"):
+        cache.get(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline",
+                                 files=[("vae", str(path))]), CPU)
+    assert len(cache) == 0
+
+
+# ------------------------------------------------------------------------------ config sources
+def test_offline_hub_id_says_how_to_fetch_only_the_configs():
+    with pytest.raises(UserInputError, match=r'hf download someone/some-model --exclude "\*.safetensors" "\*.bin" '
+                                             r'"\*.pth" --local-dir ComfyUI/models/diffusers/some-model.*hf auth login'):
+        single_file.config_folder("someone/some-model")
+
+
+def test_a_config_only_folder_names_the_component_that_needs_a_file(sf_dir, tmp_path):
+    configs = tmp_path / "sd3-configs"
+    shutil.copytree(folder(sf_dir, "sd3"), configs)
+    for weights in configs.glob("*/*.safetensors"):
+        weights.unlink()
+    f = files(sf_dir, "sd3")
+    picked = [("transformer", f["checkpoint_no_t5"]), ("vae", f["checkpoint_no_t5"]), ("text_encoder", f["clip_l"]),
+              ("text_encoder_2", f["clip_g"])]
+    with pytest.raises(UserInputError, match=r"only the config of 'text_encoder_3'.*pick a weights file for text_encoder_3"):
+        load_pipeline(PipelineHandle(source=str(configs), pipeline_class=SD3, files=picked), CPU)
+    pipe = load_pipeline(PipelineHandle(source=str(configs), pipeline_class=SD3,
+                                        files=picked + [("text_encoder_3", f["t5xxl"])]), CPU)
+    assert image(pipe).shape == (1, 64, 64, 3)
+
+
+def test_progress_names_each_component_loaded_from_files(sf_dir):
+    seen = []
+    f = files(sf_dir, "flux2")
+    load_pipeline(PipelineHandle(source=folder(sf_dir, "flux2"), pipeline_class="Flux2Pipeline",
+                                 files=[("vae", f["vae"])]), CPU, lambda done, total, what: seen.append(what))
+    assert "loading vae" in seen and seen[-1] == "placed on cpu"
