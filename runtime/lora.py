@@ -121,12 +121,12 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
                                  f"({type(e).__name__}: {_first_line(e)}); is it a LoRA for this model? Pick one "
                                  "made for it, or remove it.") from e
         injected = _injected(pipe, adapter)
-        if not injected or injected.keys() != expected:
-            missing = sorted(expected - injected.keys())
+        missing = sorted(expected - injected.keys())  # (text-encoder layers in older key layouts are not in `expected`)
+        if not injected or missing:
             raise UserInputError(
                 f"LoRA '{_name(lora)}' matches {'no' if not injected else 'not every'} layer of this "
-                f"{type(pipe).__name__} ({len(injected)} of {len(expected)} layers"
-                f"{', e.g. not ' + missing[0] if missing else ''}); it is a LoRA for another model. "
+                f"{type(pipe).__name__} ({len(expected) - len(missing)} of its {len(expected)} layers were applied"
+                f"{', not ' + missing[0] if missing else ''}); it is a LoRA for another model. "
                 "Pick one made for this model, or remove it.")
         _back_up(injected, state)
         names.append(adapter)

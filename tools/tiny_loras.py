@@ -9,7 +9,7 @@ LoRA changes the image), saved with the pipeline class's own `save_lora_weights`
 
 `kohya` and `comfyui` (FLUX.1 only) name the layers as BFL's FLUX code does; that is what diffusers' kohya
 converter reads: `lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight` / `.lora_up.weight` / `.alpha`
-(kohya's sd-scripts), and `diffusion_model.double_blocks.0.img_attn.qkv.lora_down.weight` / `.lora_up.weight`
+(kohya's sd-scripts, plus CLIP's first attention as `lora_te1_...`), and `diffusion_model.double_blocks.0.img_attn.qkv.lora_down.weight` / `.lora_up.weight`
 (what ComfyUI's LoraSave writes). Only four BFL layers are used: diffusers splits a single block's fused
 `linear1` (q, k, v and the MLP) at FLUX.1's real widths (3072, 3072, 3072, 12288), which a tiny model does
 not have; a double block's `qkv` is split in three equal parts, which works at any width.
@@ -71,6 +71,13 @@ def _flux1_bfl_layers(model_dir: Path) -> dict[str, tuple[int, int]]:
             "double_blocks.0.txt_attn.proj": (inner, inner), "single_blocks.0.linear2": (inner, inner + mlp)}
 
 
+def _clip_layers(model_dir: Path) -> dict[str, tuple[int, int]]:
+    """The attention of CLIP's first layer (kohya's `lora_te1_`), so the kohya LoRA also changes a text encoder."""
+    width = json.loads((model_dir / "text_encoder" / "config.json").read_text())["hidden_size"]
+    return {f"text_model.encoder.layers.0.self_attn.{name}": (width, width)
+            for name in ("q_proj", "k_proj", "v_proj", "out_proj")}
+
+
 def bfl_lora(model_dir: Path, out_file: Path, style: str, seed: int = 0, rank: int = 4, std: float = 0.3) -> Path:
     """A FLUX.1 LoRA with BFL layer names: kohya's (`lora_unet_..`, with `.alpha`) or ComfyUI's
     (`diffusion_model...`, no alpha)."""
@@ -80,8 +87,11 @@ def bfl_lora(model_dir: Path, out_file: Path, style: str, seed: int = 0, rank: i
         raise ValueError(f"{style} LoRAs are made for FLUX.1 only, not {model_dir}")
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, (out_features, in_features) in _flux1_bfl_layers(model_dir).items():
-        key = f"lora_unet_{name.replace('.', '_')}" if style == "kohya" else f"diffusion_model.{name}"
+    layers = {f"lora_unet_{name.replace('.', '_')}" if style == "kohya" else f"diffusion_model.{name}": shape
+              for name, shape in _flux1_bfl_layers(model_dir).items()}
+    if style == "kohya":
+        layers.update({f"lora_te1_{name.replace('.', '_')}": shape for name, shape in _clip_layers(model_dir).items()})
+    for key, (out_features, in_features) in layers.items():
         down, up = torch.empty(rank, in_features), torch.empty(out_features, rank)
         _random_(down, generator, std / in_features ** 0.5)
         _random_(up, generator, std / rank ** 0.5)

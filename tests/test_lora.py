@@ -1,0 +1,280 @@
+"""LoRAs on loaded pipelines (runtime/lora.py): fused into the cached base pipeline's weights, switched without
+a reload or a recompile, and the base restored bit for bit. Tiny LoRAs come from tools/tiny_loras.py."""
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import tiny_loras
+from runtime import compile_cache, lora as lora_module
+from runtime.engine import Engine
+from runtime.errors import UserInputError
+from runtime.families import family_for
+from runtime.handle import PipelineHandle
+from runtime.loading import inspect_source, load_pipeline
+from runtime.lora import LoraState, apply_loras, check_lora_file
+from runtime.modes import outside_inference_mode
+from runtime.device import resolve_device
+from runtime.sampling import SampleRequest, run_pipeline
+from runtime.specs import CompileSpec, ExecutionMode, LoraSpec, MeshSpec, Placement
+
+COMPILED_VS_EAGER_ATOL = 2e-3  # as in test_compile.py: inductor reorders float32 reductions
+CHANGED = 1e-3  # a LoRA that changes the image changes some pixel by more than this
+
+
+@pytest.fixture(scope="session")
+def loras(tiny_dir, tmp_path_factory):
+    """name -> LoRA file: '<family>' and '<family>-b' (diffusers format, two seeds), 'flux1-kohya' (with a CLIP
+    layer) and 'flux1-comfyui' (BFL names), built once."""
+    root = tmp_path_factory.mktemp("loras")
+    files = {}
+    for family in ("flux1-schnell", "sd3", "flux2", "qwenimage"):
+        files[family] = tiny_loras.build(tiny_dir / f"tiny-{family}", root / f"{family}.safetensors", seed=1)
+    files["flux1-schnell-b"] = tiny_loras.build(tiny_dir / "tiny-flux1-schnell", root / "flux1-b.safetensors", seed=2)
+    for fmt in ("kohya", "comfyui"):
+        files[f"flux1-{fmt}"] = tiny_loras.build(tiny_dir / "tiny-flux1-schnell", root / f"flux1-{fmt}.safetensors",
+                                                 fmt, seed=3)
+    return {name: str(path) for name, path in files.items()}
+
+
+def handle(tiny, name="flux1-schnell", **fields):
+    source = tiny(name)
+    return PipelineHandle(source=source, pipeline_class=inspect_source(source), **fields)
+
+
+def request(**overrides):
+    return SampleRequest(**{**dict(prompt="a cat sitting on a red chair", width=64, height=64, steps=2, seed=3),
+                            **overrides})
+
+
+def with_loras(base_handle, *loras):
+    return dataclasses.replace(base_handle, loras=tuple(LoraSpec(*spec) for spec in loras))
+
+
+def differs(a, b) -> bool:
+    return (a - b).abs().max().item() > CHANGED
+
+
+def test_strength_zero_is_the_base_strength_one_changes_it_and_none_restores_it_bit_for_bit(tiny, loras):
+    engine = Engine()
+    base_handle = handle(tiny)
+    base = engine.generate(base_handle, request()).images
+    zero = engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 0.0)), request())
+    assert torch.equal(zero.images, base)
+    assert "LoRA: flux1-schnell.safetensors @ 0 (strength 0: not applied)" in zero.info.notes
+    one = engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 1.0)), request())
+    assert differs(one.images, base)
+    assert "LoRA: flux1-schnell.safetensors @ 1 (fused, 7 layers)" in one.info.notes
+    entry = engine.realise(with_loras(base_handle, (loras["flux1-schnell"], 1.0)))[0]
+    assert not any(True for _ in lora_module._lora_layers(entry.pipe))  # fused: no peft layer left, no per-step cost
+    again = engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 1.0)), request())  # nothing to do
+    assert torch.equal(again.images, one.images)
+    none = engine.generate(base_handle, request())
+    assert torch.equal(none.images, base) and not any(n.startswith("LoRA") for n in none.info.notes)
+    assert engine.cache.stats.loads == 1  # one base pipeline, never reloaded
+
+
+def test_the_same_loras_again_load_nothing(tiny, loras):
+    engine = Engine()
+    lora_handle = with_loras(handle(tiny), (loras["flux1-schnell"], 0.7))
+    entry = engine.realise(lora_handle)[0]
+    assert entry.lora.applied == lora_handle.loras
+
+    def must_not_load(*_args, **_kwargs):
+        raise AssertionError("the LoRA was loaded again")
+
+    entry.pipe.load_lora_weights = must_not_load
+    with outside_inference_mode():
+        assert apply_loras(entry.pipe, lora_handle.loras, entry.lora) == \
+            ["LoRA: flux1-schnell.safetensors @ 0.7 (fused, 7 layers)"]
+
+
+@pytest.mark.parametrize("name", ["sd3", "flux2", "qwenimage"])
+def test_every_family_takes_its_lora_and_gives_the_base_back(tiny, loras, name):
+    engine = Engine()
+    base_handle = handle(tiny, name)
+    base = engine.generate(base_handle, request()).images
+    with_lora = engine.generate(with_loras(base_handle, (loras[name], 1.0)), request())
+    assert differs(with_lora.images, base) and any("fused" in n for n in with_lora.info.notes)
+    assert torch.equal(engine.generate(base_handle, request()).images, base)
+
+
+def test_fused_strengths_match_peft_unfused_adapters(tiny, loras):
+    """Fusing is only a faster way to run the same LoRA: the fused pipeline gives the image of diffusers' own
+    unfused adapters with the same weights (set_adapters), for a chain of two LoRAs at other strengths."""
+    engine = Engine()
+    base_handle = handle(tiny)
+    chain = (loras["flux1-schnell"], 0.5), (loras["flux1-schnell-b"], -0.8)
+    fused = engine.generate(with_loras(base_handle, *chain), request()).images
+
+    device = resolve_device(base_handle.device)
+    with outside_inference_mode():
+        pipe = load_pipeline(base_handle, device)
+        for index, (path, _) in enumerate(chain):
+            pipe.load_lora_weights(path, adapter_name=f"a{index}")
+        pipe.set_adapters(["a0", "a1"], [strength for _, strength in chain])
+        unfused = run_pipeline(pipe, family_for("FluxPipeline"), request())
+    torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=0)
+
+
+def test_a_chain_of_two_and_a_changed_strength(tiny, loras):
+    engine = Engine()
+    base_handle = handle(tiny)
+    a, b = loras["flux1-schnell"], loras["flux1-schnell-b"]
+    base = engine.generate(base_handle, request()).images
+    only_a = engine.generate(with_loras(base_handle, (a, 1.0)), request()).images
+    chain = engine.generate(with_loras(base_handle, (a, 1.0), (b, 1.0)), request())
+    assert differs(chain.images, only_a) and differs(chain.images, base)
+    assert chain.info.notes[-2:] == ("LoRA: flux1-schnell.safetensors @ 1 (fused, 7 layers)",
+                                     "LoRA: flux1-b.safetensors @ 1 (fused, 7 layers)")
+    reversed_chain = engine.generate(with_loras(base_handle, (b, 1.0), (a, 1.0)), request()).images
+    torch.testing.assert_close(reversed_chain, chain.images, atol=1e-5, rtol=0)  # fused deltas add up
+    half = engine.generate(with_loras(base_handle, (a, 0.5)), request()).images
+    assert differs(half, only_a) and differs(half, base)
+    assert torch.equal(engine.generate(with_loras(base_handle, (a, 1.0)), request()).images, only_a)
+    assert torch.equal(engine.generate(base_handle, request()).images, base)
+    assert engine.cache.stats.loads == 1
+
+
+@pytest.mark.parametrize("fmt, layers", [("kohya", 10), ("comfyui", 6)])
+def test_kohya_and_comfyui_loras_load_and_change_the_image(tiny, loras, fmt, layers):
+    """BFL layer names, converted by diffusers: a double block's fused qkv splits into to_q/to_k/to_v; the kohya
+    file also has CLIP's first attention (lora_te1_), which lands in the text encoder."""
+    engine = Engine()
+    base_handle = handle(tiny)
+    base = engine.generate(base_handle, request()).images
+    result = engine.generate(with_loras(base_handle, (loras[f"flux1-{fmt}"], 1.0)), request())
+    assert differs(result.images, base)
+    assert f"LoRA: flux1-{fmt}.safetensors @ 1 (fused, {layers} layers)" in result.info.notes
+    state = engine.realise(with_loras(base_handle, (loras[f"flux1-{fmt}"], 1.0)))[0].lora
+    assert any(key.startswith("transformer.transformer_blocks.0.attn.to_k.") for key in state.backups)
+    assert any(key.startswith("text_encoder.") for key in state.backups) == (fmt == "kohya")
+    assert torch.equal(engine.generate(base_handle, request()).images, base)
+
+
+def test_a_lora_for_another_family_is_refused_and_the_base_is_left_bit_for_bit(tiny, loras):
+    engine = Engine()
+    base_handle = handle(tiny)
+    base = engine.generate(base_handle, request()).images
+    only_a = engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 1.0)), request()).images
+    with pytest.raises(UserInputError, match=r"LoRA 'sd3.safetensors' does not fit this FluxPipeline: .* it is a "
+                                             r"LoRA for another model. Pick one made for this model, or remove it"):
+        engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 1.0), (loras["sd3"], 1.0)), request())
+    entry = engine.realise(base_handle)[0]
+    assert not any(True for _ in lora_module._lora_layers(entry.pipe))
+    assert torch.equal(engine.generate(base_handle, request()).images, base)
+    assert torch.equal(engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 1.0)), request()).images,
+                       only_a)
+
+
+def test_a_lora_whose_layers_have_other_widths_is_refused_before_diffusers_widens_the_model(tiny, loras, tmp_path):
+    """diffusers widens a FLUX.1 layer for a wider LoRA (control LoRAs); that would change the base model."""
+    wide = tmp_path / "wide.safetensors"
+    save_file({"transformer.x_embedder.lora_A.weight": torch.randn(4, 128),
+               "transformer.x_embedder.lora_B.weight": torch.randn(32, 4)}, str(wide))
+    engine = Engine()
+    base_handle = handle(tiny)
+    base = engine.generate(base_handle, request()).images
+    with pytest.raises(UserInputError, match=r"'wide.safetensors' does not fit .*transformer.x_embedder is 64->32 "
+                                             r"here, 128->32 in the LoRA"):
+        engine.generate(with_loras(base_handle, (str(wide), 1.0)), request())
+    assert engine.realise(base_handle)[0].pipe.transformer.x_embedder.in_features == 64
+    assert torch.equal(engine.generate(base_handle, request()).images, base)
+
+
+def test_corrupt_and_wrong_files_are_refused_with_what_to_do_and_the_base_is_unchanged(tiny, loras, tmp_path):
+    data = open(loras["flux1-schnell"], "rb").read()
+    cut_header = tmp_path / "cut_header.safetensors"
+    cut_header.write_bytes(data[:100])
+    header_length = int.from_bytes(data[:8], "little")
+    cut_data = tmp_path / "cut_data.safetensors"  # the header is whole, the tensors are not
+    cut_data.write_bytes(data[:8 + header_length + 16])
+    pickle = tmp_path / "old.ckpt"
+    pickle.write_bytes(data)
+    full_model = tmp_path / "model.safetensors"
+    save_file({"transformer_blocks.0.attn.to_q.weight": torch.zeros(2, 2)}, str(full_model))
+    cases = {cut_header: "is not a readable safetensors file, it is truncated or corrupt .*download it again",
+             cut_data: "truncated or corrupt .*download it again",
+             pickle: "is not a .safetensors file; only safetensors LoRAs are loaded",
+             full_model: "holds no LoRA weights .*is it a full model",
+             tmp_path / "gone.safetensors": "does not exist"}
+    engine = Engine()
+    base_handle = handle(tiny)
+    base = engine.generate(base_handle, request()).images
+    for path, message in cases.items():
+        with pytest.raises(UserInputError, match=message):
+            engine.generate(with_loras(base_handle, (loras["flux1-schnell"], 1.0), (str(path), 1.0)), request())
+        assert torch.equal(engine.generate(base_handle, request()).images, base), path
+    for path in (cut_header, pickle, full_model):
+        with pytest.raises(UserInputError):
+            check_lora_file(str(path))  # queue time, headers only
+    check_lora_file(loras["flux1-kohya"])
+
+
+def test_model_cpu_offload_keeps_its_hooks_and_device(tiny, loras):
+    device_handle = handle(tiny)
+    offload_handle = handle(tiny, placement=Placement.MODEL_CPU_OFFLOAD)
+    lora = (loras["flux1-kohya"], 0.9)
+    on_device = Engine().generate(with_loras(device_handle, lora), request()).images
+    engine = Engine()
+    base = engine.generate(offload_handle, request()).images
+    offloaded = engine.generate(with_loras(offload_handle, lora), request()).images
+    torch.testing.assert_close(offloaded, on_device, atol=1e-5, rtol=0)
+    assert differs(offloaded, base)
+    pipe = engine.realise(with_loras(offload_handle, lora))[0].pipe
+    assert pipe._all_hooks and pipe._execution_device.type == "cpu"
+    assert hasattr(pipe.transformer, "_hf_hook")
+    assert torch.equal(engine.generate(offload_handle, request()).images, base)
+
+
+def test_lora_switch_compiles_nothing(tiny, loras):
+    """One compile; then LoRA A, kohya B, B at another strength and no LoRA change weight values in place:
+    dynamo compiles no graph, and no LoRA means the compiled base image bit for bit."""
+    engine = Engine()
+    compiled = handle(tiny, mode=ExecutionMode.COMPILED, compile=CompileSpec())
+    first = engine.generate(compiled, request())
+    assert first.info.compiled_now is True
+    switches = {"A": ((loras["flux1-schnell"], 1.0),), "B": ((loras["flux1-kohya"], 1.0),),
+                "B at 0.4": ((loras["flux1-kohya"], 0.4),), "none": ()}
+    images = {}
+    for name, chain in switches.items():
+        with compile_cache.watch_compiles() as activity:
+            result = engine.generate(with_loras(compiled, *chain), request())
+        assert (activity.graphs, result.info.compiled_now) == (0, False), name
+        images[name] = result.images
+    assert torch.equal(images["none"], first.images)
+    assert differs(images["A"], first.images) and differs(images["B"], images["B at 0.4"])
+    eager = Engine().generate(with_loras(handle(tiny), (loras["flux1-schnell"], 1.0)), request()).images
+    torch.testing.assert_close(images["A"], eager, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+    assert engine.cache.stats.loads == 1
+
+
+def test_loras_with_a_tp_mesh_are_refused_before_anything_launches(tiny, loras, monkeypatch):
+    engine = Engine()
+    monkeypatch.setattr(engine.workers, "get", lambda *a, **k: pytest.fail("a worker group was launched"))
+    mesh_handle = with_loras(handle(tiny, mesh=MeshSpec(chips=2)), (loras["flux1-schnell"], 1.0))
+    with pytest.raises(UserInputError, match="LoRAs are not supported with a TP Mesh yet: the sharded transformer's "
+                                             "weights are DTensors"):
+        engine.generate(mesh_handle, request())
+    assert len(engine.cache) == 0
+
+
+def test_a_fresh_state_applies_and_restores_on_a_bare_pipeline(tiny, loras):
+    """apply_loras on its own (no engine): the backups hold the base values, and restoring empties `changed`."""
+    base_handle = handle(tiny)
+    with outside_inference_mode():
+        pipe = load_pipeline(base_handle, resolve_device("cpu"))
+        before = {name: p.detach().clone() for name, p in pipe.transformer.named_parameters()}
+        state = LoraState()
+        apply_loras(pipe, (LoraSpec(loras["flux1-schnell"], 1.0),), state)
+        after = dict(pipe.transformer.named_parameters())
+        changed = {name for name in before if not torch.equal(before[name], after[name])}
+        backed_up = {key.removeprefix("transformer.") for key in state.changed}
+        assert changed == {name for name in backed_up if name.endswith(".weight")} and len(changed) == 7
+        assert backed_up - changed == {name for name in backed_up if name.endswith(".bias")}  # whole layers
+        assert all(torch.equal(base, before[key.removeprefix("transformer.")]) for key, (_, base)
+                   in state.backups.items())
+        assert apply_loras(pipe, (), state) == [] and not state.changed
+        assert all(torch.equal(before[name], p) for name, p in pipe.transformer.named_parameters())
