@@ -114,8 +114,9 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
         adapter = f"{ADAPTER_PREFIX}{index}"
         expected = _check_fits(pipe, lora)
         try:
-            pipe.load_lora_weights(os.path.dirname(lora.path), weight_name=os.path.basename(lora.path),
-                                   adapter_name=adapter)
+            with _quiet_about_components_without_keys():
+                pipe.load_lora_weights(os.path.dirname(lora.path), weight_name=os.path.basename(lora.path),
+                                       adapter_name=adapter)
         except (ValueError, RuntimeError, KeyError, AssertionError, TypeError) as e:
             raise UserInputError(f"LoRA '{_name(lora)}' could not be loaded into this {type(pipe).__name__} "
                                  f"({type(e).__name__}: {_first_line(e)}); is it a LoRA for this model? Pick one "
@@ -246,6 +247,23 @@ def _unload(pipe) -> None:
     for _, _, layer in _lora_layers(pipe):  # unload_lora_weights skips models that are not diffusers or transformers
         raise RuntimeError(f"peft layer {type(layer).__name__} left after unloading LoRAs")
     pipe._merged_adapters = set()  # diffusers' record of fused adapters (a class-level default otherwise)
+
+
+class _NoKeysFor(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No LoRA keys associated to")
+
+
+@contextlib.contextmanager
+def _quiet_about_components_without_keys():
+    """diffusers warns for every LoRA-loadable component a LoRA leaves alone (most LoRAs change only the
+    transformer); what was applied is checked here and said in the run info instead."""
+    logger, quiet = logging.getLogger("diffusers.loaders.lora_base"), _NoKeysFor()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny LoRA files for the tiny pipelines of tools/tiny_models.py, made offline.
 
-    python tools/tiny_loras.py MODEL_DIR OUT_FILE [--seed 0] [--format diffusers|kohya|comfyui]
+    python tools/tiny_loras.py MODEL_DIR OUT_FILE [--seed 0] [--format diffusers|kohya|comfyui] [--rank 4]
 
 `diffusers` (every family): peft's `LoraConfig` on the transformer's attention linears (to_q, to_k, to_v,
 to_out.0, where the family has them), lora_A and lora_B drawn at random from `seed` (B is not zero, so the
@@ -103,13 +103,13 @@ def bfl_lora(model_dir: Path, out_file: Path, style: str, seed: int = 0, rank: i
     return out_file
 
 
-def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0) -> Path:
-    """Write a LoRA for the tiny pipeline in `model_dir` to `out_file`; returns out_file as a Path."""
+def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4) -> Path:
+    """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path."""
     model_dir, out_file = Path(model_dir), Path(out_file)
     if fmt == "diffusers":
-        return diffusers_lora(model_dir, out_file, seed)
+        return diffusers_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
-        return bfl_lora(model_dir, out_file, fmt, seed)
+        return bfl_lora(model_dir, out_file, fmt, seed, rank)
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
 
 
@@ -119,8 +119,9 @@ def main(argv=None) -> None:
     parser.add_argument("out_file", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=FORMATS, default="diffusers")
+    parser.add_argument("--rank", type=int, default=4)
     args = parser.parse_args(argv)
-    print(build(args.model_dir, args.out_file, args.format, args.seed))
+    print(build(args.model_dir, args.out_file, args.format, args.seed, args.rank))
 
 
 if __name__ == "__main__":
