@@ -97,6 +97,11 @@ DEFAULT_REPOS = {
     "QwenImagePipeline": "Qwen/Qwen-Image",
 }
 
+# Models whose diffusers single-file converter pops every key it uses and silently drops the rest: keys
+# left in its input were not used. (The other converters rename every key, so an unknown one shows up as a
+# converted key the model does not have.)
+LEFTOVERS_UNUSED = ("FluxTransformer2DModel", "SD3Transformer2DModel")
+
 # The small files of a diffusers repo that a single-file load needs: configs, tokenizers, scheduler.
 CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "tokenizer*", "*/tokenizer*"]
 
@@ -350,37 +355,61 @@ def config_folder(source: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------- loading
-def _converted_vae(cls_name: str, weights: dict, config: dict) -> dict:
-    """VAEs whose diffusers class has no single-file support: FLUX.2's is FLUX.1's LDM layout plus a
-    batch norm; QwenImage's is Wan 2.1's layout."""
-    from diffusers.loaders import single_file_utils as sfu
+def _flux2_vae(checkpoint, config):
+    """FLUX.2's VAE file is FLUX.1's LDM layout plus a batch norm over the latents."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 
-    if cls_name == "AutoencoderKLFlux2":
-        out = sfu.convert_ldm_vae_checkpoint(weights, config)
-        out.update({k: v for k, v in weights.items() if k.startswith("bn.")})
-        return out
-    return sfu.convert_wan_vae_to_diffusers(weights)
+    out = convert_ldm_vae_checkpoint(checkpoint, config)
+    out.update({k: v for k, v in checkpoint.items() if k.startswith("bn.")})
+    return out
+
+
+def _wan_vae(checkpoint, config):
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    return convert_wan_vae_to_diffusers(checkpoint)
+
+
+# diffusers classes that from_single_file does not take, with the converter of their original layout.
+EXTRA_CONVERTERS = {"AutoencoderKLFlux2": _flux2_vae, "AutoencoderKLQwenImage": _wan_vae}
+
+
+def _converter(cls):
+    from diffusers.loaders.single_file_model import (SINGLE_FILE_LOADABLE_CLASSES,
+                                                     _get_single_file_loadable_mapping_class)
+
+    mapping_class = _get_single_file_loadable_mapping_class(cls)
+    if mapping_class is not None:
+        return SINGLE_FILE_LOADABLE_CLASSES[mapping_class]["checkpoint_mapping_fn"]
+    if cls.__name__ in EXTRA_CONVERTERS:
+        return EXTRA_CONVERTERS[cls.__name__]
+    raise UserInputError(f"{cls.__name__} cannot be loaded from a single file; use a diffusers folder for it.")
 
 
 def _load_diffusers(name, cls, weights, folder, dtype):
-    import torch
-    from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class
+    """Convert with diffusers' converter, compare the keys with the model's (diffusers itself only logs
+    unused keys and leaves missing ones unset), then load with from_single_file, which takes the converted
+    state dict as it is."""
+    from accelerate import init_empty_weights
 
-    if _get_single_file_loadable_mapping_class(cls) is not None:
-        # diffusers converts the original layout; it pops keys from the dict it gets, so it gets a copy.
-        model = cls.from_single_file(dict(weights), config=folder, subfolder=name, torch_dtype=dtype,
-                                     local_files_only=True)
-        missing = [n for n, p in model.named_parameters() if p.is_meta]
-        unexpected = []
+    config = cls.load_config(folder, subfolder=name, local_files_only=True)
+    with init_empty_weights():
+        expected = set(cls.from_config(config).state_dict())
+    given = dict(weights)  # converters pop what they use
+    state = given if set(given) == expected else _converter(cls)(checkpoint=given, config=config)
+    missing = sorted(expected - set(state))
+    unexpected = sorted(set(state) - expected)
+    if cls.__name__ in LEFTOVERS_UNUSED and state is not given:
+        unexpected += sorted(given)  # what its converter left behind
+    if missing or unexpected:
+        return None, missing, unexpected, []
+    if cls.__name__ in EXTRA_CONVERTERS:
+        with init_empty_weights():
+            model = cls.from_config(config)
+        model.load_state_dict(state, strict=True, assign=True)
     else:
-        config = cls.load_config(folder, subfolder=name, local_files_only=True)
-        model = cls.from_config(config)
-        expected = set(model.state_dict())
-        state = weights if expected <= set(weights) else _converted_vae(cls.__name__, dict(weights), config)
-        result = model.load_state_dict(state, strict=False)
-        missing, unexpected = result.missing_keys, result.unexpected_keys
-        model.to(dtype)
-    return model, missing, unexpected, []
+        model = cls.from_single_file(state, config=folder, subfolder=name, local_files_only=True)
+    return model.to(dtype), [], [], []
 
 
 def _load_transformers(name, cls, weights, folder, dtype):

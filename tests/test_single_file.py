@@ -178,6 +178,36 @@ def test_clip_l_where_clip_g_goes_fails_at_load_and_keeps_nothing(sf_dir):
     assert len(cache) == 0 and cache.stats.loads == 0
 
 
+@pytest.mark.parametrize("change", ["extra", "missing"])
+def test_a_transformer_file_with_extra_or_missing_weights_is_refused(sf_dir, tmp_path, change):
+    from safetensors.torch import load_file
+
+    weights = load_file(files(sf_dir, "qwenimage")["transformer"])
+    if change == "extra":
+        weights["transformer_blocks.0.img_mod.1.extra"] = torch.zeros(2)
+    else:
+        del weights["proj_out.weight"]
+    path = tmp_path / "qwen_image.safetensors"
+    save_file(weights, str(path))
+    cache = PipelineCache()
+    with pytest.raises(ModelLoadError, match="is not a QwenImage diffusion model for QwenImage.*1 " + {"extra": "unexpected", "missing": "missing"}[change]):
+        cache.get(PipelineHandle(source=folder(sf_dir, "qwenimage"), pipeline_class="QwenImagePipeline",
+                                 files=[("transformer", str(path))]), CPU)
+    assert len(cache) == 0
+
+
+def test_an_sd3_checkpoint_with_an_unknown_key_is_refused(sf_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    weights = load_file(files(sf_dir, "sd3")["checkpoint"])
+    weights["model.diffusion_model.joint_blocks.0.x_block.attn.extra.weight"] = torch.zeros(2)
+    path = tmp_path / "sd3.5_medium.safetensors"
+    save_file(weights, str(path))
+    with pytest.raises(ModelLoadError, match="1 unexpected .*joint_blocks.0.x_block.attn.extra.weight"):
+        load_pipeline(PipelineHandle(source=folder(sf_dir, "sd3"), pipeline_class=SD3,
+                                     files=[("transformer", str(path))]), CPU)
+
+
 # ------------------------------------------------------------------------------ unsupported files
 def test_gguf_is_refused_with_what_is_supported(tmp_path, sf_dir):
     path = tmp_path / "flux1-dev-Q4_K_S.gguf"
