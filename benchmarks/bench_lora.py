@@ -3,16 +3,18 @@
 run; and the seconds to switch LoRAs on the loaded pipeline against reloading it.
 
     .venv/bin/python benchmarks/bench_lora.py [--model DIR ...] [--device auto|tpu|cuda|cpu]
-        [--size 512x512] [--steps 4] [--runs 3] [--rank 32]
+        [--size 512x512] [--steps 4] [--runs 3] [--rank 32] [--repeat 10]
 
 Without --model it measures the tiny FLUX.1-schnell of the tests and the FLUX.1-schnell-shaped bench model
 (real layer widths). The LoRAs are tools/tiny_loras.py ones (diffusers format, the transformer's attention
-linears, rank --rank), made once next to the model. Runs alternate the three ways; the figures are the
-fastest and the median gap between step callbacks over all runs (other work on a shared machine only adds
-time). "unfused" is diffusers' own LoRA path without fusing: `load_lora_weights` + `set_adapters`, so every
+linears, rank --rank), made once next to the model. Rounds alternate the three ways; in each, the
+transformer's forward at the first step is timed alone (the fastest of --repeat calls: other work on a
+shared machine only adds time), then a whole run's step gaps (median; noisier). "unfused" is diffusers' own LoRA path without fusing: `load_lora_weights` + `set_adapters`, so every
 step runs the peft layers. Switching is `apply_loras` from one LoRA to another (restore the base weights
 from the CPU backups, load, fuse, unload), to another strength, and back to none (restore only); reloading
-is `load_pipeline` from disk (files in the page cache after the first load), placed on the device.
+is `load_pipeline` from disk (files in the page cache after the first load), placed on the device; on the
+CPU safetensors maps the files, so the weights are read only when first used: the fair comparison is the
+time to the next image, after switching vs in a new engine (load, apply B, one step).
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ import dataclasses
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 from common import PROMPT, StepClock, bench_model, parse_size
 
 import tiny_loras
 from runtime.engine import Engine
+from runtime.families import family_for
 from runtime.handle import PipelineHandle
 from runtime.loading import inspect_source, load_pipeline
 from runtime.lora import apply_loras
 from runtime.modes import outside_inference_mode
-from runtime.sampling import SampleRequest
+from runtime.sampling import SampleRequest, run_pipeline
 from runtime.specs import LoraSpec
 
 
@@ -56,9 +60,22 @@ def seconds(action) -> float:
     return time.perf_counter() - start
 
 
+def transformer_call(pipe, family, request) -> tuple[tuple, dict]:
+    """The transformer's arguments at the first denoising step of `request` (captured by a hook)."""
+    calls = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda _m, args, kwargs: calls.append((args, kwargs)),
+                                                      with_kwargs=True)
+    try:
+        run_pipeline(pipe, family, dataclasses.replace(request, steps=1))
+    finally:
+        hook.remove()
+    return calls[0]
+
+
 def measure(model: Path, args) -> dict:
     a, b = lora_files(model, args.rank)
     handle = PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=args.device)
+    family = family_for(handle.pipeline_class)
     width, height = parse_size(args.size)
     request = SampleRequest(prompt=PROMPT, width=width, height=height, steps=args.steps, guidance=0.0, seed=0)
     engine = Engine()
@@ -66,24 +83,38 @@ def measure(model: Path, args) -> dict:
     engine.generate(handle, request)  # loads, and warms the kernels
     entry, device, _ = engine.realise(handle)
     pipe = entry.pipe
+    with outside_inference_mode():
+        call_args, call_kwargs = transformer_call(pipe, family, request)
 
-    def unfused_on():
-        pipe.load_lora_weights(a, adapter_name="unfused")
-        pipe.set_adapters(["unfused"], [1.0])
+    def way_on(way):
+        if way == "fused":
+            apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora)
+        elif way == "unfused":  # diffusers' own adapter on the base weights: peft layers run in every step
+            apply_loras(pipe, (), entry.lora)
+            pipe.load_lora_weights(a, adapter_name="unfused")
+            pipe.set_adapters(["unfused"], [1.0])
+        else:
+            apply_loras(pipe, (), entry.lora)
 
-    gaps = {"none": [], "fused": [], "unfused": []}
+    def way_off(way):
+        if way == "unfused":
+            pipe.unload_lora_weights()
+
+    forward = {"none": [], "fused": [], "unfused": []}
+    gaps = {way: [] for way in forward}
     for _ in range(args.runs):
-        for way in gaps:
+        for way in forward:
             with outside_inference_mode():
-                if way == "unfused":
-                    unfused_on()  # the pipeline has no LoRA applied now: this adapter is all there is
+                way_on(way)
+                forward[way].append(min(timeit.repeat(lambda: pipe.transformer(*call_args, **call_kwargs),
+                                                      number=1, repeat=args.repeat)))
             clock = StepClock()
             engine.generate(fused_handle if way == "fused" else handle, request, on_progress=clock)
             gaps[way] += [y - x for x, y in zip(clock.stamps, clock.stamps[1:])]
-            if way == "unfused":
-                with outside_inference_mode():
-                    pipe.unload_lora_weights()
+            with outside_inference_mode():
+                way_off(way)
 
+    one_step = dataclasses.replace(request, steps=1)
     switch = {}
     with outside_inference_mode():
         apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora)
@@ -92,10 +123,14 @@ def measure(model: Path, args) -> dict:
         switch["B -> none"] = seconds(lambda: apply_loras(pipe, (), entry.lora))
         switch["none -> A"] = seconds(lambda: apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora))
         layers = len({key.rsplit(".", 1)[0] for key in entry.lora.changed})  # layers, not parameters
-        apply_loras(pipe, (), entry.lora)
-        engine.unload()
+    b_handle = dataclasses.replace(handle, loras=(LoraSpec(b, 1.0),))
+    image_after_switch = seconds(lambda: engine.generate(b_handle, one_step))
+    engine.unload()
+    with outside_inference_mode():
         reload = seconds(lambda: load_pipeline(handle, device))
-    return dict(gaps=gaps, switch=switch, reload=reload, layers=layers)
+    image_after_reload = seconds(lambda: Engine().generate(b_handle, one_step))
+    return dict(forward=forward, gaps=gaps, switch=switch, reload=reload, layers=layers,
+                image_after_switch=image_after_switch, image_after_reload=image_after_reload)
 
 
 def main(argv=None) -> int:
@@ -106,26 +141,31 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=10, help="transformer calls per round and way")
     args = parser.parse_args(argv)
     models = args.model or [bench_model(None, "tiny"), bench_model(None, "bench")]
     results = [(model.name, measure(bench_model(model), args)) for model in models]
 
-    print(f"\ndevice {args.device}, {args.size}, {args.steps} steps, {args.runs} runs each, alternating, "
-          f"LoRA rank {args.rank} on the attention linears; ms per step")
-    print(f"{'model':<22}{'none fastest':>13}{'fused':>9}{'unfused':>9}{'fused/none':>11}{'unfused/none':>13}"
-          f"{'none median':>12}{'fused med':>10}{'unfused med':>12}")
+    print(f"\ndevice {args.device}, {args.size}, LoRA rank {args.rank} on the attention linears, {args.runs} rounds "
+          f"alternating none/fused/unfused")
+    print(f"transformer forward alone, fastest of {args.repeat} per round (ms), and pipeline step gaps over "
+          f"{args.steps}-step runs (median ms)")
+    print(f"{'model':<22}{'none':>9}{'fused':>9}{'unfused':>9}{'fused/none':>11}{'unfused/none':>13}"
+          f"{'step none':>11}{'fused':>9}{'unfused':>9}")
     for name, r in results:
-        fast = {way: min(g) for way, g in r["gaps"].items()}
+        fast = {way: min(f) for way, f in r["forward"].items()}
         median = {way: statistics.median(g) for way, g in r["gaps"].items()}
-        print(f"{name:<22}{fast['none'] * 1000:>13.1f}{fast['fused'] * 1000:>9.1f}{fast['unfused'] * 1000:>9.1f}"
+        print(f"{name:<22}{fast['none'] * 1000:>9.2f}{fast['fused'] * 1000:>9.2f}{fast['unfused'] * 1000:>9.2f}"
               f"{fast['fused'] / fast['none']:>11.3f}{fast['unfused'] / fast['none']:>13.3f}"
-              f"{median['none'] * 1000:>12.1f}{median['fused'] * 1000:>10.1f}{median['unfused'] * 1000:>12.1f}")
-    print("\nseconds to switch LoRAs on the loaded pipeline vs reloading it")
+              f"{median['none'] * 1000:>11.1f}{median['fused'] * 1000:>9.1f}{median['unfused'] * 1000:>9.1f}")
+    print("\nseconds: apply_loras on the loaded pipeline; load_pipeline again; a 1-step image after switching "
+          "A -> B vs in a new engine (load + B + image)")
     print(f"{'model':<22}{'layers':>7}" + "".join(f"{k:>15}" for k in results[0][1]["switch"]) +
-          f"{'reload':>9}{'A->B / reload':>15}")
+          f"{'reload':>9}{'image: switch':>15}{'reload':>9}{'ratio':>8}")
     for name, r in results:
         print(f"{name:<22}{r['layers']:>7}" + "".join(f"{v:>15.3f}" for v in r["switch"].values()) +
-              f"{r['reload']:>9.2f}{r['switch']['A -> B'] / r['reload']:>15.3f}")
+              f"{r['reload']:>9.3f}{r['image_after_switch']:>15.3f}{r['image_after_reload']:>9.3f}"
+              f"{r['image_after_switch'] / r['image_after_reload']:>8.3f}")
     return 0
 
 

@@ -97,8 +97,10 @@ def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:
             try:
                 notes = _fuse(pipe, loras, active, state, on_progress)
             except BaseException:
-                _unload(pipe)
-                _restore(state)
+                try:
+                    _unload(pipe)
+                finally:
+                    _restore(state)  # the base, whatever the error was
                 raise
     state.applied, state.notes = loras, tuple(notes)
     return notes
