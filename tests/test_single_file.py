@@ -29,6 +29,7 @@ def sf_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("single_files")
     for name in ("flux1-dev", "sd3", "flux2", "qwenimage"):
         tiny_models.build(name, root / name)
+    tsf.wan_sized_vae(root / "qwenimage")  # diffusers' Wan VAE converter needs Wan's block structure
     tsf.flux1_wide(root / "flux1-wide")
     files = {
         "flux1-dev": tsf.flux1_files(root / "flux1-dev", root / "files-flux1-tiny"),
@@ -100,7 +101,7 @@ def test_flux2_from_files_matches_the_folder(sf_dir):
 def test_qwenimage_from_files_matches_the_folder(sf_dir):
     f = files(sf_dir, "qwenimage")
     assert_same_pipeline(folder(sf_dir, "qwenimage"), "QwenImagePipeline", (
-        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"])))
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
 
 
 def test_one_read_of_a_checkpoint_serves_all_its_components(sf_dir, monkeypatch):

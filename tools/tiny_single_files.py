@@ -8,7 +8,8 @@ The files use the real layouts and the usual names, so the loader meets what use
                       clip_l.safetensors, clip_g.safetensors, t5xxl_fp16.safetensors
   FLUX.2 (Comfy-Org): flux2_dev.safetensors (BFL layout), mistral_3_small_flux2.safetensors, flux2-vae.safetensors
   QwenImage:          qwen_image.safetensors, qwen_2.5_vl_7b.safetensors (both already in diffusers' /
-                      transformers' key layout, as Comfy-Org ships them)
+                      transformers' key layout, as Comfy-Org ships them), qwen_image_vae.safetensors (Wan 2.1
+                      layout; the folder needs `wan_sized_vae` first)
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -76,6 +77,62 @@ def vae_to_ldm(sd: dict, num_up_blocks: int) -> dict:
             value = value[:, :, None, None]
         out[new] = value
     return out
+
+
+# ----------------------------------------------------------------------------- VAE (Wan 2.1 / QwenImage)
+WAN_RESNET = {"norm1.gamma": "residual.0.gamma", "conv1.": "residual.2.", "norm2.gamma": "residual.3.gamma",
+              "conv2.": "residual.6.", "conv_shortcut.": "shortcut."}
+
+
+def _wan_resnet(rest: str) -> str:
+    for d, w in WAN_RESNET.items():
+        if rest.startswith(d):
+            return w + rest[len(d):]
+    return rest  # resample.*, time_conv.*
+
+
+WAN_RULES = [  # diffusers key pattern -> Wan 2.1 key (qwen_image_vae.safetensors)
+    (r"^(encoder|decoder)\.conv_in\.(.*)$", lambda m: f"{m[1]}.conv1.{m[2]}"),
+    (r"^(encoder|decoder)\.norm_out\.(.*)$", lambda m: f"{m[1]}.head.0.{m[2]}"),
+    (r"^(encoder|decoder)\.conv_out\.(.*)$", lambda m: f"{m[1]}.head.2.{m[2]}"),
+    (r"^quant_conv\.(.*)$", lambda m: f"conv1.{m[1]}"),
+    (r"^post_quant_conv\.(.*)$", lambda m: f"conv2.{m[1]}"),
+    (r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.*)$",
+     lambda m: f"{m[1]}.middle.{2 * int(m[2])}.{_wan_resnet(m[3])}"),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.*)$", lambda m: f"{m[1]}.middle.1.{m[2]}"),
+    (r"^encoder\.down_blocks\.(\d+)\.(.*)$", lambda m: f"encoder.downsamples.{m[1]}.{_wan_resnet(m[2])}"),
+    # decoder.upsamples is flat: each up block is 3 resnets then its upsampler (num_res_blocks = 2, as Wan)
+    (r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$",
+     lambda m: f"decoder.upsamples.{4 * int(m[1]) + int(m[2])}.{_wan_resnet(m[3])}"),
+    (r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", lambda m: f"decoder.upsamples.{4 * int(m[1]) + 3}.{m[2]}"),
+]
+
+
+def vae_to_wan(sd: dict) -> dict:
+    """AutoencoderKLQwenImage keys -> Wan 2.1's layout. diffusers' converter assumes Wan's shape (2 resnets
+    per block, 4 blocks), so the folder's VAE must have it: see `wan_sized_vae`."""
+    out = {}
+    for key, value in sd.items():
+        for pattern, repl in WAN_RULES:
+            m = re.match(pattern, key)
+            if m:
+                out[repl(m)] = value
+                break
+        else:
+            raise ValueError(f"no Wan name for {key}")
+    return out
+
+
+def wan_sized_vae(folder) -> None:
+    """Replace a tiny QwenImage folder's VAE by one with Wan 2.1's block structure (num_res_blocks=2,
+    dim_mult 1,2,4,4) but base width 4 (0.24M parameters), which diffusers' Wan converter can read."""
+    from diffusers import AutoencoderKLQwenImage
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
+                                 latents_std=[1.0] * 16)
+    vae.save_pretrained(Path(folder, "vae"))
 
 
 # ------------------------------------------------------------------------------ FLUX.1 transformer
@@ -308,6 +365,7 @@ def qwenimage_files(folder, out) -> dict[str, Path]:
     return {
         "transformer": _save(folder_weights(folder, "transformer"), out / "qwen_image.safetensors"),
         "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen_2.5_vl_7b.safetensors"),
+        "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
     }
 
 
