@@ -412,10 +412,19 @@ def _load_diffusers(name, cls, weights, folder, dtype):
     return model.to(dtype), [], [], []
 
 
+# Text-only files of a multimodal encoder that name the language model as a plain causal LM ("model.layers...",
+# as ComfyUI's own Mistral code does) where transformers expects it under another prefix:
+# class -> (old prefix, new prefix).
+TEXT_ONLY_PREFIXES = {"Mistral3ForConditionalGeneration": ("model.", "model.language_model.")}
+
+
 def _load_transformers(name, cls, weights, folder, dtype):
+    old, new = TEXT_ONLY_PREFIXES.get(cls.__name__, (None, None))
+    if old and any(k.startswith(old + "layers.") for k in weights):
+        weights = {new + k[len(old):] if k.startswith(old) else k: v for k, v in weights.items()}
     config = cls.config_class.from_pretrained(os.path.join(folder, name))
     model, info = cls.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, output_loading_info=True)
-    missing = [k for k in info["missing_keys"] if not k.startswith(UNUSED_PARTS)]
+    missing = [k for k in info["missing_keys"] if not k.removeprefix("model.").startswith(UNUSED_PARTS)]
     unexpected = [k for k in info["unexpected_keys"] if not k.endswith(IGNORED_UNEXPECTED)]
     return model, missing, unexpected, sorted(info["mismatched_keys"])
 

@@ -98,6 +98,19 @@ def test_flux2_from_files_matches_the_folder(sf_dir):
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
 
 
+def test_flux2_text_only_mistral_file_gives_the_same_image(sf_dir):
+    """The vision tower is missing from the file; the pipeline never runs it, the text path is exact."""
+    f = files(sf_dir, "flux2")
+    source = folder(sf_dir, "flux2")
+    ref = load_pipeline(PipelineHandle(source=source, pipeline_class="Flux2Pipeline"), CPU)
+    pipe = load_pipeline(PipelineHandle(source=source, pipeline_class="Flux2Pipeline",
+                                        files=[("text_encoder", f["text_encoder_text_only"])]), CPU)
+    want, got = ref.text_encoder.state_dict(), pipe.text_encoder.state_dict()
+    language = [k for k in want if "language_model" in k]
+    assert language and all(torch.equal(want[k], got[k]) for k in language)
+    assert abs(image(ref) - image(pipe)).max() < 2e-5
+
+
 def test_qwenimage_from_files_matches_the_folder(sf_dir):
     f = files(sf_dir, "qwenimage")
     assert_same_pipeline(folder(sf_dir, "qwenimage"), "QwenImagePipeline", (

@@ -349,12 +349,22 @@ def sd3_files(folder, out) -> dict[str, Path]:
     }
 
 
+def mistral_text_only(sd: dict) -> dict:
+    """Only the language model of Mistral 3, named as a plain causal LM ("model.layers..."), the way
+    ComfyUI's own Mistral code names it; the vision tower and projector that text-to-image never runs
+    are left out."""
+    prefix = "language_model."
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix + "model.")}
+
+
 def flux2_files(folder, out) -> dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     return {
         "transformer": _save(flux2_to_bfl(folder_weights(folder, "transformer")), out / "flux2_dev.safetensors"),
         "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "mistral_3_small_flux2.safetensors"),
+        "text_encoder_text_only": _save(mistral_text_only(folder_weights(folder, "text_encoder")),
+                                        out / "mistral_3_small_flux2_text_only.safetensors"),
         "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "flux2-vae.safetensors"),
     }
 
