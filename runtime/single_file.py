@@ -187,7 +187,7 @@ def read_weights(path: str, dtype) -> dict:
         out = {}
         try:
             for k in keys:
-                if k == "scaled_fp8" or k.endswith(dropped):
+                if k.endswith(dropped):  # also a checkpoint's "model.diffusion_model.scaled_fp8"
                     continue
                 tensor = f.get_tensor(k)
                 layer = k[: -len(".weight")] if k.endswith(".weight") else None

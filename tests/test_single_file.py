@@ -142,6 +142,21 @@ def test_scaled_fp8_files_are_upcast_and_descaled(sf_dir, key):
         assert not torch.equal(fp8[k], full[k]) or full[k].dim() != 2
 
 
+def test_plain_fp8_is_upcast_and_a_checkpoints_scaled_fp8_marker_is_dropped(tmp_path):
+    weight = torch.randn(4, 4)
+    path = tmp_path / "model.safetensors"
+    save_file({"model.diffusion_model.scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn),
+               "model.diffusion_model.a.weight": (weight / 0.5).to(torch.float8_e4m3fn),
+               "model.diffusion_model.a.scale_weight": torch.tensor(0.5),
+               "model.diffusion_model.a.scale_input": torch.tensor(1.0),
+               "first_stage_model.b.weight": weight.to(torch.float8_e5m2)}, str(path))
+    got = single_file.read_weights(str(path), torch.bfloat16)
+    assert sorted(got) == ["first_stage_model.b.weight", "model.diffusion_model.a.weight"]
+    assert all(t.dtype == torch.bfloat16 for t in got.values())
+    assert torch.allclose(got["model.diffusion_model.a.weight"].float(), weight, rtol=0.07, atol=0.02)
+    assert torch.allclose(got["first_stage_model.b.weight"].float(), weight, rtol=0.13, atol=0.02)
+
+
 def test_fp8_text_encoder_loads_into_the_pipeline(sf_dir):
     f = files(sf_dir, "flux1-dev")
     pipe = load_pipeline(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline",
