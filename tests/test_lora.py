@@ -251,6 +251,24 @@ def test_lora_switch_compiles_nothing(tiny, loras):
     assert engine.cache.stats.loads == 1
 
 
+def test_lora_switch_under_model_offload_compiles_nothing(tiny, loras):
+    """Model CPU offload compiles the repeated blocks; the offload hooks come off and back on around the LoRA
+    work, and the compiled blocks keep their graphs."""
+    engine = Engine()
+    compiled = handle(tiny, mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
+                      compile=CompileSpec())
+    first = engine.generate(compiled, request())
+    assert first.info.compiled_now is True and engine.realise(compiled)[0].compiled.scope == "repeated_blocks"
+    images = {}
+    for name, chain in {"A": ((loras["flux1-schnell"], 1.0),), "none": ()}.items():
+        with compile_cache.watch_compiles() as activity:
+            result = engine.generate(with_loras(compiled, *chain), request())
+        assert (activity.graphs, result.info.compiled_now) == (0, False), name
+        images[name] = result.images
+    assert differs(images["A"], first.images) and torch.equal(images["none"], first.images)
+    assert hasattr(engine.realise(compiled)[0].pipe.transformer, "_hf_hook")
+
+
 def test_loras_with_a_tp_mesh_are_refused_before_anything_launches(tiny, loras, monkeypatch):
     engine = Engine()
     monkeypatch.setattr(engine.workers, "get", lambda *a, **k: pytest.fail("a worker group was launched"))
