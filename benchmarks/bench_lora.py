@@ -3,14 +3,16 @@
 run; and the seconds to switch LoRAs on the loaded pipeline against reloading it.
 
     .venv/bin/python benchmarks/bench_lora.py [--model DIR ...] [--device auto|tpu|cuda|cpu]
-        [--size 512x512] [--steps 4] [--runs 3] [--rank 32] [--repeat 10]
+        [--size 512x512] [--steps 4] [--runs 3] [--rank 32] [--repeat 10] [--clock wall|process]
+        [--threads N]
 
 Without --model it measures the tiny FLUX.1-schnell of the tests and the FLUX.1-schnell-shaped bench model
 (real layer widths). The LoRAs are tools/tiny_loras.py ones (diffusers format, the transformer's attention
 linears, rank --rank), made once next to the model. Rounds alternate the three ways; in each, the
 transformer's forward at the first step is timed alone (the fastest of --repeat calls: other work on a
-shared machine only adds time), then a whole run's step gaps (median; noisier). "unfused" is diffusers' own LoRA path without fusing: `load_lora_weights` + `set_adapters`, so every
-step runs the peft layers. Switching is `apply_loras` from one LoRA to another (restore the base weights
+shared machine only adds time), then a whole run's step gaps (median; noisier). "unfused" is diffusers'
+own LoRA path without fusing: `load_lora_weights` + `set_adapters`, so every step runs the peft layers.
+Switching is `apply_loras` from one LoRA to another (restore the base weights
 from the CPU backups, load, fuse, unload), to another strength, and back to none (restore only); reloading
 is `load_pipeline` from disk (files in the page cache after the first load), placed on the device; on the
 CPU safetensors maps the files, so the weights are read only when first used: the fair comparison is the
@@ -54,10 +56,15 @@ def lora_files(model: Path, rank: int) -> tuple[str, str]:
     return files[0], files[1]
 
 
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+clock = time.perf_counter  # --clock; "process" (this process's CPU time, all threads) is the steadier figure on
+# a shared CPU, where other work only adds wall time; it means nothing for an accelerator's asynchronous work
+
+
 def seconds(action) -> float:
-    start = time.perf_counter()
+    start = clock()
     action()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def transformer_call(pipe, family, request) -> tuple[tuple, dict]:
@@ -107,10 +114,10 @@ def measure(model: Path, args) -> dict:
             with outside_inference_mode():
                 way_on(way)
                 forward[way].append(min(timeit.repeat(lambda: pipe.transformer(*call_args, **call_kwargs),
-                                                      number=1, repeat=args.repeat)))
-            clock = StepClock()
-            engine.generate(fused_handle if way == "fused" else handle, request, on_progress=clock)
-            gaps[way] += [y - x for x, y in zip(clock.stamps, clock.stamps[1:])]
+                                                      number=1, repeat=args.repeat, timer=clock)))
+            step_clock = StepClock()  # wall clock
+            engine.generate(fused_handle if way == "fused" else handle, request, on_progress=step_clock)
+            gaps[way] += [y - x for x, y in zip(step_clock.stamps, step_clock.stamps[1:])]
             with outside_inference_mode():
                 way_off(way)
 
@@ -142,12 +149,23 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=10, help="transformer calls per round and way")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall",
+                        help="wall, or this process's CPU time (cpu device on a shared machine)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch's CPU threads (0: torch's default); 1 with --clock process is the steadiest on "
+                             "a shared CPU (no threads spinning while they wait)")
     args = parser.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     models = args.model or [bench_model(None, "tiny"), bench_model(None, "bench")]
     results = [(model.name, measure(bench_model(model), args)) for model in models]
 
-    print(f"\ndevice {args.device}, {args.size}, LoRA rank {args.rank} on the attention linears, {args.runs} rounds "
-          f"alternating none/fused/unfused")
+    print(f"\n{args.clock} clock, {args.threads or 'default'} threads; device {args.device}, {args.size}, LoRA rank {args.rank} on the attention "
+          f"linears, {args.runs} rounds alternating none/fused/unfused")
     print(f"transformer forward alone, fastest of {args.repeat} per round (ms), and pipeline step gaps over "
           f"{args.steps}-step runs (median ms)")
     print(f"{'model':<22}{'none':>9}{'fused':>9}{'unfused':>9}{'fused/none':>11}{'unfused/none':>13}"
