@@ -103,6 +103,7 @@ def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:
                     _restore(state)  # the base, whatever the error was
                 raise
     state.applied, state.notes = loras, tuple(notes)
+    log.info("TPU Diffusers: %s", "; ".join(notes) if notes else "LoRAs removed, base weights restored")
     return notes
 
 
@@ -295,3 +296,34 @@ def _name(lora: LoraSpec) -> str:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+def check_lora_fits(pipeline_class: str, config_folder: str, lora: LoraSpec) -> None:
+    """The LoRA node's check, before anything is loaded: the same as when fusing, against the pipeline's
+    LoRA-loadable models built on the meta device from their configs (no weights), so a LoRA of another
+    family fails on the LoRA node."""
+    import importlib
+    import json
+
+    import diffusers
+    import torch
+    from accelerate import init_empty_weights
+
+    pipeline_cls = getattr(diffusers, pipeline_class)
+    with open(os.path.join(config_folder, "model_index.json")) as f:
+        index = json.load(f)
+    models = {}
+    for component in pipeline_cls._lora_loadable_modules:
+        library, cls_name = (index.get(component) or [None, None])[:2]
+        if library not in ("diffusers", "transformers"):
+            continue
+        cls = getattr(importlib.import_module(library), cls_name)
+        if library == "diffusers":
+            with init_empty_weights():
+                models[component] = cls.from_config(cls.load_config(config_folder, subfolder=component))
+        else:
+            with torch.device("meta"):
+                models[component] = cls(cls.config_class.from_pretrained(os.path.join(config_folder, component)))
+    skeleton = type(pipeline_class, (), {"_lora_loadable_modules": pipeline_cls._lora_loadable_modules,
+                                         "lora_state_dict": staticmethod(pipeline_cls.lora_state_dict), **models})
+    _check_fits(skeleton(), lora)
