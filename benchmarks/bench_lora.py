@@ -164,8 +164,8 @@ def main(argv=None) -> int:
     models = args.model or [bench_model(None, "tiny"), bench_model(None, "bench")]
     results = [(model.name, measure(bench_model(model), args)) for model in models]
 
-    print(f"\n{args.clock} clock, {args.threads or 'default'} threads; device {args.device}, {args.size}, LoRA rank {args.rank} on the attention "
-          f"linears, {args.runs} rounds alternating none/fused/unfused")
+    print(f"\n{args.clock} clock, {args.threads or 'default'} threads; device {args.device}, {args.size}, "
+          f"LoRA rank {args.rank} on the attention linears, {args.runs} rounds alternating none/fused/unfused")
     print(f"transformer forward alone, fastest of {args.repeat} per round (ms), and pipeline step gaps over "
           f"{args.steps}-step runs (median ms)")
     print(f"{'model':<22}{'none':>9}{'fused':>9}{'unfused':>9}{'fused/none':>11}{'unfused/none':>13}"

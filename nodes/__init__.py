@@ -6,7 +6,9 @@ from server import PromptServer
 from ..runtime.device import detect_device
 from . import unload_hook
 from .compile_transformer import TPUCompileTransformer
+from .file_loader import TPUFileLoader
 from .loader import TPULoader
+from .lora import TPULora
 from .mode_selector import TPUModeSelector
 from .sampler import TPUSampler
 from .tp_mesh import TPUMesh
@@ -14,7 +16,7 @@ from .tp_mesh import TPUMesh
 
 class TPUDiffusersExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [TPULoader, TPUModeSelector, TPUCompileTransformer, TPUMesh, TPUSampler]
+        return [TPULoader, TPUFileLoader, TPULora, TPUModeSelector, TPUCompileTransformer, TPUMesh, TPUSampler]
 
 
 async def comfy_entrypoint() -> TPUDiffusersExtension:

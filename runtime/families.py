@@ -47,22 +47,34 @@ class Family:
     default_steps: int  # named in the message for a bad step count
     latent_grid: Callable  # (pipe, latents, height, width) -> (B, C, h, w), for previews
     comfy_latent_format: str  # the class in ComfyUI's comfy.latent_formats whose latent_rgb_factors fit latent_grid
+    # Single-file loading: the pipeline components besides the transformer, in the order of the file loader's
+    # text_encoder_1.. inputs then vae, each with the file ComfyUI users hold for it (Comfy-Org names).
+    file_slots: tuple[tuple[str, str], ...] = ()
+    optional_slots: tuple[str, ...] = ()  # components the pipeline runs without (left None when no file)
 
 
 FAMILIES = {
     f.pipeline_class: f
     for f in (
         Family("FLUX.1", "FluxPipeline", takes_negative_prompt=False, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=4, latent_grid=_packed_2x2, comfy_latent_format="Flux"),
+               size_multiple=16, default_steps=4, latent_grid=_packed_2x2, comfy_latent_format="Flux",
+               file_slots=(("text_encoder", "clip_l.safetensors"), ("text_encoder_2", "t5xxl_fp16.safetensors"),
+                           ("vae", "ae.safetensors"))),
         Family("SD3/SD3.5", "StableDiffusion3Pipeline", takes_negative_prompt=True, guidance_kwarg="guidance_scale",
-               size_multiple=16, default_steps=40, latent_grid=_spatial, comfy_latent_format="SD3"),
+               size_multiple=16, default_steps=40, latent_grid=_spatial, comfy_latent_format="SD3",
+               file_slots=(("text_encoder", "clip_l.safetensors"), ("text_encoder_2", "clip_g.safetensors"),
+                           ("text_encoder_3", "t5xxl_fp16.safetensors"), ("vae", "the checkpoint's VAE")),
+               optional_slots=("text_encoder_3",)),
         Family("FLUX.2", "Flux2Pipeline", takes_negative_prompt=False, guidance_kwarg="guidance_scale",
                size_multiple=16, default_steps=28, latent_grid=_packed_patchified,
-               comfy_latent_format="Flux2"),
+               comfy_latent_format="Flux2",
+               file_slots=(("text_encoder", "mistral_3_small_flux2_bf16.safetensors"),
+                           ("vae", "flux2-vae.safetensors"))),
         # QwenImage's CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is Wan 2.1's,
         # so ComfyUI previews it with the Wan21 latent format.
         Family("QwenImage", "QwenImagePipeline", takes_negative_prompt=True, guidance_kwarg="true_cfg_scale",
-               size_multiple=16, default_steps=50, latent_grid=_packed_2x2_frame, comfy_latent_format="Wan21"),
+               size_multiple=16, default_steps=50, latent_grid=_packed_2x2_frame, comfy_latent_format="Wan21",
+               file_slots=(("text_encoder", "qwen_2.5_vl_7b.safetensors"), ("vae", "qwen_image_vae.safetensors"))),
     )
 }
 

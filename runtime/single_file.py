@@ -460,3 +460,46 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     if isinstance(model, torch.nn.Module):
         model.eval().requires_grad_(False)
     return model
+
+
+def check_files_against_configs(files, config_folder: str, pipeline_class: str) -> None:
+    """Refuse a text encoder file whose tensors have other shapes than the config says, from the headers
+    and a model built on the meta device (no weights read): CLIP-G where CLIP-L goes, a text encoder of
+    another model size. Runs when the File Loader executes, so the error is on that node, not later on the
+    Sampler's load. Weights the file names differently are left to the load's own check."""
+    import importlib
+
+    import torch
+
+    with open(os.path.join(config_folder, "model_index.json")) as f:
+        index = json.load(f)
+    for component, path in files:
+        library, cls_name = (index.get(component) or [None, None])[:2]
+        if library != "transformers":
+            continue  # diffusers converts transformers and VAEs from other layouts; checked when loading
+        cls = getattr(importlib.import_module(library), cls_name)
+        with torch.device("meta"):
+            model = cls(cls.config_class.from_pretrained(os.path.join(config_folder, component)))
+        header = HeaderView(path)
+        prefix = check_file_for_slot(header, component, pipeline_class)
+        in_file = _by_suffix(k[len(prefix):] for k in header if k.startswith(prefix))
+        for key, tensor in model.state_dict().items():
+            file_key = prefix + in_file.get(key, "\0")
+            if file_key in header and header[file_key].shape != tuple(tensor.shape):
+                raise UserInputError(
+                    f"'{header.name}' does not fit {component} of this {FAMILIES[pipeline_class].name}: {key} is "
+                    f"{list(header[file_key].shape)} in the file, {list(tensor.shape)} in "
+                    f"'{os.path.basename(config_folder)}''s config. It is {KIND_WORDS[SLOTS[pipeline_class][component]]} "
+                    f"of another size or kind; pick the right file for {component}.")
+
+
+def _by_suffix(keys) -> dict[str, str]:
+    """{dotted suffix: key} of a file's keys, for suffixes that name one key only: files put a model's
+    weights under other prefixes ('text_model.', 'model.') than the transformers class of the day."""
+    found: dict[str, str | None] = {}
+    for key in keys:
+        parts = key.split(".")
+        for start in range(len(parts)):
+            suffix = ".".join(parts[start:])
+            found[suffix] = key if suffix not in found else None
+    return {suffix: key for suffix, key in found.items() if key is not None}

@@ -118,3 +118,19 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny(tiny_dir):
     return lambda name: str(tiny_dir / f"tiny-{name}")
+
+
+@pytest.fixture(scope="session")
+def single_files(tiny_dir, tmp_path_factory) -> dict:
+    """ComfyUI-style single files (tools/tiny_single_files.py) of every family, written once:
+    {family: (configs folder, {kind: path})}. FLUX.1's transformer file needs FLUX's real width (diffusers'
+    BFL converter hard-codes it), so FLUX.1 comes from a real-width folder with one block of each kind."""
+    import tiny_single_files as tsf
+
+    root = tmp_path_factory.mktemp("single_files")
+    wide = tsf.flux1_wide(root / "flux1-wide")
+    writers = {"flux1-wide": (wide, tsf.flux1_files), "flux1-dev": (tiny_dir / "tiny-flux1-dev", tsf.flux1_files),
+               "sd3": (tiny_dir / "tiny-sd3", tsf.sd3_files), "flux2": (tiny_dir / "tiny-flux2", tsf.flux2_files),
+               "qwenimage": (tiny_dir / "tiny-qwenimage", tsf.qwenimage_files)}
+    return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
+            for family, (folder, write) in writers.items()}

@@ -50,13 +50,33 @@ def add_broken_models(diffusers_dir: Path, tiny_dir: Path) -> None:
     weights.write_bytes(weights.read_bytes()[:1000])
 
 
-def comfy_server(base: Path, tiny_dir: Path, broken_models: bool = False, **options) -> ComfyServer:
+# ComfyUI's model folder for each kind of file tools/tiny_single_files.py writes (text encoders otherwise)
+FOLDER_OF_KIND = {"transformer": "diffusion_models", "transformer_fp8": "diffusion_models", "checkpoint": "checkpoints",
+                  "checkpoint_no_t5": "checkpoints", "ae": "vae", "vae": "vae"}
+
+
+def add_single_files(models_dir: Path, single_files: dict) -> None:
+    """The single files of tests/conftest.py's `single_files` where ComfyUI keeps them, one subfolder per
+    family (e.g. diffusion_models/flux1-wide/flux1-dev.safetensors), and their configs folders in diffusers/."""
+    for family, (configs, files) in single_files.items():
+        if not (models_dir / "diffusers" / Path(configs).name).exists():
+            (models_dir / "diffusers" / Path(configs).name).symlink_to(configs, target_is_directory=True)
+        for kind, path in files.items():
+            target = models_dir / FOLDER_OF_KIND.get(kind, "text_encoders") / family / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path)
+
+
+def comfy_server(base: Path, tiny_dir: Path, broken_models: bool = False, single_files: dict | None = None,
+                 **options) -> ComfyServer:
     """A ComfyUI server (not started) whose data lives under `base` and which sees every tiny model
-    (and the broken ones); `options` go to ComfyServer (env, data_limit_bytes, ...)."""
+    (and the broken ones, and single files); `options` go to ComfyServer (env, data_limit_bytes, ...)."""
     diffusers_dir = base / "models" / "diffusers"
     link_models(diffusers_dir, tiny_dir)
     if broken_models:
         add_broken_models(diffusers_dir, tiny_dir)
+    if single_files:
+        add_single_files(base / "models", single_files)
     return ComfyServer(prepare_comfyui(), base_dir=base, **options)
 
 

@@ -11,7 +11,8 @@ LoRA changes the image), saved with the pipeline class's own `save_lora_weights`
 converter reads: `lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight` / `.lora_up.weight` / `.alpha`
 (kohya's sd-scripts, plus CLIP's first attention as `lora_te1_...`), and
 `diffusion_model.double_blocks.0.img_attn.qkv.lora_down.weight` / `.lora_up.weight` (what ComfyUI's LoraSave
-writes; diffusers reads FLUX.1 ComfyUI LoRAs only with lora_down/lora_up names, not lora_A/lora_B). Only four BFL layers are used: diffusers splits a single block's fused
+writes; diffusers reads FLUX.1 ComfyUI LoRAs only with lora_down/lora_up names, not lora_A/lora_B).
+Only four BFL layers are used: diffusers splits a single block's fused
 `linear1` (q, k, v and the MLP) at FLUX.1's real widths (3072, 3072, 3072, 12288), which a tiny model does
 not have; a double block's `qkv` is split in three equal parts, which works at any width.
 """

@@ -132,7 +132,7 @@ def test_workflow_loads_with_every_node_known_and_its_widget_values(page, path):
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_workflow_converts_to_a_prompt_that_runs_or_is_refused_on_the_loader(page, server, path):
     """The page's own graphToPrompt, then POST /prompt. Models other than the offline demo's are
-    absent here: the Loader refuses them when the prompt is queued, naming the missing folder."""
+    absent here: the loader refuses them when the prompt is queued, naming the missing folder or file."""
     workflow = load(page, path)
     prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
     assert {str(n["id"]): n["type"] for n in workflow["nodes"]} == {k: v["class_type"] for k, v in prompt.items()}
@@ -142,14 +142,19 @@ def test_workflow_converts_to_a_prompt_that_runs_or_is_refused_on_the_loader(pag
         assert error is None, error["exception_message"]
         assert server.output_images(entry)
         return
-    loader = node_of(workflow, "TPULoader")
+    [loader] = [n for n in workflow["nodes"] if n["type"] in ("TPULoader", "TPUFileLoader")]
     model = loader["widgets_values"][0]
     with pytest.raises(PromptRejected) as rejected:
         server.queue(prompt)
     errors = rejected.value.body["node_errors"]
-    assert list(errors) == [str(loader["id"])], errors
+    loras = {str(n["id"]): n["widgets_values"][0] for n in workflow["nodes"] if n["type"] == "TPULora"}
+    assert sorted(errors) == sorted([str(loader["id"]), *loras]), errors
+    for lora_id, name in loras.items():  # LoRA files are absent here too
+        assert f"'{name}' was not found" in errors[lora_id]["errors"][0]["details"], errors[lora_id]
+    missing = f"model: model folder '{model}' was not found" if loader["type"] == "TPULoader" \
+        else f"'{model}' was not found"
     for error in errors[str(loader["id"])]["errors"]:
-        assert f"model: model folder '{model}' was not found" in error["details"], error
+        assert missing in error["details"], error
 
 
 def history_entry_with_seed(server, sampler_id: str, seed: int, timeout: float = 300) -> dict:

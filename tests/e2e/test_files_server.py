@@ -1,0 +1,161 @@
+"""Single files from ComfyUI's model folders (TPU File Loader) and LoRAs (TPU LoRA) through a real
+ComfyUI server: each family from its files gives the image of its diffusers folder, LoRA strength 0
+gives the base image and removing a LoRA gives it back bit for bit, switching LoRAs in compiled mode
+compiles nothing, and wrong files are refused on the node that picked them.
+"""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import tiny_loras
+from serving import LOADER, MODE, comfy_server, outcome, run_info, run_ok, sampler_prompt, with_compile
+
+FILE_LOADER_INPUTS = ("model", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "configs")
+LORA_MODEL = "tiny-flux1-schnell"
+# family (subfolder of the single_files fixture) -> (configs folder, the File Loader's picks)
+FAMILIES = {
+    "flux1": ("flux1-wide", ("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors",
+                             "flux1-wide/t5xxl_fp16.safetensors", "none", "flux1-wide/ae.safetensors")),
+    "sd3": ("tiny-sd3", ("sd3/sd3.5_medium.safetensors", "none", "none", "none", "none")),
+    "sd3-separate-encoders": ("tiny-sd3", ("sd3/sd3.5_medium_no_t5.safetensors", "sd3/clip_l.safetensors",
+                                           "sd3/clip_g.safetensors", "sd3/t5xxl_fp16.safetensors", "none")),
+    "flux2": ("tiny-flux2", ("flux2/flux2_dev.safetensors", "flux2/mistral_3_small_flux2.safetensors", "none", "none",
+                             "flux2/flux2-vae.safetensors")),
+    "qwenimage": ("tiny-qwenimage", ("qwenimage/qwen_image.safetensors", "qwenimage/qwen_2.5_vl_7b.safetensors",
+                                     "none", "none", "none")),
+}
+
+
+@pytest.fixture(scope="module")
+def files_server(tiny_dir, single_files, tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfy-files")
+    loras = base / "models" / "loras"
+    folder = tiny_dir / LORA_MODEL
+    tiny_loras.build(folder, loras / "style_a.safetensors", "diffusers", seed=0)
+    tiny_loras.build(folder, loras / "style_b.safetensors", "diffusers", seed=1)
+    tiny_loras.build(folder, loras / "kohya_style.safetensors", "kohya", seed=2)
+    tiny_loras.build(tiny_dir / "tiny-sd3", loras / "an_sd3_lora.safetensors", "diffusers", seed=3)
+    (loras / "cut_short.safetensors").write_bytes((loras / "style_a.safetensors").read_bytes()[:300])
+    broken = base / "models" / "diffusion_models" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "flux1-dev-Q4_K_S.gguf").write_bytes(b"GGUF" + bytes(64))
+    cut = single_files["flux2"][1]["transformer"]
+    (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
+    wrong_slot = base / "models" / "vae" / "broken"
+    wrong_slot.mkdir(parents=True)
+    (wrong_slot / "clip_l.safetensors").symlink_to(single_files["flux1-wide"][1]["clip_l"])
+    with comfy_server(base, tiny_dir, single_files=single_files) as running:
+        yield running
+
+
+def files_prompt(configs: str, picks: tuple, **sampler_inputs) -> dict:
+    prompt = sampler_prompt(**sampler_inputs)
+    prompt[LOADER] = {"class_type": "TPUFileLoader", "inputs": {
+        **dict(zip(FILE_LOADER_INPUTS, (*picks, configs))), "dtype": "auto", "device": "auto"}}
+    return prompt
+
+
+def with_loras(prompt: dict, *loras: tuple[str, float]) -> dict:
+    """TPU LoRA nodes "11", "12", ... chained between the loader and the Mode Selector."""
+    upstream = prompt[MODE]["inputs"]["pipeline"]
+    for index, (name, strength) in enumerate(loras):
+        node = str(11 + index)
+        prompt[node] = {"class_type": "TPULora", "inputs": {"pipeline": upstream, "lora_name": name,
+                                                            "strength": strength}}
+        upstream = [node, 0]
+    prompt[MODE]["inputs"]["pipeline"] = upstream
+    return prompt
+
+
+def refused_on(server, prompt: dict, node: str) -> str:
+    """The prompt is refused when queued, on `node`; returns the message."""
+    how, where, text, _ = outcome(server, prompt)
+    assert (how, where) == ("rejected", node), (how, where, text)
+    return text
+
+
+def pixels(server, entry) -> np.ndarray:
+    [path] = server.output_images(entry)
+    return np.asarray(Image.open(path), dtype=np.int16)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_from_single_files_gives_the_image_of_its_folder(files_server, family):
+    configs, picks = FAMILIES[family]
+    same = dict(model=configs, seed=7, width=64, height=64, steps=2, guidance=3.5)
+    from_folder = pixels(files_server, run_ok(files_server, sampler_prompt(**same)))
+    entry = run_ok(files_server, files_prompt(configs, picks, **same))
+    # identical weights; reading into fresh memory instead of a memory map may move CPU matmul rounding by
+    # an ulp (the runtime tests measure 4e-6 on the image): at most one 8-bit level here
+    assert np.abs(pixels(files_server, entry) - from_folder).max() <= 1
+    assert run_info(entry)["loaded"]
+
+
+def test_a_second_run_from_the_same_files_loads_nothing(files_server):
+    configs, picks = FAMILIES["flux2"]
+    run_ok(files_server, files_prompt(configs, picks))
+    assert not run_info(run_ok(files_server, files_prompt(configs, picks)))["loaded"]
+
+
+def test_lora_strength_zero_is_the_base_image_and_removing_a_lora_restores_it(files_server):
+    same = dict(model=LORA_MODEL, seed=11, steps=2)
+    base = pixels(files_server, run_ok(files_server, sampler_prompt(**same)))
+    at_zero = pixels(files_server, run_ok(files_server, with_loras(sampler_prompt(**same), ("style_a.safetensors", 0))))
+    assert np.array_equal(at_zero, base)
+    styled = run_ok(files_server, with_loras(sampler_prompt(**same), ("style_a.safetensors", 1.0),
+                                             ("kohya_style.safetensors", 0.7)))
+    assert not np.array_equal(pixels(files_server, styled), base)
+    assert not run_info(styled)["loaded"], "a LoRA reloads nothing"
+    assert any(note.startswith("LoRA") for note in run_info(styled)["notes"]), run_info(styled)["notes"]
+    assert np.array_equal(pixels(files_server, run_ok(files_server, sampler_prompt(**same))), base)
+
+
+def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
+    def compiled(*loras):
+        prompt = with_compile(sampler_prompt(model=LORA_MODEL, mode="compiled", steps=2), files_server)
+        return run_info(run_ok(files_server, with_loras(prompt, *loras), timeout=900))
+
+    assert compiled(("style_a.safetensors", 1.0))["compiled_now"]
+    for loras in ([("style_a.safetensors", 0.5)], [("style_b.safetensors", 1.0)], [],
+                  [("style_a.safetensors", 1.0), ("style_b.safetensors", 0.3)]):
+        info = compiled(*loras)
+        assert info["compiled_now"] is False, (loras, info["notes"])
+        assert not info["loaded"]
+
+
+@pytest.mark.parametrize("picks, field, message", [
+    (("broken/flux1-dev-Q4_K_S.gguf", "none", "none", "none", "none"), "model", "GGUF"),
+    (("broken/cut_short.safetensors", "none", "none", "none", "none"), "model", "truncated"),
+    (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "flux1-wide/t5xxl_fp16.safetensors",
+      "none", "broken/clip_l.safetensors"), "vae", "vae"),
+    (("flux1-wide/flux1-dev.safetensors", "sd3/clip_g.safetensors", "flux1-wide/t5xxl_fp16.safetensors",
+      "none", "flux1-wide/ae.safetensors"), "text_encoder", "text_encoder"),
+    (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
+      "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
+], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source"])
+def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):
+    """Refused when queued (headers), or when the loader runs (shapes against the configs): on the loader.
+    A file left at none is taken from a full diffusers folder picked as configs, so 'missing' needs auto."""
+    picks, configs = (picks[:5], picks[5]) if len(picks) == 6 else (picks, "flux1-wide")
+    how, node, text, _ = outcome(files_server, files_prompt(configs, picks))
+    assert how in ("rejected", "failed") and node == LOADER and message in text, (how, node, text)
+
+
+def test_configs_of_another_family_are_refused_on_the_file_loader(files_server):
+    details = refused_on(files_server, files_prompt("tiny-sd3", FAMILIES["flux2"][1]), LOADER)
+    assert "configs" in details and "StableDiffusion3Pipeline" in details, details
+
+
+@pytest.mark.parametrize("lora, message", [("cut_short.safetensors", "corrupt")])
+def test_a_damaged_lora_is_refused_on_its_node_when_queued(files_server, lora, message):
+    details = refused_on(files_server, with_loras(sampler_prompt(model=LORA_MODEL), (lora, 1.0)), "11")
+    assert message in details, details
+
+
+def test_a_lora_of_another_family_fails_on_its_node_and_the_base_is_unchanged(files_server):
+    same = dict(model=LORA_MODEL, seed=13, steps=2)
+    base = pixels(files_server, run_ok(files_server, sampler_prompt(**same)))
+    how, node, text, _ = outcome(files_server, with_loras(sampler_prompt(**same), ("an_sd3_lora.safetensors", 1.0)))
+    assert (how, node) == ("failed", "11") and "another model" in text, (how, node, text)
+    assert np.array_equal(pixels(files_server, run_ok(files_server, sampler_prompt(**same))), base)
