@@ -224,9 +224,6 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     import torch
 
     files = dict(handle.files)
-    if files and sharding:
-        raise UserInputError("tensor parallelism (a TP Mesh) cannot load single weight files yet; "
-                             "use a diffusers folder for a sharded pipeline.")
     # With single files, the folder (or the hub repo's small files) gives configs, tokenizers, scheduler.
     folder = single_file.config_folder(handle.source) if files else local_folder(handle.source)
     index = read_model_index(folder, is_folder=True)
@@ -251,6 +248,8 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
         if name in files:
             loaded[name] = single_file.load_component(name, _component_class(name, library, cls), files[name],
                                                       folder, dtype, weights_cache)
+            if sharding and name == "transformer":
+                _shard_loaded(loaded[name], sharding.load_kwargs(folder, name), device)
         else:
             loaded[name] = _load_component(folder, name, library, cls, dtype,
                                            sharding.load_kwargs(folder, name) if sharding else {})
@@ -275,6 +274,19 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     if on_progress:
         on_progress(total, total, "placed on " + device.type)
     return pipe
+
+
+def _shard_loaded(transformer, shard_kwargs: dict, device: DeviceInfo) -> None:
+    """A transformer from a single file on a TP rank: `from_single_file` cannot shard while it reads, so the
+    whole transformer is read into host memory first (peak: all of it, per rank) and diffusers' own
+    `enable_parallelism` then keeps this rank's slice, on the mesh's device; what the plan leaves whole
+    (embedders, norms) follows it there, as a sharded `from_pretrained` places it. Text encoders from files
+    stay whole on every rank."""
+    if "parallel_config" in shard_kwargs:
+        if set(getattr(transformer, "hf_device_map", None) or {}) == {""}:
+            transformer.hf_device_map = None  # from_single_file records "all on one device": nothing was dispatched
+        transformer.enable_parallelism(config=shard_kwargs["parallel_config"])
+        transformer.to(device.torch_device())
 
 
 def _component_class(name: str, library: str, cls: str):
