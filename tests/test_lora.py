@@ -14,7 +14,7 @@ from runtime.errors import UserInputError
 from runtime.families import family_for
 from runtime.handle import PipelineHandle
 from runtime.loading import inspect_source, load_pipeline
-from runtime.lora import LoraState, apply_loras, check_lora_file
+from runtime.lora import LoraState, apply_loras, check_lora_file, check_lora_fits
 from runtime.modes import outside_inference_mode
 from runtime.device import resolve_device
 from runtime.sampling import SampleRequest, run_pipeline
@@ -211,6 +211,17 @@ def test_corrupt_and_wrong_files_are_refused_with_what_to_do_and_the_base_is_unc
         with pytest.raises(UserInputError):
             check_lora_file(str(path))  # queue time, headers only
     check_lora_file(loras["flux1-kohya"])
+
+
+def test_the_lora_node_check_refuses_another_family_from_the_configs_alone(tiny, loras):
+    """check_lora_fits (the TPU LoRA node's check) builds the models on the meta device: no weights loaded."""
+    for name in ("flux1-schnell", "sd3", "flux2", "qwenimage"):
+        check_lora_fits(inspect_source(tiny(name)), tiny(name), LoraSpec(loras[name]))
+    check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["flux1-kohya"]))
+    with pytest.raises(UserInputError, match="LoRA 'sd3.safetensors' does not fit this FluxPipeline"):
+        check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["sd3"]))
+    with pytest.raises(UserInputError, match="LoRA 'flux1-schnell.safetensors' does not fit this QwenImagePipeline"):
+        check_lora_fits("QwenImagePipeline", tiny("qwenimage"), LoraSpec(loras["flux1-schnell"]))
 
 
 def test_model_cpu_offload_keeps_its_hooks_and_device(tiny, loras):
