@@ -41,13 +41,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from common import PROMPT, ROOT, StepClock, parse_size
+from common import PROMPT, StepClock, built_wide_flux1, parse_size
 
 from runtime.device import resolve_device
 from runtime.engine import Engine
@@ -63,17 +62,10 @@ def built_files() -> tuple[Path, Path]:
     import tiny_single_files
     from safetensors.torch import save_file
 
-    base = ROOT / ".comfyui" / "bench-models"
-    folder, file = base / "wide-flux1-dev", base / "wide-flux1-dev-files" / "flux1-dev.safetensors"
-    if not (folder / "model_index.json").exists():
-        print(f"building the wide FLUX.1-dev folder into {folder}", flush=True)
-        partial = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        tiny_single_files.flux1_wide(partial)
-        shutil.rmtree(folder, ignore_errors=True)
-        partial.rename(folder)
+    folder = built_wide_flux1()
+    file = folder.parent / "wide-flux1-dev-files" / "flux1-dev.safetensors"
+    if not file.exists() or file.stat().st_mtime < (folder / "model_index.json").stat().st_mtime:
         file.unlink(missing_ok=True)  # written from an older folder
-    if not file.exists():
         print(f"writing its transformer in BFL's layout to {file}", flush=True)
         file.parent.mkdir(parents=True, exist_ok=True)
         bfl = tiny_single_files.flux_to_bfl(tiny_single_files.folder_weights(folder, "transformer"))

@@ -3,9 +3,9 @@
 
     .venv/bin/python benchmarks/bench_single_file.py [--model DIR] [--device auto|tpu|cuda|cpu] [--runs 3]
 
-Without --model it uses the FLUX.1-schnell-shaped bench model (real layer widths, one block of each
-kind) and writes its files in the Comfy-Org layout once (tools/tiny_single_files.py): the BFL-layout
-transformer, clip_l, t5xxl, ae, and the scaled-fp8 transformer and T5. Every load runs in a fresh
+Without --model it uses FLUX.1-dev at the real width with one double and one single block (bf16, ~1 GB;
+tiny text encoders and VAE) and writes its files in the Comfy-Org layout once (tools/tiny_single_files.py):
+the BFL-layout transformer, clip_l, t5xxl, ae, and the scaled-fp8 transformer and T5. Every load runs in a fresh
 process (nothing cached in memory; the OS file cache is warm for all after the first round), the
 ways alternate, and the table gives the fastest and median load seconds and the process's peak RSS
 above what it held before loading (`ru_maxrss`), next to the weights' size on disk: a single file is
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, bench_model
+from common import ROOT, built_wide_flux1
 
 WAYS = ("folder", "files", "files fp8")
 
@@ -85,12 +85,12 @@ def disk_mib(model: Path, way: str, files: dict[str, str]) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="a FLUX.1 diffusers folder with FLUX's real width")
+    parser.add_argument("--model", type=Path, help="a FLUX.1-dev diffusers folder (FLUX's real width)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    model = bench_model(args.model)
+    model = args.model.resolve() if args.model else built_wide_flux1()
     if args.child:
         child(str(model), args.child, args.device)
         return 0

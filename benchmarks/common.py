@@ -33,6 +33,23 @@ def built_model(family: str, size: str) -> Path:
     return model
 
 
+def built_wide_flux1() -> Path:
+    """tools/tiny_single_files.flux1_wide (FLUX.1-dev at the real width, one double and one single block,
+    bf16) under .comfyui/bench-models/, built once: the BFL-layout converters of diffusers and ComfyUI
+    hard-code FLUX's width. Built beside its final name, like built_model."""
+    import tiny_single_files
+
+    folder = ROOT / ".comfyui" / "bench-models" / "wide-flux1-dev"
+    if not (folder / "model_index.json").exists():
+        print(f"building the wide FLUX.1-dev folder into {folder}", flush=True)
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        tiny_single_files.flux1_wide(partial)
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
+    return folder
+
+
 def compile_cache_env(folder: Path, process: str) -> dict:
     """The environment of a child process whose compile caches live in `folder` (the pack's
     TPU_DIFFUSERS_COMPILE_CACHE, which the child applies before torch starts, as ComfyUI's prestartup
