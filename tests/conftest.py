@@ -19,6 +19,7 @@ Test tiers. Every test gets markers from where it lives and what it is called (s
 """
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -129,8 +130,10 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("single_files")
     wide = tsf.flux1_wide(root / "flux1-wide")
+    qwenimage = Path(shutil.copytree(tiny_dir / "tiny-qwenimage", root / "qwenimage"))
+    tsf.wan_sized_vae(qwenimage)  # diffusers' Wan VAE converter (QwenImage's VAE files) needs Wan's block structure
     writers = {"flux1-wide": (wide, tsf.flux1_files), "flux1-dev": (tiny_dir / "tiny-flux1-dev", tsf.flux1_files),
                "sd3": (tiny_dir / "tiny-sd3", tsf.sd3_files), "flux2": (tiny_dir / "tiny-flux2", tsf.flux2_files),
-               "qwenimage": (tiny_dir / "tiny-qwenimage", tsf.qwenimage_files)}
+               "qwenimage": (qwenimage, tsf.qwenimage_files)}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import tiny_models
 import tiny_single_files as tsf
 from runtime import single_file
 from runtime.device import device_info
@@ -24,29 +23,17 @@ SD3 = "StableDiffusion3Pipeline"
 
 
 @pytest.fixture(scope="session")
-def sf_dir(tmp_path_factory):
-    """Tiny folders of every family, FLUX.1's real-width one, and their single files (built once)."""
-    root = tmp_path_factory.mktemp("single_files")
-    for name in ("flux1-dev", "sd3", "flux2", "qwenimage"):
-        tiny_models.build(name, root / name)
-    tsf.wan_sized_vae(root / "qwenimage")  # diffusers' Wan VAE converter needs Wan's block structure
-    tsf.flux1_wide(root / "flux1-wide")
-    files = {
-        "flux1-dev": tsf.flux1_files(root / "flux1-dev", root / "files-flux1-tiny"),
-        "flux1-wide": tsf.flux1_files(root / "flux1-wide", root / "files-flux1"),
-        "sd3": tsf.sd3_files(root / "sd3", root / "files-sd3"),
-        "flux2": tsf.flux2_files(root / "flux2", root / "files-flux2"),
-        "qwenimage": tsf.qwenimage_files(root / "qwenimage", root / "files-qwenimage"),
-    }
-    return root, {family: {k: str(v) for k, v in f.items()} for family, f in files.items()}
+def sf_dir(single_files):
+    """The session's single files of every family (tests/conftest.py), also used by the end-to-end tests."""
+    return single_files
 
 
 def folder(sf_dir, name):
-    return str(sf_dir[0] / name)
+    return str(sf_dir[name][0])
 
 
 def files(sf_dir, name):
-    return sf_dir[1][name]
+    return {kind: str(path) for kind, path in sf_dir[name][1].items()}
 
 
 def image(pipe):
