@@ -13,7 +13,7 @@ from ..runtime.file_choice import choose_files, components_with_weights
 from ..runtime.handle import PipelineHandle
 from ..runtime.loading import list_model_folders, read_model_index, resolve_model_folder
 from ..runtime.model_files import NONE, resolve_model_file
-from ..runtime.single_file import check_files_against_configs, config_folder, default_config_repo
+from ..runtime.single_file import check_files_against_configs, config_folder, default_config_repo, pipeline_class_of
 from ..runtime.specs import DeviceChoice, DType
 from .types import CATEGORY, TPUPipeline
 
@@ -43,12 +43,20 @@ def plan(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str
         picked["vae"] = resolve_model_file(vae, folder_paths.get_folder_paths("vae"), "vae")
     roots = folder_paths.get_folder_paths("diffusers")
     source = auto_configs(default_config_repo(path)) if configs == AUTO_CONFIGS else resolve_model_folder(configs, roots)
+    if os.path.isabs(source):
+        check_configs_class(source, pipeline_class_of(path), model)
     with_weights = components_with_weights(source) if os.path.isabs(source) else set()  # a hub id: configs only
     pipeline_class, files = choose_files(path, picked, with_weights)
-    if os.path.isabs(source) and (held := read_model_index(source, is_folder=True)["_class_name"]) != pipeline_class:
-        raise UserInputError(f"configs: '{configs}' holds a {held}, but '{model}' is a {pipeline_class}; pick a "
-                             "diffusers folder of the same model (or auto).")
     return source, pipeline_class, files
+
+
+def check_configs_class(folder: str, pipeline_class: str, model: str) -> None:
+    """The configs are of the model's pipeline class: not another family's, nor e.g. FLUX.1 Fill's."""
+    held = read_model_index(folder, is_folder=True)["_class_name"]
+    if held != pipeline_class:
+        raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model}' is a "
+                             f"{pipeline_class}; pick a diffusers folder of the same model (or auto). TPU Diffusers "
+                             "runs the text-to-image pipelines of FLUX.1, SD3/SD3.5, FLUX.2 and QwenImage.")
 
 
 def auto_configs(repo: str) -> str:
@@ -117,6 +125,8 @@ class TPUFileLoader(io.ComfyNode):
                 plan(*choices)
         except (UserInputError, ModelLoadError) as e:
             return str(e)
+        except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses
+            return f"cannot read the picked files or folders ({type(e).__name__}: {e}); check them and pick again."
         return True
 
     @classmethod
@@ -126,6 +136,8 @@ class TPUFileLoader(io.ComfyNode):
         source, pipeline_class, files = plan(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
         # the configs now (downloaded when online, else the error names the command), and the text encoders
         # checked against them, so a wrong file fails here and not in the Sampler's load
-        check_files_against_configs(files, config_folder(source), pipeline_class)
+        folder = config_folder(source)
+        check_configs_class(folder, pipeline_class, model)  # auto's hub configs too (e.g. FLUX.1 Fill's)
+        check_files_against_configs(files, folder, pipeline_class)
         return io.NodeOutput(PipelineHandle(source=source, pipeline_class=pipeline_class, files=files,
                                             dtype=dtype, device=device))

@@ -8,7 +8,7 @@ from comfy_api.latest import io
 import folder_paths
 
 from ..runtime.errors import UserInputError
-from ..runtime.lora import check_lora_file, check_lora_fits
+from ..runtime.lora import LORA_WITH_MESH, check_lora_file, check_lora_fits
 from ..runtime.model_files import resolve_model_file
 from ..runtime.single_file import config_folder
 from ..runtime.specs import LoraSpec
@@ -55,10 +55,14 @@ class TPULora(io.ComfyNode):
                 raise UserInputError(f"strength {strength} is outside -{MAX_STRENGTH}..{MAX_STRENGTH}.")
         except UserInputError as e:
             return str(e)
+        except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses
+            return f"cannot read the LoRA file ({type(e).__name__}: {e}); check it and pick again."
         return True
 
     @classmethod
     def execute(cls, pipeline, lora_name: str, strength: float) -> io.NodeOutput:
+        if pipeline.mesh is not None:
+            raise UserInputError(LORA_WITH_MESH)
         lora = LoraSpec(path=lora_path(lora_name), strength=strength)
         # a LoRA of another family fails here, on this node, against the model's configs (no weights loaded)
         check_lora_fits(pipeline.pipeline_class, config_folder(pipeline.source), lora)

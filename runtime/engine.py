@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import time
 
-from . import compile_cache
+from . import compile_cache, single_file
 from .compile_cache import CompileRequest, CompileState
 from .device import DeviceInfo, available_host_memory_bytes, peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed.group import WorkerGroupError, WorkerGroups
@@ -19,7 +19,7 @@ from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
-from .lora import apply_loras
+from .lora import LORA_WITH_MESH, apply_loras
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .preview import PreviewSpec
 from .sampling import SampleRequest, check_host_memory, run_pipeline, validate_request
@@ -114,10 +114,7 @@ class Engine:
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
         if handle.mesh is not None and handle.loras:
-            raise UserInputError(
-                "LoRAs are not supported with a TP Mesh yet: the sharded transformer's weights are DTensors split "
-                "over the ranks, and diffusers' LoRA loading and fusing handles only whole weights. Remove the "
-                "LoRAs, or remove the TP Mesh to run them in this process.")
+            raise UserInputError(LORA_WITH_MESH)
         if handle.mesh is not None and self.workers is not None:
             return self._generate_on_workers(handle, request, notes, on_progress, preview)
         self._free_chips_for_this_process(handle)
@@ -168,7 +165,9 @@ class Engine:
         if handle.placement is not Placement.DEVICE:
             raise UserInputError("tensor parallelism keeps every shard on its chip; set the Mode Selector's "
                                  "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
-        notes += check_mesh(handle.mesh, handle.source, device)
+        # single files: the mesh is checked against their configs folder (local, or the hub's config files)
+        source = single_file.config_folder(handle.source) if handle.files else handle.source
+        notes += check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))
         size = world_size(handle.mesh, device)
         if device.type != "cpu" and handle.mesh.workers is Workers.LAUNCH_LOCAL:
             self.cache.clear(device)  # the local ranks need every chip, this process's pipelines included

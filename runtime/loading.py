@@ -151,7 +151,8 @@ def check_source(source: str) -> bool:
     return False
 
 
-def check_index(source: str, index: dict, folder: str | None, from_files: frozenset = frozenset()) -> None:
+def check_index(source: str, index: dict, folder: str | None, from_files: frozenset = frozenset(),
+                left_out: frozenset = frozenset()) -> None:
     """Refuse an unsupported pipeline and components from another library; with the local `folder`,
     also a missing component folder or a truncated or corrupt safetensors file. Components named in
     `from_files` load from single files: their folder only needs its config; every other model component
@@ -163,7 +164,7 @@ def check_index(source: str, index: dict, folder: str | None, from_files: frozen
                                  f"only {', '.join(ALLOWED_LIBRARIES)} components are loaded.")
         if folder:
             _check_component_folder(folder, source, name, cls)
-            if from_files and name not in from_files:
+            if from_files and name not in from_files | left_out:
                 _check_has_weights(folder, source, name, cls)
 
 
@@ -227,20 +228,22 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     # With single files, the folder (or the hub repo's small files) gives configs, tokenizers, scheduler.
     folder = single_file.config_folder(handle.source) if files else local_folder(handle.source)
     index = read_model_index(folder, is_folder=True)
-    check_index(handle.source, index, folder, from_files=frozenset(files))
+    left_out = optional_left_out(handle, folder) if files else {}
+    check_index(handle.source, index, folder, from_files=frozenset(files), left_out=frozenset(left_out))
     if index["_class_name"] != handle.pipeline_class:
         raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.pipeline_class} "
                              "the Loader found; queue the workflow again.")
     pipeline_cls = getattr(diffusers, handle.pipeline_class)
     takes = inspect.signature(pipeline_cls).parameters
     parts = {name: part for name, part in components(index).items() if name in takes}
-    dtype = getattr(torch, handle.resolved_dtype(device))
-    total = len(parts) + 1
     unknown = sorted(set(files) - set(parts))
     if unknown:
         raise UserInputError(f"{handle.pipeline_class} has no component {', '.join(unknown)} to load from a file; "
                              f"it has {', '.join(parts)}.")
-    loaded = {}
+    parts = {name: part for name, part in parts.items() if name not in left_out}
+    dtype = getattr(torch, handle.resolved_dtype(device))
+    total = len(parts) + 1
+    loaded = dict(left_out)  # None: the pipeline runs without them
     weights_cache: dict = {}  # one read of an all-in-one checkpoint serves all its components
     for done, (name, (library, cls)) in enumerate(parts.items()):
         if on_progress:
@@ -274,6 +277,19 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     if on_progress:
         on_progress(total, total, "placed on " + device.type)
     return pipe
+
+
+def optional_left_out(handle: PipelineHandle, folder: str) -> dict[str, str]:
+    """{component: its tokenizer} of the family's optional components (SD3's T5) that neither a picked file
+    nor the configs folder's weights provide: the pipeline runs without them, as diffusers allows."""
+    left_out = {}
+    for name in family_for(handle.pipeline_class).optional_slots:
+        weights = os.path.join(folder, name)
+        has_weights = os.path.isdir(weights) and any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(weights))
+        if name not in dict(handle.files) and not has_weights:
+            left_out[name] = None
+            left_out[name.replace("text_encoder", "tokenizer")] = None
+    return left_out
 
 
 def _shard_loaded(transformer, shard_kwargs: dict, device: DeviceInfo) -> None:

@@ -133,13 +133,22 @@ def _open(path: str):
                              f"{SUPPORTED_FORMATS}. Pick the safetensors version of this model.")
     if not os.path.isfile(path):
         raise UserInputError(f"weights file '{path}' does not exist; pick another file.")
+    if not path.lower().endswith((".safetensors", ".sft")):
+        raise UserInputError(f"'{name}' is not a .safetensors file; only safetensors weights are loaded (other "
+                             "formats can run code when read). Pick the .safetensors version of this model.")
     try:
         return safe_open(path, "pt")
     except (SafetensorError, OSError, ValueError) as e:
         raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
 
 
-def _refuse_quantized(name: str, keys) -> None:
+def _refuse_quantized(name: str, keys, f=None) -> None:
+    """Quantizations TPU Diffusers cannot run, from the header (and ComfyUI's small comfy_quant tensors)."""
+    if f is not None:
+        unsupported = sorted({str(fmt) for fmt in _layer_formats(f, keys).values() if fmt not in FP8_FORMATS})
+        if unsupported:
+            raise UserInputError(f"'{name}' is quantized as {', '.join(unsupported)}, which TPU Diffusers "
+                                 f"does not support; supported are {SUPPORTED_FORMATS}.")
     bad = next((k for k in keys if any(m in k for m in BNB_MARKERS)), None)
     if bad is not None:
         raise UserInputError(f"'{name}' is quantized with bitsandbytes (NF4/int8: it has '{bad}'), which TPU "
@@ -177,12 +186,7 @@ def read_weights(path: str, dtype) -> dict:
     name = os.path.basename(path)
     with _open(path) as f:
         keys = list(f.keys())
-        _refuse_quantized(name, keys)
-        formats = _layer_formats(f, keys)
-        unsupported = sorted({fmt for fmt in formats.values() if fmt not in FP8_FORMATS})
-        if unsupported:
-            raise UserInputError(f"'{name}' is quantized as {', '.join(map(str, unsupported))}, which TPU Diffusers "
-                                 f"does not support; supported are {SUPPORTED_FORMATS}.")
+        _refuse_quantized(name, keys, f)
         dropped = ("scaled_fp8", ".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
         out = {}
         try:
@@ -220,7 +224,7 @@ class HeaderView:
         with _open(path) as f:
             self._keys = list(f.keys())
             self._shapes = {k: f.get_slice(k).get_shape() for k in self._keys}
-        _refuse_quantized(self.name, self._keys)
+            _refuse_quantized(self.name, self._keys, f)
 
     def __contains__(self, key):
         return key in self._shapes

@@ -25,3 +25,5 @@ def test_two_ranks_from_single_files_give_the_single_process_image_each_holding_
         engine.unload()
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
     assert result.info.world_size == 2 and result.info.sharded_fraction_per_rank == (0.5, 0.5)
+    assert any("text_encoder (Mistral3ForConditionalGeneration) from a single file: whole on every rank" in note
+               for note in result.info.notes), result.info.notes

@@ -69,8 +69,9 @@ def _unreadable_config(folder: str, name: str, error: Exception) -> ModelLoadErr
     return ModelLoadError(f"cannot read {name}/config.json of '{folder}' ({error}); download the model again.")
 
 
-def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
-    """Refuse what cannot work before launching: returns notes on the mesh's shape and what stays whole."""
+def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: frozenset = frozenset()) -> list[str]:
+    """Refuse what cannot work before launching: returns notes on the mesh's shape and what stays whole.
+    `from_files`: components loaded from single files (their text encoders stay whole on every rank)."""
     if spec.workers == Workers.ATTACH:
         key = spec.key or settings.get(KEY_ENV)
         if not spec.address or not key:
@@ -94,7 +95,8 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo) -> list[str]:
     if spec.shard_transformer:
         notes += _check_transformer(source, parts["transformer"][1], tp)
     if spec.shard_text_encoder:
-        notes += [_check_text_encoder(source, name, cls, tp)
+        notes += [_check_text_encoder(source, name, cls, tp) if name not in from_files
+                  else f"{name} ({cls}) from a single file: whole on every rank"
                   for name, (library, cls) in parts.items() if name.startswith("text_encoder")]
     return notes
 
