@@ -242,7 +242,8 @@ def run_suite(ctx: Context) -> dict:
 
 
 def run_benchmarks(ctx: Context, tiny_flux: Path) -> list[dict]:
-    """The benchmarks with --device; in --quick on the tiny model with the fewest runs."""
+    """The benchmarks with --device; in --quick on the tiny model with the fewest runs, and without the
+    single-file, LoRA and native-ComfyUI ones (their models have the real width)."""
     model = str(tiny_flux.relative_to(ROOT))
     quick_args = {
         "bench_vs_diffusers.py": ["--model", model, "--size", "64", "--steps", "2", "--runs", "2"],
@@ -251,8 +252,9 @@ def run_benchmarks(ctx: Context, tiny_flux: Path) -> list[dict]:
         "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", "--ranks", str(TP_RANKS),
                         "--batch", str(TP_RANKS)],
     }
+    full_only = {"bench_single_file.py": [], "bench_lora.py": [], "bench_native.py": []}  # real-width models: minutes
     results = []
-    for script, args in quick_args.items():
+    for script, args in {**quick_args, **({} if ctx.quick else full_only)}.items():
         command = [sys.executable, f"benchmarks/{script}", "--device", ctx.device,
                    *(args if ctx.quick else ["--ranks", str(TP_RANKS)] if script in ("bench_tp.py", "bench_dp.py")
                      else [])]
