@@ -19,7 +19,7 @@ from .errors import UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .loading import LoadedPipeline, PipelineCache, ProgressCallback
-from .lora import LORA_WITH_MESH, apply_loras
+from .lora import LORA_WITH_MESH, LoraUnloadError, apply_loras
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .preview import PreviewSpec
 from .sampling import SampleRequest, check_host_memory, run_pipeline, validate_request
@@ -99,7 +99,11 @@ class Engine:
         with outside_inference_mode():  # weights loaded under inference mode would be inference tensors
             entry, loaded = self.cache.get(handle, device, on_progress)
             # fused in place, before compiling: a compiled transformer keeps its graphs (only weight values change)
-            apply_loras(entry.pipe, handle.loras, entry.lora, on_progress)  # its notes stay in entry.lora.notes
+            try:
+                apply_loras(entry.pipe, handle.loras, entry.lora, on_progress)  # its notes stay in entry.lora.notes
+            except LoraUnloadError:
+                self.cache.clear(device)
+                raise
         self._apply_compile(entry, handle, device)
         return entry, device, loaded
 

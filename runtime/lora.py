@@ -33,6 +33,10 @@ LORA_WITH_MESH = ("LoRAs are not supported with a TP Mesh yet: the sharded trans
                   "LoRAs, or remove the TP Mesh to run them in this process.")
 
 
+class LoraUnloadError(RuntimeError):
+    """A LoRA failed and diffusers could not remove its layers either: the engine drops the pipeline."""
+
+
 @dataclasses.dataclass
 class LoraState:
     """What is applied to one loaded pipeline, and the base values of every weight a LoRA changed."""
@@ -99,9 +103,13 @@ def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:
         else:
             try:
                 notes = _fuse(pipe, loras, active, state, on_progress)
-            except BaseException:
+            except BaseException as error:
                 try:
                     _unload(pipe)
+                except Exception as unload_error:  # peft layers may be left: this pipeline cannot be trusted
+                    raise LoraUnloadError(f"{error}; removing the LoRA layers afterwards failed too ({unload_error}), "
+                                          "so the loaded pipeline is dropped and the next run loads it again."
+                                          ) from error
                 finally:
                     _restore(state)  # the base, whatever the error was
                 raise

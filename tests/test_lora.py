@@ -307,3 +307,26 @@ def test_a_fresh_state_applies_and_restores_on_a_bare_pipeline(tiny, loras):
                    in state.backups.items())
         assert apply_loras(pipe, (), state) == [] and not state.changed
         assert all(torch.equal(before[name], p) for name, p in pipe.transformer.named_parameters())
+
+
+def test_a_lora_whose_layers_cannot_be_removed_after_an_error_drops_the_pipeline(tiny, loras, monkeypatch):
+    """Should diffusers fail to remove the LoRA layers after another error, the pipeline (maybe still holding
+    peft layers) is not reused: it is dropped, and the next run loads the base again and gives its image."""
+    engine = Engine()
+    base = engine.generate(handle(tiny), request()).images
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("fusing failed")
+
+    def cannot_unload(_pipe):
+        raise RuntimeError("peft layer left")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(lora_module, "_fuse", fails)
+        patched.setattr(lora_module, "_unload", cannot_unload)
+        with pytest.raises(lora_module.LoraUnloadError, match="fusing failed; removing the LoRA layers afterwards "
+                                                              "failed too .*peft layer left.*loads it again"):
+            engine.generate(with_loras(handle(tiny), (loras["flux1-schnell"], 1.0)), request())
+    assert len(engine.cache) == 0
+    again = engine.generate(handle(tiny), request())
+    assert again.info.loaded and torch.equal(again.images, base)
