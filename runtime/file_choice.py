@@ -7,8 +7,11 @@ a file of another family, a text encoder in the VAE slot, a missing encoder.
 
 from __future__ import annotations
 
+import os
+
 from .errors import UserInputError
 from .families import Family, family_for
+from .loading import has_weights
 from .single_file import check_file_for_slot, components_in_checkpoint, pipeline_class_of
 
 
@@ -44,7 +47,4 @@ def describe_slots(family: Family) -> str:
 
 def components_with_weights(folder: str) -> set[str]:
     """Components of a diffusers folder that hold weights (a configs-only download holds none)."""
-    import os
-
-    return {name for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name))
-            and any(f.endswith((".safetensors", ".bin")) for f in os.listdir(os.path.join(folder, name)))}
+    return {name for name in os.listdir(folder) if has_weights(folder, name)}

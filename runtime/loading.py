@@ -171,11 +171,15 @@ def check_index(source: str, index: dict, folder: str | None, from_files: frozen
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth")
 
 
+def has_weights(pipeline_folder: str, name: str) -> bool:
+    """Whether component `name` of a diffusers folder holds weights (a configs-only download holds none)."""
+    folder = os.path.join(pipeline_folder, name)
+    return os.path.isdir(folder) and any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(folder))
+
+
 def _check_has_weights(pipeline_folder: str, source: str, name: str, cls: str) -> None:
     """A model component (its folder has a config.json) that no file provides needs weights in the folder."""
-    folder = os.path.join(pipeline_folder, name)
-    files = os.listdir(folder)
-    if "config.json" in files and not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
+    if os.path.isfile(os.path.join(pipeline_folder, name, "config.json")) and not has_weights(pipeline_folder, name):
         raise UserInputError(f"'{source}' has only the config of '{name}' ({cls}), no weights, and no file was "
                              f"picked for it: pick a weights file for {name} (or a folder that has its weights).")
 
@@ -284,9 +288,7 @@ def optional_left_out(handle: PipelineHandle, folder: str) -> dict[str, str]:
     nor the configs folder's weights provide: the pipeline runs without them, as diffusers allows."""
     left_out = {}
     for name in family_for(handle.pipeline_class).optional_slots:
-        weights = os.path.join(folder, name)
-        has_weights = os.path.isdir(weights) and any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(weights))
-        if name not in dict(handle.files) and not has_weights:
+        if name not in dict(handle.files) and not has_weights(folder, name):
             left_out[name] = None
             left_out[name.replace("text_encoder", "tokenizer")] = None
     return left_out

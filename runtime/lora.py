@@ -313,12 +313,11 @@ def check_lora_fits(pipeline_class: str, config_folder: str, lora: LoraSpec) -> 
     """The LoRA node's check, before anything is loaded: the same as when fusing, against the pipeline's
     LoRA-loadable models built on the meta device from their configs (no weights), so a LoRA of another
     family fails on the LoRA node."""
-    import importlib
     import json
 
     import diffusers
-    import torch
-    from accelerate import init_empty_weights
+
+    from .single_file import meta_model
 
     pipeline_cls = getattr(diffusers, pipeline_class)
     with open(os.path.join(config_folder, "model_index.json")) as f:
@@ -326,15 +325,8 @@ def check_lora_fits(pipeline_class: str, config_folder: str, lora: LoraSpec) -> 
     models = {}
     for component in pipeline_cls._lora_loadable_modules:
         library, cls_name = (index.get(component) or [None, None])[:2]
-        if library not in ("diffusers", "transformers"):
-            continue
-        cls = getattr(importlib.import_module(library), cls_name)
-        if library == "diffusers":
-            with init_empty_weights():
-                models[component] = cls.from_config(cls.load_config(config_folder, subfolder=component))
-        else:
-            with torch.device("meta"):
-                models[component] = cls(cls.config_class.from_pretrained(os.path.join(config_folder, component)))
+        if library in ("diffusers", "transformers"):
+            models[component] = meta_model(config_folder, component, library, cls_name)
     skeleton = type(pipeline_class, (), {"_lora_loadable_modules": pipeline_cls._lora_loadable_modules,
                                          "lora_state_dict": staticmethod(pipeline_cls.lora_state_dict), **models})
     _check_fits(skeleton(), lora)

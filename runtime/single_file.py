@@ -466,24 +466,33 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     return model
 
 
+def meta_model(config_folder: str, component: str, library: str, cls_name: str):
+    """Component `component` built from its config on the meta device: its layers and shapes, no weights."""
+    import importlib
+
+    import torch
+    from accelerate import init_empty_weights
+
+    cls = getattr(importlib.import_module(library), cls_name)
+    if library == "diffusers":
+        with init_empty_weights():
+            return cls.from_config(cls.load_config(config_folder, subfolder=component))
+    with torch.device("meta"):
+        return cls(cls.config_class.from_pretrained(os.path.join(config_folder, component)))
+
+
 def check_files_against_configs(files, config_folder: str, pipeline_class: str) -> None:
     """Refuse a text encoder file whose tensors have other shapes than the config says, from the headers
     and a model built on the meta device (no weights read): CLIP-G where CLIP-L goes, a text encoder of
     another model size. Runs when the File Loader executes, so the error is on that node, not later on the
     Sampler's load. Weights the file names differently are left to the load's own check."""
-    import importlib
-
-    import torch
-
     with open(os.path.join(config_folder, "model_index.json")) as f:
         index = json.load(f)
     for component, path in files:
         library, cls_name = (index.get(component) or [None, None])[:2]
         if library != "transformers":
             continue  # diffusers converts transformers and VAEs from other layouts; checked when loading
-        cls = getattr(importlib.import_module(library), cls_name)
-        with torch.device("meta"):
-            model = cls(cls.config_class.from_pretrained(os.path.join(config_folder, component)))
+        model = meta_model(config_folder, component, library, cls_name)
         header = HeaderView(path)
         prefix = check_file_for_slot(header, component, pipeline_class)
         in_file = _by_suffix(k[len(prefix):] for k in header if k.startswith(prefix))
