@@ -1,27 +1,21 @@
 """ComfyUI runs this file before it imports torch (main.py calls execute_prestartup_script() before
 `import comfy.utils`): the one moment to set what TorchTPU and inductor read once, at backend start.
 
-The settings live in runtime/process_env.py, which TP workers apply too. The runtime package is
-loaded from this folder under a private module name, because the pack itself is imported later
-under the name ComfyUI gives it, and this folder must not go on sys.path (ComfyUI has a top-level
-module called `nodes`, like our package). Only torch-free modules are loaded here.
+The settings live in runtime/process_env.py, which worker processes apply too. The runtime is loaded
+under its one import name (runtime_package.py); only torch-free modules are imported here.
 """
 
-import importlib
 import importlib.util
 import os
 import sys
 
 
-def _load_process_env():
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime")
-    spec = importlib.util.spec_from_file_location("_tpu_diffusers_prestartup_runtime",
-                                                  os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = package
-    spec.loader.exec_module(package)
-    return importlib.import_module(spec.name + ".process_env")
+def _load_runtime():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime_package.py")
+    spec = importlib.util.spec_from_file_location("_tpu_diffusers_runtime_package", path)
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    return loader.load()
 
 
 def _comfyui_user_directory():
@@ -32,5 +26,5 @@ def _comfyui_user_directory():
     return folder_paths.get_user_directory() if folder_paths is not None else None
 
 
-process_env = _load_process_env()
+process_env = importlib.import_module(_load_runtime().__name__ + ".process_env")
 process_env.apply(process_env.default_root(_comfyui_user_directory()))

@@ -28,17 +28,17 @@ PHASES = ("eager", "cold", "warm")
 
 def measure(args) -> dict:
     """One phase over every size, in this (child) process: {size: {"step_seconds", "compile_seconds"}}."""
-    from runtime import process_env
+    from tpu_diffusers_runtime import process_env
 
     process_env.apply(process_env.default_root())  # the cache folder, before torch starts (as ComfyUI does)
-    from runtime.engine import Engine
-    from runtime.handle import PipelineHandle
-    from runtime.loading import inspect_source
-    from runtime.sampling import SampleRequest
-    from runtime.specs import ExecutionMode
+    from tpu_diffusers_runtime.engine import Engine
+    from tpu_diffusers_runtime.handle import PipelineHandle
+    from tpu_diffusers_runtime.loading import inspect_source
+    from tpu_diffusers_runtime.tasks import SampleRequest
+    from tpu_diffusers_runtime.specs import ExecutionMode
 
     mode = ExecutionMode.EAGER if args.phase == "eager" else ExecutionMode.COMPILED
-    handle = PipelineHandle(source=str(args.model), pipeline_class=inspect_source(str(args.model)),
+    handle = PipelineHandle.of(source=str(args.model), model_class=inspect_source(str(args.model)),
                             device=args.device, mode=mode)
     engine, results = Engine(), {}
     for text in args.sizes.split(","):

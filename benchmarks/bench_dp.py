@@ -21,11 +21,11 @@ from pathlib import Path
 
 from common import PROMPT, bench_model, parse_size
 
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
-from runtime.sampling import SampleRequest
-from runtime.specs import MeshSpec
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.tasks import SampleRequest
+from tpu_diffusers_runtime.specs import MeshSpec
 
 
 def shapes(ranks: int, tp: int) -> list[tuple[str, MeshSpec | None]]:
@@ -50,12 +50,12 @@ def main(argv=None) -> int:
     model = bench_model(args.model)
     width, height = parse_size(args.size)
     batches = [int(b) for b in args.batch.split(",")]
-    base = PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=args.device)
+    base = PipelineHandle.of(source=str(model), model_class=inspect_source(str(model)), device=args.device)
     engine = Engine()
     rows = {}  # (label, batch) -> images per second
     device = "?"
     for label, mesh in shapes(args.ranks, args.tp):
-        handle = PipelineHandle(**{**base.__dict__, "mesh": mesh})
+        handle = PipelineHandle.of(**{**base.__dict__, "mesh": mesh})
         for batch in batches:
             request = SampleRequest(prompt=PROMPT, width=width, height=height, steps=args.steps, guidance=0.0,
                                     batch_size=batch)

@@ -32,14 +32,14 @@ from pathlib import Path
 from common import PROMPT, StepClock, bench_model, parse_size
 
 import tiny_loras
-from runtime.engine import Engine
-from runtime.families import family_for
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source, load_pipeline
-from runtime.lora import apply_loras
-from runtime.modes import outside_inference_mode
-from runtime.sampling import SampleRequest, run_pipeline
-from runtime.specs import LoraSpec
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source, load_pipeline
+from tpu_diffusers_runtime.features.lora import apply_loras
+from tpu_diffusers_runtime.modes import outside_inference_mode
+from tpu_diffusers_runtime.tasks import SampleRequest, run_pipeline
+from tpu_diffusers_runtime.specs import LoraSpec
 
 
 def lora_files(model: Path, rank: int) -> tuple[str, str]:
@@ -81,12 +81,12 @@ def transformer_call(pipe, family, request) -> tuple[tuple, dict]:
 
 def measure(model: Path, args) -> dict:
     a, b = lora_files(model, args.rank)
-    handle = PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=args.device)
-    family = family_for(handle.pipeline_class)
+    handle = PipelineHandle.of(source=str(model), model_class=inspect_source(str(model)), device=args.device)
+    family = family_for(handle.model_class)
     width, height = parse_size(args.size)
     request = SampleRequest(prompt=PROMPT, width=width, height=height, steps=args.steps, guidance=0.0, seed=0)
     engine = Engine()
-    fused_handle = dataclasses.replace(handle, loras=(LoraSpec(a, 1.0),))
+    fused_handle = handle.replace(loras=(LoraSpec(a, 1.0),))
     engine.generate(handle, request)  # loads, and warms the kernels
     entry, device, _ = engine.realise(handle)
     pipe = entry.pipe
@@ -130,7 +130,7 @@ def measure(model: Path, args) -> dict:
         switch["B -> none"] = seconds(lambda: apply_loras(pipe, (), entry.lora))
         switch["none -> A"] = seconds(lambda: apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora))
         layers = len({key.rsplit(".", 1)[0] for key in entry.lora.changed})  # layers, not parameters
-    b_handle = dataclasses.replace(handle, loras=(LoraSpec(b, 1.0),))
+    b_handle = handle.replace(loras=(LoraSpec(b, 1.0),))
     image_after_switch = seconds(lambda: engine.generate(b_handle, one_step))
     engine.unload()
     with outside_inference_mode():

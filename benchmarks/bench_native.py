@@ -48,10 +48,10 @@ from pathlib import Path
 
 from common import PROMPT, StepClock, built_wide_flux1, parse_size
 
-from runtime.device import resolve_device
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.sampling import SampleRequest
+from tpu_diffusers_runtime.device import resolve_device
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 SEED = 0
 
@@ -111,7 +111,7 @@ class Ours:
         import torch
 
         width, height = parse_size(args.size)
-        self.handle = PipelineHandle(source=str(folder), pipeline_class="FluxPipeline",
+        self.handle = PipelineHandle.of(source=str(folder), model_class="FluxPipeline",
                                      files=(("transformer", str(file)),), device=args.device, dtype=args.dtype)
         self.request = SampleRequest(prompt=PROMPT, width=width, height=height, steps=args.steps,
                                      guidance=args.guidance, seed=SEED)
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
 
     file, folder = (args.file.resolve(), args.model.resolve()) if args.file else built_files()
     device = resolve_device(args.device)
-    wanted = getattr(torch, PipelineHandle(source="", pipeline_class="FluxPipeline", dtype=args.dtype)
+    wanted = getattr(torch, PipelineHandle.of(source="", model_class="FluxPipeline", dtype=args.dtype)
                      .resolved_dtype(device))
 
     print(f"file {file}\nfolder {folder}", flush=True)

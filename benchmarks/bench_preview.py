@@ -28,12 +28,12 @@ from pathlib import Path
 from common import PROMPT, bench_model, parse_size
 from PIL import Image, ImageOps
 
-from runtime.engine import Engine
-from runtime.families import family_for
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
-from runtime.preview import Previewer, PreviewSpec
-from runtime.sampling import SampleRequest, pipeline_kwargs
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.features.preview import Previewer, PreviewSpec
+from tpu_diffusers_runtime.tasks import SampleRequest, pipeline_kwargs
 
 # Latent channels per ComfyUI latent format: the cost depends on the shape of the factors, not on their values
 # (the real ones are ComfyUI's, which this benchmark does not import).
@@ -76,8 +76,8 @@ def preview_work_seconds(pipe, family, request, spec, repeat: int = 30) -> float
 
 
 def measure(model: Path, args) -> tuple[list[float], list[float], float]:
-    handle = PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=args.device)
-    family = family_for(handle.pipeline_class)
+    handle = PipelineHandle.of(source=str(model), model_class=inspect_source(str(model)), device=args.device)
+    family = family_for(handle.model_class)
     spec = PreviewSpec(factors=((0.1, 0.0, -0.1),) * CHANNELS[family.comfy_latent_format], bias=(0.0, 0.0, 0.0))
     width, height = parse_size(args.size)
     engine = Engine()

@@ -53,12 +53,12 @@ def child(model: str, way: str, device: str) -> None:
     """One load in this fresh process; prints seconds and peak RSS growth as JSON."""
     import torch  # noqa: F401  (imported before the baseline, as ComfyUI has it loaded)
 
-    from runtime.device import resolve_device
-    from runtime.handle import PipelineHandle
-    from runtime.loading import load_pipeline
+    from tpu_diffusers_runtime.device import resolve_device
+    from tpu_diffusers_runtime.handle import PipelineHandle
+    from tpu_diffusers_runtime.loading import load_pipeline
 
     files = written_files(Path(model)) if way != "folder" else {}
-    handle = PipelineHandle(source=model, pipeline_class="FluxPipeline", files=handle_files(way, files),
+    handle = PipelineHandle.of(source=model, model_class="FluxPipeline", files=handle_files(way, files),
                             device=device, dtype="bfloat16")
     info = resolve_device(device)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from common import PROMPT, StepClock, bench_model, parse_size
 
-from runtime.distributed.sharding import local_bytes
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
-from runtime.sampling import SampleRequest
-from runtime.specs import MeshSpec
+from tpu_diffusers_runtime.distributed.sharding import local_bytes
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.tasks import SampleRequest
+from tpu_diffusers_runtime.specs import MeshSpec
 
 
 def main(argv=None) -> int:
@@ -38,10 +38,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     model = bench_model(args.model)
     width, height = parse_size(args.size)
-    base = PipelineHandle(source=str(model), pipeline_class=inspect_source(str(model)), device=args.device)
+    base = PipelineHandle.of(source=str(model), model_class=inspect_source(str(model)), device=args.device)
     engine = Engine()
     rows = []
-    sharded = PipelineHandle(**{**base.__dict__, "mesh": MeshSpec(chips=args.ranks)})
+    sharded = PipelineHandle.of(**{**base.__dict__, "mesh": MeshSpec(chips=args.ranks)})
     for ranks, spec in ((args.ranks, sharded), (1, base)):
         for seed in (0, 1):  # the first run loads (and launches the workers); the second is timed
             clock = StepClock()

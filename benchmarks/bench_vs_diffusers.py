@@ -43,7 +43,7 @@ class PlainDiffusers:
     def __init__(self, folder: Path, device: str):
         import torch
 
-        from runtime.device import resolve_device
+        from tpu_diffusers_runtime.device import resolve_device
 
         self.torch = torch
         self.device = resolve_device(device)
@@ -55,7 +55,7 @@ class PlainDiffusers:
         self.pipe.to(self.device.type)
 
     def run(self, size: int, steps: int, seed: int, out: Path) -> float:
-        from runtime.device import synchronize
+        from tpu_diffusers_runtime.device import synchronize
 
         start = time.perf_counter()
         image = self.pipe(prompt=PROMPT, height=size, width=size, num_inference_steps=steps, guidance_scale=0.0,
@@ -65,7 +65,7 @@ class PlainDiffusers:
         return time.perf_counter() - start
 
     def peak_device_mb(self) -> float | None:
-        from runtime.device import peak_memory_bytes
+        from tpu_diffusers_runtime.device import peak_memory_bytes
 
         peak = peak_memory_bytes(self.device)
         return None if peak is None else peak / 2**20
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
 
-    from runtime.device import resolve_device
+    from tpu_diffusers_runtime.device import resolve_device
 
     work = Path(tempfile.mkdtemp(prefix="bench-vs-diffusers-"))
     model = bench_model(args.model)

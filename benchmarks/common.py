@@ -11,6 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+import runtime_package  # noqa: E402
+
+runtime_package.load()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPT = "a golden retriever surfing a wave, photorealistic"
@@ -56,7 +59,7 @@ def compile_cache_env(folder: Path, process: str) -> dict:
     does). Cache variables already set here are dropped, so the measurement starts where we say; and
     TorchTPU's host-shared tier-2 cache (in /dev/shm, which outlives processes) gets a name of its own
     per folder and `process`, so the folder is the only cache a fresh process can reuse."""
-    from runtime import process_env
+    from tpu_diffusers_runtime import process_env
 
     managed = (process_env.INDUCTOR_CACHE, process_env.TPU_TIER2_CACHE, process_env.TPU_TIER3_CACHE,
                process_env.TPU_TIER3_LOCAL_BACKUP)

@@ -3,7 +3,7 @@
 from comfy_api.latest import ComfyExtension, io
 from server import PromptServer
 
-from ..runtime.device import detect_device
+from tpu_diffusers_runtime.device import detect_device
 from . import unload_hook
 from .compile_transformer import TPUCompileTransformer
 from .file_loader import TPUFileLoader

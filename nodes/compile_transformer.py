@@ -3,15 +3,13 @@
 Where compiled graphs persist is a process setting (prestartup_script.py), not a node input.
 """
 
-import dataclasses
-
 from comfy_api.latest import io
 
-from ..runtime.compile_cache import parse_sizes
-from ..runtime.families import family_for
-from ..runtime.specs import CompileScope, CompileSpec, ExecutionMode
-from ..runtime.errors import UserInputError
-from ..runtime.sampling import size_problem, validate_size
+from tpu_diffusers_runtime.features.compilation import parse_sizes
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.specs import CompileScope, CompileSpec, ExecutionMode
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.tasks import size_problem, validate_size
 from .types import CATEGORY, TPUPipeline
 
 
@@ -63,8 +61,8 @@ class TPUCompileTransformer(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, scope: str, fullgraph: bool, warmup_sizes: str) -> io.NodeOutput:
         sizes = parse_sizes(warmup_sizes)
-        family = family_for(pipeline.pipeline_class)
+        family = family_for(pipeline.model_class)
         for width, height in sizes:
             validate_size(family, width, height)
         spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes)
-        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode.COMPILED, compile=spec))
+        return io.NodeOutput(pipeline.replace(mode=ExecutionMode.COMPILED, compile=spec))

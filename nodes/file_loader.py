@@ -1,23 +1,21 @@
 """TPU File Loader: a pipeline from the single files ComfyUI keeps (diffusion_models, text_encoders,
 vae, checkpoints); checked now, loaded only when a Sampler needs it, like TPU Loader's folders."""
 
-import os
+import asyncio
 
 from comfy_api.latest import io
 
 import folder_paths
+from tpu_diffusers_runtime.device import resolve_device
+from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.file_choice import AUTO_CONFIGS, check_against_configs, plan
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.model_files import NONE, resolve_model_file
+from tpu_diffusers_runtime.sources import list_model_folders
+from tpu_diffusers_runtime.specs import DeviceChoice, DType
 
-from ..runtime.device import resolve_device
-from ..runtime.errors import ModelLoadError, UserInputError
-from ..runtime.file_choice import choose_files, components_with_weights
-from ..runtime.handle import PipelineHandle
-from ..runtime.loading import list_model_folders, read_model_index, resolve_model_folder
-from ..runtime.model_files import NONE, resolve_model_file
-from ..runtime.single_file import check_files_against_configs, config_folder, default_config_repo, pipeline_class_of
-from ..runtime.specs import DeviceChoice, DType
 from .types import CATEGORY, TPUPipeline
 
-AUTO_CONFIGS = "auto"
 ENCODER_SLOTS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
@@ -34,37 +32,27 @@ def model_path(name: str) -> str:
         return resolve_model_file(name, folder_paths.get_folder_paths("checkpoints"), "checkpoints")
 
 
-def plan(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str, configs: str):
-    """(source of configs, pipeline class, files) for the node's choices; raises UserInputError."""
-    path = model_path(model)
+def plan_choices(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str, configs: str):
+    """The node's choices (names inside ComfyUI's folders) resolved to paths and planned by the runtime:
+    (configs source, model class, files); raises UserInputError."""
     picked = {slot: resolve_model_file(name, folder_paths.get_folder_paths("text_encoders"), "text_encoders")
               for slot, name in zip(ENCODER_SLOTS, (text_encoder, text_encoder_2, text_encoder_3)) if name != NONE}
     if vae != NONE:
         picked["vae"] = resolve_model_file(vae, folder_paths.get_folder_paths("vae"), "vae")
-    roots = folder_paths.get_folder_paths("diffusers")
-    source = auto_configs(default_config_repo(path)) if configs == AUTO_CONFIGS else resolve_model_folder(configs, roots)
-    if os.path.isabs(source):
-        check_configs_class(source, pipeline_class_of(path), model)
-    with_weights = components_with_weights(source) if os.path.isabs(source) else set()  # a hub id: configs only
-    pipeline_class, files = choose_files(path, picked, with_weights)
-    return source, pipeline_class, files
+    return plan(model_path(model), picked, configs, folder_paths.get_folder_paths("diffusers"))
 
 
-def check_configs_class(folder: str, pipeline_class: str, model: str) -> None:
-    """The configs are of the model's pipeline class: not another family's, nor e.g. FLUX.1 Fill's."""
-    held = read_model_index(folder, is_folder=True)["_class_name"]
-    if held != pipeline_class:
-        raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model}' is a "
-                             f"{pipeline_class}; pick a diffusers folder of the same model (or auto). TPU Diffusers "
-                             "runs the text-to-image pipelines of FLUX.1, SD3/SD3.5, FLUX.2 and QwenImage.")
-
-
-def auto_configs(repo: str) -> str:
-    """The folder in models/diffusers named like the model's hub repository (where the download command
-    that the error names puts the config files), else the hub id: its config files from the hub cache."""
-    roots = folder_paths.get_folder_paths("diffusers")
-    folders = [f for f in list_model_folders(roots) if f.split("/")[-1] == repo.split("/")[-1]]
-    return resolve_model_folder(folders[0], roots) if folders else repo
+def check_choices(choices: tuple, device: str | None) -> bool | str:
+    try:
+        if device is not None:
+            resolve_device(device)
+        if None not in choices:
+            plan_choices(*choices)
+    except (UserInputError, ModelLoadError) as e:
+        return str(e)
+    except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses (NUL)
+        return f"cannot read the picked files or folders ({type(e).__name__}: {e}); check them and pick again."
+    return True
 
 
 class TPUFileLoader(io.ComfyNode):
@@ -112,32 +100,20 @@ class TPUFileLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, model: str | None = None, text_encoder: str | None = None,
+    async def validate_inputs(cls, model: str | None = None, text_encoder: str | None = None,
                         text_encoder_2: str | None = None, text_encoder_3: str | None = None,
                         vae: str | None = None, configs: str | None = None, device: str | None = None) -> bool | str:
         """Checked when the prompt is queued (headers only), so a wrong file is refused on this node before
-        any node runs. Inputs fed by links arrive as None and are checked when the node runs."""
+        any node runs. ComfyUI awaits this on its event loop: the file reads run in a thread, so the server
+        keeps answering. Inputs fed by links arrive as None and are checked when the node runs."""
         choices = (model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
-        try:
-            if device is not None:
-                resolve_device(device)
-            if None not in choices:
-                plan(*choices)
-        except (UserInputError, ModelLoadError) as e:
-            return str(e)
-        except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses
-            return f"cannot read the picked files or folders ({type(e).__name__}: {e}); check them and pick again."
-        return True
+        return await asyncio.to_thread(check_choices, choices, device)
 
     @classmethod
     def execute(cls, model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str,
                 configs: str, dtype: str, device: str) -> io.NodeOutput:
         resolve_device(device)
-        source, pipeline_class, files = plan(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
-        # the configs now (downloaded when online, else the error names the command), and the text encoders
-        # checked against them, so a wrong file fails here and not in the Sampler's load
-        folder = config_folder(source)
-        check_configs_class(folder, pipeline_class, model)  # auto's hub configs too (e.g. FLUX.1 Fill's)
-        check_files_against_configs(files, folder, pipeline_class)
-        return io.NodeOutput(PipelineHandle(source=source, pipeline_class=pipeline_class, files=files,
-                                            dtype=dtype, device=device))
+        source, model_class, files = plan_choices(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
+        check_against_configs(source, model_class, files, model)
+        return io.NodeOutput(PipelineHandle.of(source=source, model_class=model_class, files=files,
+                                               dtype=dtype, device=device))

@@ -4,11 +4,12 @@ from comfy_api.latest import io
 
 import folder_paths
 
-from ..runtime.device import resolve_device
-from ..runtime.errors import ModelLoadError, UserInputError
-from ..runtime.handle import PipelineHandle
-from ..runtime.specs import DeviceChoice, DType
-from ..runtime.loading import check_hub_id, inspect_source, list_model_folders, resolve_model_folder
+from tpu_diffusers_runtime.device import resolve_device
+from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.specs import DeviceChoice, DType
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.sources import check_hub_id, list_model_folders, resolve_model_folder
 from .types import CATEGORY, TPUPipeline
 
 
@@ -69,5 +70,5 @@ class TPULoader(io.ComfyNode):
     def execute(cls, model: str, hub_id: str, dtype: str, device: str) -> io.NodeOutput:
         resolve_device(device)  # an absent device is reported here, on the Loader
         source = check_hub_id(hub_id.strip()) if hub_id.strip() else resolve_model_folder(model, model_roots())
-        handle = PipelineHandle(source=source, pipeline_class=inspect_source(source), dtype=dtype, device=device)
+        handle = PipelineHandle.of(source=source, model_class=inspect_source(source), dtype=dtype, device=device)
         return io.NodeOutput(handle)

@@ -1,17 +1,15 @@
 """TPU LoRA: add a LoRA from models/loras to the pipeline; chain several. Fused into the loaded weights
 when the Sampler runs, so the base model is not reloaded and compiled graphs are reused."""
 
-import dataclasses
-
 from comfy_api.latest import io
 
 import folder_paths
 
-from ..runtime.errors import UserInputError
-from ..runtime.lora import LORA_WITH_MESH, check_lora_file, check_lora_fits
-from ..runtime.model_files import resolve_model_file
-from ..runtime.single_file import config_folder
-from ..runtime.specs import LoraSpec
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.features.lora import LORA_WITH_MESH, check_lora_file, check_lora_fits
+from tpu_diffusers_runtime.model_files import resolve_model_file
+from tpu_diffusers_runtime.single_file import config_folder
+from tpu_diffusers_runtime.specs import LoraSpec
 from .types import CATEGORY, TPUPipeline
 
 MAX_STRENGTH = 10.0
@@ -65,5 +63,5 @@ class TPULora(io.ComfyNode):
             raise UserInputError(LORA_WITH_MESH)
         lora = LoraSpec(path=lora_path(lora_name), strength=strength)
         # a LoRA of another family fails here, on this node, against the model's configs (no weights loaded)
-        check_lora_fits(pipeline.pipeline_class, config_folder(pipeline.source), lora)
-        return io.NodeOutput(dataclasses.replace(pipeline, loras=(*pipeline.loras, lora)))
+        check_lora_fits(pipeline.model_class, config_folder(pipeline.source), lora)
+        return io.NodeOutput(pipeline.replace(loras=(*pipeline.loras, lora)))

@@ -1,10 +1,8 @@
 """TPU Mode Selector: how the pipeline executes and where its weights live."""
 
-import dataclasses
-
 from comfy_api.latest import io
 
-from ..runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from .types import CATEGORY, TPUPipeline
 
 
@@ -36,4 +34,4 @@ class TPUModeSelector(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, mode: str, placement: str) -> io.NodeOutput:
         # Compiled mode without a Compile Transformer runs with its defaults (PipelineHandle.compile None).
-        return io.NodeOutput(dataclasses.replace(pipeline, mode=ExecutionMode(mode), placement=Placement(placement)))
+        return io.NodeOutput(pipeline.replace(mode=ExecutionMode(mode), placement=Placement(placement)))

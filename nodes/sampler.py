@@ -2,8 +2,8 @@
 
 from comfy_api.latest import io
 
-from ..runtime.engine import ENGINE
-from ..runtime.sampling import MAX_SEED, SampleRequest, size_problem
+from tpu_diffusers_runtime.engine import ENGINE
+from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest, size_problem
 from .comfy_progress import ComfyProgress, preview_spec
 from .types import CATEGORY, TPUPipeline
 
@@ -72,7 +72,7 @@ class TPUSampler(io.ComfyNode):
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
-                                     preview=preview_spec(pipeline.pipeline_class))
+                                     preview=preview_spec(pipeline.model_class))
         info = generation.info
         # ComfyUI sends the ui dict to the page (`executed`, where web/tpu_diffusers.js shows it on
         # our nodes) and keeps it in the prompt's history, where API clients read it.

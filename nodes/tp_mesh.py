@@ -1,13 +1,13 @@
 """TPU TP Mesh: replicas x tensor parallelism over several chips, one worker process per chip."""
 
-import dataclasses
 import os
 
 from comfy_api.latest import io
 
-from ..runtime.distributed.channel import KEY_ENV, parse_address
-from ..runtime.specs import MeshSpec, Workers
-from ..runtime.errors import UserInputError
+from tpu_diffusers_runtime.distributed.channel import parse_address
+from tpu_diffusers_runtime.settings import KEY_ENV
+from tpu_diffusers_runtime.specs import MeshSpec, Workers
+from tpu_diffusers_runtime.errors import UserInputError
 from .types import CATEGORY, TPUPipeline
 
 
@@ -82,4 +82,4 @@ class TPUMesh(io.ComfyNode):
                 address: str, key: str, replicas: int = 0) -> io.NodeOutput:
         mesh = MeshSpec(chips=chips, replicas=replicas, shard_transformer=shard_transformer,
                         shard_text_encoder=shard_text_encoder, workers=workers, address=address.strip(), key=key.strip())
-        return io.NodeOutput(dataclasses.replace(pipeline, mesh=mesh))
+        return io.NodeOutput(pipeline.replace(mesh=mesh))

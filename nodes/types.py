@@ -2,7 +2,7 @@
 
 from comfy_api.latest import io
 
-from ..runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.handle import PipelineHandle
 
 
 @io.comfytype(io_type="TPU_PIPELINE")

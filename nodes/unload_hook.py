@@ -9,7 +9,7 @@ and newer read the flags the same way (main.py, `prompt_worker`).
 
 import logging
 
-from ..runtime.engine import ENGINE
+from tpu_diffusers_runtime.engine import ENGINE
 
 log = logging.getLogger("tpu_diffusers")
 

@@ -1,7 +1,9 @@
-"""The runtime's front door: realise a handle and generate images with it.
+"""The runtime's front door: realise a handle's load spec, apply the features its run options ask for,
+run the task.
 
-One process-wide `Engine` holds the loaded pipelines, so ComfyUI nodes stay stateless.
-Everything here works without ComfyUI; the nodes only adapt inputs, progress and cancel.
+One process-wide `Engine` holds the loaded pipelines, so ComfyUI nodes stay stateless. A handle with a
+mesh goes to a worker group, whose ranks run this same engine. Everything here works without ComfyUI;
+the nodes only adapt inputs, progress and cancel.
 """
 
 from __future__ import annotations
@@ -10,24 +12,22 @@ import dataclasses
 import logging
 import time
 
-from . import compile_cache, single_file
-from .compile_cache import CompileRequest, CompileState
+from . import single_file
 from .device import DeviceInfo, available_host_memory_bytes, peak_memory_bytes, reset_peak_memory, resolve_device
-from .distributed.group import WorkerGroupError, WorkerGroups
+from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, world_size
-from .errors import UserInputError
-from .families import Family, family_for
+from .errors import CompileError, LoraUnloadError, UserInputError, WorkerGroupError
+from .families import Family
+from .features import compilation
+from .features.lora import LORA_WITH_MESH, apply_loras
+from .features.preview import PreviewSpec
 from .handle import PipelineHandle
-from .loading import LoadedPipeline, PipelineCache, ProgressCallback
-from .lora import LORA_WITH_MESH, LoraUnloadError, apply_loras
 from .modes import execution_mode, grad_mode, outside_inference_mode
-from .preview import PreviewSpec
-from .sampling import SampleRequest, check_host_memory, run_pipeline, validate_request
-from .specs import CompileSpec, ExecutionMode, Placement, Workers
+from .pipeline_cache import LoadedPipeline, PipelineCache
+from .specs import CompileSpec, ExecutionMode, Placement, ProgressCallback, Workers
+from .tasks import SampleRequest, Task, check_host_memory, check_runnable, task_for
 
 log = logging.getLogger("tpu_diffusers")
-
-WARMUP_STEPS = 2  # the step count does not change the compiled graph; two steps exercise the whole loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,8 @@ class RunInfo:
 
     device: str
     mode: str  # the mode that ran, which may differ from the one asked for
+    task: str  # e.g. text2image
+    pipeline: str  # the diffusers class that ran
     placement: str
     loaded: bool  # False when the pipeline came from the cache
     load_seconds: float
@@ -54,8 +56,8 @@ class RunInfo:
     replica_compile_seconds: tuple[float, ...] = ()  # each replica's compile time (the compile cache may share it)
     replica_ranks: tuple[tuple[int, ...], ...] = ()  # the ranks of each replica (its TP group)
     grad_mode: str = ""  # seen inside the denoising loop: TorchTPU cannot compile under inference mode
-    compile_cache: dict = dataclasses.field(default_factory=dict)  # compile_cache.cache_folders()
-    compile_cache_lookups: dict = dataclasses.field(default_factory=dict)  # this run's; compile_cache.cache_lookups()
+    compile_cache: dict = dataclasses.field(default_factory=dict)  # compilation.cache_folders()
+    compile_cache_lookups: dict = dataclasses.field(default_factory=dict)  # this run's; compilation.cache_lookups()
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -63,7 +65,8 @@ class RunInfo:
 
     def summary(self) -> str:
         load = f"loaded in {self.load_seconds:.1f}s" if self.loaded else "reused loaded pipeline"
-        lines = [f"device: {self.device}", f"mode: {self.mode}", f"placement: {self.placement}",
+        lines = [f"device: {self.device}", f"task: {self.task} ({self.pipeline})", f"mode: {self.mode}",
+                 f"placement: {self.placement}",
                  f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s ({self.grad_mode})", *self.notes]
         if self.mesh_shape:
             lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {self.mesh_shape[1]} TP; " + ", ".join(
@@ -104,16 +107,23 @@ class Engine:
             except LoraUnloadError:
                 self.cache.clear(device)
                 raise
-        self._apply_compile(entry, handle, device)
+        entry.compiled = compilation.apply(entry.compiled, self.denoiser(entry, handle), handle.compile or CompileSpec(),
+                                           handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED)
         return entry, device, loaded
+
+    @staticmethod
+    def denoiser(entry: LoadedPipeline, handle: PipelineHandle):
+        """The loaded pipeline's denoising model (transformer or unet)."""
+        return getattr(entry.pipe, check_runnable(handle.model_class).denoiser)
 
     def generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None = None,
                  preview: PreviewSpec | None = None) -> Generation:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
-        family = family_for(handle.pipeline_class)
-        validate_request(family, request)  # fail before loading anything
-        check_host_memory(request, available_host_memory_bytes())
+        family = check_runnable(handle.model_class)
+        task, pipeline_class = task_for(handle.model_class, request)
+        task.validate(family, request)  # fail before loading anything
+        check_host_memory(task, request, available_host_memory_bytes())
         notes = []
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
@@ -125,7 +135,7 @@ class Engine:
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
         load_seconds = time.perf_counter() - start
-        notes += entry.lora.notes
+        notes += entry.notes + entry.lora.notes
 
         grad_modes = set()
 
@@ -134,24 +144,32 @@ class Engine:
             if on_progress:
                 on_progress(done, total, "sampling", *preview_image)
 
-        lookups_before = compile_cache.cache_lookups(device)
+        denoiser = self.denoiser(entry, handle)
+
+        def run_at(width: int, height: int, on_warm_step) -> compilation.CompileActivity:
+            warm_request = dataclasses.replace(request, width=width, height=height, steps=compilation.WARMUP_STEPS)
+            task.validate(family, warm_request)
+            return self._run(entry, denoiser, task, family, warm_request, on_warm_step)[1]
+
+        lookups_before = compilation.cache_lookups(device)
         with execution_mode(handle.mode, device) as mode_ran:
-            warmup = self._warm_up(entry, family, request, device, on_progress)
+            warmup = compilation.warm_up(entry.compiled, request.batch_size, run_at, on_progress)
             reset_peak_memory(device)
             start = time.perf_counter()
-            images, activity = self._run(entry, family, request, on_step, preview)
+            images, activity = self._run(entry, denoiser, task, family, request, on_step, preview)
             sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
-        lookups = compile_cache.lookups_since(lookups_before, compile_cache.cache_lookups(device))
+        lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
         if entry.compiled:
             notes += warmup.notes
-            notes.append("compile: " + compile_cache.describe(entry.compiled, shape_of(request), activity))
-        info = RunInfo(device=device.type, mode=mode_ran, placement=handle.placement.value, loaded=loaded,
+            notes.append("compile: " + compilation.describe(entry.compiled, shape_of(request), activity))
+        info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=pipeline_class,
+                       placement=handle.placement.value, loaded=loaded,
                        load_seconds=load_seconds, sample_seconds=sample_seconds,
                        peak_device_memory_mb=None if peak is None else peak / 2**20,
                        compiled_now=bool(activity.graphs) if entry.compiled else None,
                        compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
-                       compile_cache=compile_cache.cache_folders(), compile_cache_lookups=lookups, notes=tuple(notes))
+                       compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
         return Generation(images=images, info=info)
 
@@ -204,64 +222,16 @@ class Engine:
                 and resolve_device(handle.device).type != "cpu":
             self.workers.stop()
 
-    # --- compiled mode
     @staticmethod
-    def _apply_compile(entry: LoadedPipeline, handle: PipelineHandle, device: DeviceInfo) -> None:
-        """Compile, recompile with other options, or go back to eager, as the handle asks."""
-        spec = handle.compile or CompileSpec()
-        request = CompileRequest.of(spec, handle.placement, device)
-        wanted = handle.mode is ExecutionMode.COMPILED
-        if entry.compiled and (not wanted or not entry.compiled.matches(request)):
-            compile_cache.remove_compile(entry.pipe)
-            entry.compiled = None
-        if wanted and entry.compiled is None:
-            entry.compiled = compile_cache.compile_transformer(entry.pipe, request)
-        if wanted:
-            entry.compiled.warmup_sizes = spec.warmup_sizes  # may change without a recompile
-
-    def _run(self, entry: LoadedPipeline, family: Family, request: SampleRequest, on_step,
+    def _run(entry: LoadedPipeline, denoiser, task: Task, family: Family, request: SampleRequest, on_step,
              preview: PreviewSpec | None = None):
-        """One pipeline call; with a compiled transformer, its compiles are counted and explained."""
-        state: CompileState | None = entry.compiled
-        if state is None:
-            return run_pipeline(entry.pipe, family, request, on_step, preview), compile_cache.CompileActivity()
+        """One pipeline call; with a compiled denoiser, its compiles are counted and explained."""
         try:
-            with compile_cache.explained_compile_failures(state, entry.pipe), compile_cache.dynamo_limits(), \
-                    compile_cache.watch_compiles() as activity:
-                images = run_pipeline(entry.pipe, family, request, on_step, preview)
-        except compile_cache.CompileError:
-            entry.compiled = None  # the transformer is eager again; the next compiled run starts afresh
+            return compilation.counted_run(entry.compiled, denoiser, shape_of(request),
+                                           lambda: task.run(entry.pipe, family, request, on_step, preview))
+        except CompileError:
+            entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
             raise
-        compile_cache.record_run(state, shape_of(request), activity)
-        return images, activity
-
-    def _warm_up(self, entry: LoadedPipeline, family: Family, request: SampleRequest, device: DeviceInfo,
-                 on_progress: ProgressCallback | None) -> "Warmup":
-        """Compile the spec's warm-up sizes ahead, once per loaded pipeline, with progress and cancel."""
-        state = entry.compiled
-        result = Warmup()
-        if state is None:
-            return result
-        pending = [(w, h) for w, h in state.warmup_sizes if (w, h, request.batch_size) not in state.warmed]
-        for index, (width, height) in enumerate(pending):
-            warm_request = dataclasses.replace(request, width=width, height=height, steps=WARMUP_STEPS)
-            validate_request(family, warm_request)
-
-            def on_step(_done, _total, index=index, label=f"warm-up {width}x{height}"):
-                if on_progress:
-                    on_progress(index, len(pending), label)
-
-            _, activity = self._run(entry, family, warm_request, on_step)
-            state.warmed.add(shape_of(warm_request))
-            result.seconds += activity.seconds
-            result.notes.append(f"warm-up: {compile_cache.describe(state, shape_of(warm_request), activity)}")
-        return result
-
-
-@dataclasses.dataclass
-class Warmup:
-    seconds: float = 0.0
-    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def shape_of(request: SampleRequest) -> tuple[int, int, int]:

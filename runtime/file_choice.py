@@ -1,8 +1,9 @@
-"""Which pipeline component comes from which single file, for a diffusion model (or all-in-one
-checkpoint) and the text encoder and VAE files picked next to it.
+"""Which pipeline component comes from which single file: the TPU File Loader's plan, from a diffusion
+model (or all-in-one checkpoint), the text encoder and VAE files picked next to it, and the configs.
 
-Only headers are read, so the file loader node refuses a wrong pick when the prompt is queued:
-a file of another family, a text encoder in the VAE slot, a missing encoder.
+`plan` reads headers only (each file's once), so the node refuses a wrong pick when the prompt is queued:
+a file of another family, a text encoder in the VAE slot, a missing encoder. `check_against_configs`
+runs when the node executes: it fetches the configs of a hub repo if needed and compares shapes.
 """
 
 from __future__ import annotations
@@ -10,39 +11,83 @@ from __future__ import annotations
 import os
 
 from .errors import UserInputError
-from .families import Family, family_for
-from .loading import has_weights
-from .single_file import check_file_for_slot, components_in_checkpoint, pipeline_class_of
+from .families import Family, supported
+from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
+                          config_folder, default_config_repo, family_of_file)
+from .sources import has_weights, list_model_folders, read_model_index, resolve_model_folder
+
+AUTO_CONFIGS = "auto"
 
 
-def choose_files(model: str, picked: dict[str, str], configs_have_weights: set[str] = frozenset()
-                 ) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """(pipeline class, ((component, path), ...)) for diffusion model/checkpoint file `model` and the
-    files `picked` per component (text_encoder, text_encoder_2, text_encoder_3, vae). A picked file
-    overrides the checkpoint's own; `configs_have_weights` are components the config folder can load
-    itself (a full diffusers folder picked as configs)."""
-    pipeline_class = pipeline_class_of(model)
-    family = family_for(pipeline_class)
-    files = {name: model for name in components_in_checkpoint(model)}
-    files["transformer"] = model
-    slots = dict(family.file_slots)
-    for name, path in picked.items():
+def plan(model: str, picked: dict[str, str], configs: str, diffusers_roots: list[str]
+         ) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """(configs source, model class, ((component, path), ...)) for diffusion model/checkpoint file `model`,
+    the files `picked` per component (absolute paths) and `configs` (auto, or a folder name inside
+    `diffusers_roots`); raises UserInputError."""
+    model_header = HeaderView(model)
+    picked_headers = {component: HeaderView(path) for component, path in picked.items()}
+    family = family_of_file(model_header)
+    if configs == AUTO_CONFIGS:
+        source = auto_configs(default_config_repo(model_header), diffusers_roots)
+    else:
+        source = resolve_model_folder(configs, diffusers_roots)
+    if os.path.isabs(source):
+        check_configs_class(source, family.base_class, model_header.name)
+    with_weights = components_with_weights(source) if os.path.isabs(source) else set()  # a hub id: configs only
+    return source, family.base_class, choose_files(model_header, family, picked_headers, with_weights)
+
+
+def check_against_configs(source: str, model_class: str, files, model_name: str) -> None:
+    """When the node runs: the configs now (downloaded when online, else the error names the command), of
+    the model's class (auto's hub configs too, e.g. FLUX.1 Fill's), and the text encoder files' shapes
+    against them, so a wrong file fails on the File Loader and not in the Sampler's load."""
+    folder = config_folder(source)
+    check_configs_class(folder, model_class, model_name)
+    check_files_against_configs(files, folder, model_class)
+
+
+def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView],
+                 configs_have_weights: set[str] = frozenset()) -> tuple[tuple[str, str], ...]:
+    """((component, path), ...): the model file for its denoiser and whatever else it carries, each picked
+    file for its component (it overrides the checkpoint's own); `configs_have_weights` are components the
+    config folder can load itself (a full diffusers folder picked as configs)."""
+    files = {name: model.path for name in components_in_checkpoint(model, family)}
+    files[family.denoiser] = model.path
+    slots = {slot.component: slot for slot in family.file_slots}
+    for name, header in picked.items():
         if name not in slots:
             raise UserInputError(f"{family.name} has no {name}; leave it at 'none'. {family.name} takes: "
                                  f"{describe_slots(family)}.")
-        check_file_for_slot(path, name, pipeline_class)
-        files[name] = path
-    missing = [name for name in slots if name not in files and name not in configs_have_weights
-               and name not in family.optional_slots]
+        check_file_for_slot(header, name, family.base_class)
+        files[name] = header.path
+    missing = [name for name, slot in slots.items() if name not in files and name not in configs_have_weights
+               and not slot.optional]
     if missing:
         raise UserInputError(f"{family.name} from single files also needs " + ", ".join(
-            f"{name} ({slots[name]})" for name in missing) + f". {family.name} takes: {describe_slots(family)}.")
-    return pipeline_class, tuple(sorted(files.items()))
+            f"{name} ({slots[name].comfy_file})" for name in missing) + f". {family.name} takes: "
+            f"{describe_slots(family)}.")
+    return tuple(sorted(files.items()))
 
 
 def describe_slots(family: Family) -> str:
-    return ", ".join(f"{name} = {file}" + (" (optional)" if name in family.optional_slots else "")
-                     for name, file in family.file_slots)
+    return ", ".join(f"{slot.component} = {slot.comfy_file}" + (" (optional)" if slot.optional else "")
+                     for slot in family.file_slots)
+
+
+def check_configs_class(folder: str, model_class: str, model_name: str) -> None:
+    """The configs are of the model's class: not another family's, nor e.g. FLUX.1 Fill's."""
+    held = read_model_index(folder, is_folder=True)["_class_name"]
+    if held != model_class:
+        raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model_name}' is a "
+                             f"{model_class}; pick a diffusers folder of the same model (or auto). TPU Diffusers "
+                             f"runs these from single files: {supported()}.")
+
+
+def auto_configs(repo: str, diffusers_roots: list[str]) -> str:
+    """The folder in models/diffusers named like the model's hub repository (where the download command
+    that the error names puts the config files), else the hub id: its config files from the hub cache."""
+    folders = [f for f in list_model_folders(diffusers_roots) if f.split("/")[-1] == repo.split("/")[-1]]
+    return resolve_model_folder(folders[0], diffusers_roots) if folders else repo
 
 
 def components_with_weights(folder: str) -> set[str]:

@@ -13,8 +13,23 @@ import math
 import os
 from typing import Callable
 
-from .distributed.channel import KEY_ENV, decode_key
-from .errors import SettingError
+from .errors import SettingError, UserInputError
+
+KEY_ENV = "TPU_DIFFUSERS_CONTROL_KEY"
+KEY_BYTES = 32  # 256 bits, written as 64 hex digits
+
+
+def decode_key(key: str) -> bytes:
+    """The key as bytes, refused unless it is 64 hex digits. The message never repeats the key."""
+    how = (f"it must be {2 * KEY_BYTES} hex digits, as the workers print at start "
+           f"(make one with: python -c \"import secrets; print(secrets.token_hex({KEY_BYTES}))\").")
+    try:
+        raw = bytes.fromhex(key)
+    except ValueError:
+        raise UserInputError(f"the control key is not hex: {how}") from None
+    if len(raw) != KEY_BYTES:
+        raise UserInputError(f"the control key has {2 * len(raw)} hex digits; {how}")
+    return raw
 
 
 def _positive_int(text: str) -> int:
@@ -34,7 +49,10 @@ def _seconds(text: str) -> float:
 
 
 def _control_key(text: str) -> str:
-    decode_key(text)
+    try:
+        decode_key(text)
+    except UserInputError as e:
+        raise ValueError(str(e)) from None
     return text
 
 

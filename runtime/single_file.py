@@ -7,7 +7,7 @@ diffusers folder (or hub repo) of the same family, `config_folder`. Transformers
 diffusers' own single-file converters (BFL, Comfy-Org and Stability layouts); text encoders are already in
 transformers' key layout and load with transformers' own classes.
 
-Everything a user can get wrong is checked from the safetensors header alone (`pipeline_class_of`,
+Everything a user can get wrong is checked from the safetensors header alone (`family_of_file`,
 `check_file_for_slot`), so the Loader node can refuse a wrong file at queue time without reading tensors.
 """
 
@@ -17,7 +17,8 @@ import json
 import os
 
 from .errors import ModelLoadError, UserInputError
-from .families import FAMILIES
+from .families import FAMILIES, FILE_KINDS, Family, FileKind, family_for, supported
+from .sources import check_hub_id
 
 SUPPORTED_FORMATS = "safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8)"
 
@@ -26,76 +27,12 @@ BNB_MARKERS = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", "
 # ComfyUI's per-layer quantization formats that are plain scaled fp8 (weight = stored * weight_scale).
 FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 
-# ---------------------------------------------------------------------------------------- file kinds
-# What a file is, told by one key it must carry (after any checkpoint prefix is removed). The first kind
-# with a matching key wins, so more specific kinds come first (FLUX.2 also has FLUX.1's double blocks, and
-# Qwen2.5-VL's attention has biases that Mistral's lacks). Each kind lists its original layout's key first,
-# then the diffusers/transformers layout's. The transformer keys are diffusers' own detection keys.
-def _diffusers_keys(name: str) -> tuple[str, ...]:
-    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
-
-    keys = CHECKPOINT_KEY_NAMES[name]
-    return tuple(k for k in ([keys] if isinstance(keys, str) else keys) if not k.startswith("model.diffusion_model."))
-
-
-FILE_KINDS = (  # (kind, what it is in words, identifying keys: any one of them)
-    ("flux2_transformer", "a FLUX.2 diffusion model", lambda: _diffusers_keys("flux2") + (
-        "single_stream_modulation.linear.weight",)),
-    ("flux_transformer", "a FLUX.1 diffusion model", lambda: _diffusers_keys("flux") + (
-        "single_transformer_blocks.0.proj_mlp.weight",)),
-    ("sd3_transformer", "an SD3/SD3.5 diffusion model", lambda: _diffusers_keys("sd3") + ("pos_embed.proj.weight",)),
-    ("qwenimage_transformer", "a QwenImage diffusion model", lambda: ("transformer_blocks.0.img_mod.1.weight",)),
-    ("flux2_vae", "a FLUX.2 VAE", lambda: ("bn.running_mean",)),
-    ("wan_vae", "a Wan 2.1 / QwenImage VAE", lambda: (
-        "decoder.middle.0.residual.0.gamma", "decoder.mid_block.resnets.0.residual.0.gamma")),
-    ("kl_vae", "a FLUX.1/SD3 VAE", lambda: ("encoder.down.0.block.0.conv1.weight",
-                                             "encoder.down_blocks.0.resnets.0.conv1.weight")),
-    ("clip", "a CLIP text encoder", lambda: ("text_model.embeddings.position_embedding.weight",
-                                             "embeddings.position_embedding.weight")),
-    ("t5", "a T5 text encoder", lambda: ("encoder.block.0.layer.0.SelfAttention.q.weight",)),
-    ("qwen25vl", "a Qwen2.5-VL text encoder", lambda: (
-        "model.layers.0.self_attn.q_proj.bias", "model.language_model.layers.0.self_attn.q_proj.bias")),
-    ("mistral3", "a Mistral 3 text encoder", lambda: (
-        "language_model.model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight",
-        "model.layers.0.self_attn.q_proj.weight")),
-)
-KIND_WORDS = {kind: words for kind, words, _ in FILE_KINDS}
-
-# The kind of file each component slot of each family takes.
-SLOTS = {
-    "FluxPipeline": {"transformer": "flux_transformer", "vae": "kl_vae", "text_encoder": "clip", "text_encoder_2": "t5"},
-    "StableDiffusion3Pipeline": {"transformer": "sd3_transformer", "vae": "kl_vae", "text_encoder": "clip",
-                                 "text_encoder_2": "clip", "text_encoder_3": "t5"},
-    "Flux2Pipeline": {"transformer": "flux2_transformer", "vae": "flux2_vae", "text_encoder": "mistral3"},
-    "QwenImagePipeline": {"transformer": "qwenimage_transformer", "vae": "wan_vae", "text_encoder": "qwen25vl"},
-}
-PIPELINE_OF_TRANSFORMER = {slots["transformer"]: cls for cls, slots in SLOTS.items()}
-
-# Prefixes of the parts of ComfyUI/Stability all-in-one checkpoints. Text encoders are named by model
-# (clip_l, clip_g, t5xxl); which pipeline component each fills depends on the family.
-TRANSFORMER_PREFIX = "model.diffusion_model."
+# What a file is (families.FILE_KINDS: each kind's identifying keys, in detection order) and which kind each
+# component of each family takes (Family.denoiser_kind, Family.file_slots) live in the family modules.
+# ComfyUI/Stability all-in-one checkpoints keep the denoiser and the VAE under these prefixes, the text
+# encoders under each family's FileSlot.checkpoint_prefix.
+DENOISER_PREFIX = "model.diffusion_model."
 VAE_PREFIXES = ("first_stage_model.", "vae.")
-TEXT_ENCODER_PREFIXES = {
-    "FluxPipeline": {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.t5xxl.transformer."},
-    "StableDiffusion3Pipeline": {"text_encoder": "text_encoders.clip_l.transformer.",
-                                 "text_encoder_2": "text_encoders.clip_g.transformer.",
-                                 "text_encoder_3": "text_encoders.t5xxl.transformer."},
-}
-
-# diffusers' model types (single_file_utils.infer_diffusers_model_type) of each family; a detected type
-# outside these (e.g. a tiny test model that diffusers cannot size) falls back to the family's default repo.
-MODEL_TYPES = {
-    "FluxPipeline": ("flux-dev", "flux-schnell", "flux-fill", "flux-depth"),
-    "StableDiffusion3Pipeline": ("sd3", "sd35_large", "sd35_medium"),
-    "Flux2Pipeline": ("flux-2-dev",),
-    "QwenImagePipeline": (),
-}
-DEFAULT_REPOS = {
-    "FluxPipeline": "black-forest-labs/FLUX.1-dev",
-    "StableDiffusion3Pipeline": "stabilityai/stable-diffusion-3.5-medium",
-    "Flux2Pipeline": "black-forest-labs/FLUX.2-dev",
-    "QwenImagePipeline": "Qwen/Qwen-Image",
-}
 
 # Models whose diffusers single-file converter pops every key it uses and silently drops the rest: keys
 # left in its input were not used. (The other converters rename every key, so an unknown one shows up as a
@@ -110,6 +47,7 @@ CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "token
 # without them (ComfyUI's text-only Mistral/Qwen files) still loads. Everything else must match exactly.
 IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight")
 UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
+VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
 
 
 # -------------------------------------------------------------------------------------------- reading
@@ -246,73 +184,80 @@ def _header(path) -> HeaderView:
     return path if isinstance(path, HeaderView) else HeaderView(path)
 
 
-def _kind(header: HeaderView, prefix: str = "") -> str | None:
-    for kind, _, keys in FILE_KINDS:
-        if any(prefix + k in header for k in keys()):
+def _kind(header: HeaderView, prefix: str = "") -> FileKind | None:
+    for kind in FILE_KINDS:
+        if any(prefix + k in header for k in kind.keys()):
             return kind
     return None
 
 
-def _supported_families() -> str:
-    return ", ".join(f"{FAMILIES[c].name} ({c})" for c in SLOTS)
+def _words(kind: FileKind | None) -> str:
+    return kind.words if kind else "no model TPU Diffusers recognises"
 
 
-def pipeline_class_of(path) -> str:
-    """The pipeline class a diffusion-model or all-in-one checkpoint file belongs to."""
+def family_of_file(path) -> Family:
+    """The family a diffusion-model or all-in-one checkpoint file belongs to."""
     header = _header(path)
-    prefix = TRANSFORMER_PREFIX if any(k.startswith(TRANSFORMER_PREFIX) for k in header) else ""
+    prefix = DENOISER_PREFIX if any(k.startswith(DENOISER_PREFIX) for k in header) else ""
     kind = _kind(header, prefix)
-    if kind not in PIPELINE_OF_TRANSFORMER:
-        what = f"it is {KIND_WORDS[kind]}" if kind else "it is no diffusion model TPU Diffusers knows"
+    family = next((f for f in FAMILIES if f.denoiser_kind == kind), None)
+    if family is None:
+        what = f"it is {kind.words}" if kind else "it is no diffusion model TPU Diffusers knows"
         raise UserInputError(f"'{header.name}' is not a diffusion model of a supported family ({what}). "
-                             f"Supported: {_supported_families()}.")
-    return PIPELINE_OF_TRANSFORMER[kind]
+                             f"Supported: {supported()}.")
+    return family
 
 
-def components_in_checkpoint(path, pipeline_class: str | None = None) -> dict[str, str]:
-    """{component: key prefix} of the parts an all-in-one checkpoint carries (transformer, vae,
-    text_encoder, text_encoder_2, text_encoder_3); empty for a file of one component without prefixes."""
+def model_class_of(path) -> str:
+    """The model class a diffusion-model file loads as: its family's base model (text to image)."""
+    return family_of_file(path).base_class
+
+
+def components_in_checkpoint(path, family: Family | None = None) -> dict[str, str]:
+    """{component: key prefix} of the parts an all-in-one checkpoint carries (the denoiser, vae, text
+    encoders); empty for a file of one component without prefixes."""
     header = _header(path)
     keys = header.keys()
     found = {}
-    if any(k.startswith(TRANSFORMER_PREFIX) for k in keys):
-        found["transformer"] = TRANSFORMER_PREFIX
-        pipeline_class = pipeline_class or pipeline_class_of(header)
+    if any(k.startswith(DENOISER_PREFIX) for k in keys):
+        family = family or family_of_file(header)
+        found[family.denoiser] = DENOISER_PREFIX
     vae = next((p for p in VAE_PREFIXES if any(k.startswith(p) for k in keys)), None)
     if vae:
         found["vae"] = vae
-    for component, prefix in TEXT_ENCODER_PREFIXES.get(pipeline_class, {}).items():
-        if any(k.startswith(prefix) for k in keys):
-            found[component] = prefix
+    for slot in family.file_slots if family else ():
+        if slot.checkpoint_prefix and any(k.startswith(slot.checkpoint_prefix) for k in keys):
+            found[slot.component] = slot.checkpoint_prefix
     return found
 
 
-def _prefix_for(header: HeaderView, component: str, pipeline_class: str) -> str:
-    return components_in_checkpoint(header, pipeline_class).get(component, "")
+def slot_kind(family: Family, component: str) -> FileKind:
+    """The kind of file `component` of `family` takes; refused for a component no file can fill."""
+    if component == family.denoiser:
+        return family.denoiser_kind
+    slot = family.slot(component)
+    if slot is None:
+        raise UserInputError(f"{family.name} has no '{component}' to load from a file; it takes "
+                             f"{', '.join([family.denoiser, *(s.component for s in family.file_slots)])}.")
+    return slot.kind
 
 
-def check_file_for_slot(path, component: str, pipeline_class: str) -> str:
-    """Refuse a file that cannot fill `component` of a `pipeline_class` pipeline (a text encoder in the VAE
+def check_file_for_slot(path, component: str, model_class: str) -> str:
+    """Refuse a file that cannot fill `component` of a `model_class` pipeline (a text encoder in the VAE
     slot, a T5 where CLIP goes, a FLUX.1 model picked for SD3, a truncated file); returns the key prefix of
     that component inside the file ('' unless it is an all-in-one checkpoint)."""
     header = _header(path)
-    slots = SLOTS.get(pipeline_class)
-    if slots is None:
-        raise UserInputError(f"'{pipeline_class}' cannot load single files. Supported: {_supported_families()}.")
-    if component not in slots:
-        raise UserInputError(f"{FAMILIES[pipeline_class].name} has no '{component}' to load from a file; "
-                             f"it takes {', '.join(slots)}.")
-    want = slots[component]
-    prefix = _prefix_for(header, component, pipeline_class)
-    parts = components_in_checkpoint(header, pipeline_class)
+    family = family_for(model_class)
+    want = slot_kind(family, component)
+    parts = components_in_checkpoint(header, family)
     if parts and component not in parts:
-        raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({KIND_WORDS[want]}); it carries "
-                             f"{', '.join(parts)}. Pick a separate {KIND_WORDS[want]} file for {component}.")
+        raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({want.words}); it carries "
+                             f"{', '.join(parts)}. Pick a separate {want.words} file for {component}.")
+    prefix = parts.get(component, "")
     got = _kind(header, prefix)
     if got != want:
-        what = KIND_WORDS[got] if got else "no model TPU Diffusers recognises"
-        raise UserInputError(f"'{header.name}' is {what}, but {component} of {FAMILIES[pipeline_class].name} needs "
-                             f"{KIND_WORDS[want]}. Pick the right file for {component}.")
+        raise UserInputError(f"'{header.name}' is {_words(got)}, but {component} of {family.name} needs "
+                             f"{want.words}. Pick the right file for {component}.")
     return prefix
 
 
@@ -322,14 +267,14 @@ def default_config_repo(path) -> str:
     from diffusers.loaders.single_file_utils import DIFFUSERS_DEFAULT_PIPELINE_PATHS, infer_diffusers_model_type
 
     header = _header(path)
-    pipeline_class = pipeline_class_of(header)
+    family = family_of_file(header)
     try:
         model_type = infer_diffusers_model_type(header)
     except (KeyError, ValueError, AttributeError, TypeError):
         model_type = None
-    if model_type in MODEL_TYPES[pipeline_class]:
+    if model_type in family.diffusers_model_types:
         return DIFFUSERS_DEFAULT_PIPELINE_PATHS[model_type]["pretrained_model_name_or_path"]
-    return DEFAULT_REPOS[pipeline_class]
+    return family.default_config_repo
 
 
 # ------------------------------------------------------------------------------------- config folder
@@ -341,14 +286,18 @@ def config_folder(source: str) -> str:
             raise UserInputError(f"'{source}' is not a diffusers folder (it has no model_index.json) to take "
                                  "configs and tokenizers from.")
         return source
-    from .loading import check_hub_id
-
     check_hub_id(source)
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     try:
         return snapshot_download(source, allow_patterns=CONFIG_PATTERNS)
-    except Exception as e:  # offline and not cached, gated, no network: all need the same fix
+    except OSError as e:
+        if not isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, ConnectionError,
+                              TimeoutError)):  # disk full, permission denied: the cache folder is the problem
+            raise ModelLoadError(f"the configs and tokenizers of '{source}' could not be stored in the Hugging Face "
+                                 f"cache ({type(e).__name__}: {e}); free disk space or fix the cache folder's "
+                                 "permissions (HF_HOME), then queue again.") from e
         name = source.split("/")[-1]
         raise UserInputError(
             f"the configs and tokenizers of '{source}' are not in the local Hugging Face cache and cannot be "
@@ -406,14 +355,14 @@ def _load_diffusers(name, cls, weights, folder, dtype):
     if cls.__name__ in LEFTOVERS_UNUSED and state is not given:
         unexpected += sorted(given)  # what its converter left behind
     if missing or unexpected:
-        return None, missing, unexpected, []
+        return None, missing, unexpected, [], []
     if cls.__name__ in EXTRA_CONVERTERS:
         with init_empty_weights():
             model = cls.from_config(config)
         model.load_state_dict(state, strict=True, assign=True)
     else:
         model = cls.from_single_file(state, config=folder, subfolder=name, local_files_only=True)
-    return model.to(dtype), [], [], []
+    return model.to(dtype), [], [], [], []
 
 
 # Text-only files of a multimodal encoder that name the language model as a plain causal LM ("model.layers...",
@@ -430,37 +379,45 @@ def _load_transformers(name, cls, weights, folder, dtype):
     model, info = cls.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, output_loading_info=True)
     missing = [k for k in info["missing_keys"] if not k.removeprefix("model.").startswith(UNUSED_PARTS)]
     unexpected = [k for k in info["unexpected_keys"] if not k.endswith(IGNORED_UNEXPECTED)]
-    return model, missing, unexpected, sorted(info["mismatched_keys"])
+    random_vision = [k for k in info["missing_keys"] if k.removeprefix("model.").startswith(VISION_PARTS)]
+    return model, missing, unexpected, sorted(info["mismatched_keys"]), random_vision
 
 
-def load_component(name: str, cls, path: str, config_folder: str, dtype, weights_cache: dict):
+def load_component(name: str, cls, path: str, config_folder: str, dtype, weights_cache: dict,
+                   notes: list[str]):
     """Load pipeline component `name` (class `cls`) with weights from the single file `path` and its config
     from `config_folder/<name>`. `weights_cache` ({path: state dict}) lets one read of an all-in-one
-    checkpoint serve all its components; the caller drops it when the pipeline is built."""
+    checkpoint serve all its components; the caller drops it when the pipeline is built. What the run info
+    should say about the file is appended to `notes`."""
     import torch
 
     with open(os.path.join(config_folder, "model_index.json")) as f:
-        pipeline_class = json.load(f)["_class_name"]
-    prefix = check_file_for_slot(path, name, pipeline_class)
+        model_class = json.load(f)["_class_name"]
+    family = family_for(model_class)
+    prefix = check_file_for_slot(path, name, model_class)
     if path not in weights_cache:
         weights_cache[path] = read_weights(path, dtype)
     weights = weights_cache[path]
     if prefix:
         weights = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
     file = os.path.basename(path)
-    want = KIND_WORDS[SLOTS[pipeline_class][name]]
+    want = slot_kind(family, name).words
     loader = _load_transformers if cls.__module__.startswith("transformers") else _load_diffusers
     try:
-        model, missing, unexpected, mismatched = loader(name, cls, weights, config_folder, dtype)
+        model, missing, unexpected, mismatched, random_vision = loader(name, cls, weights, config_folder, dtype)
     except (RuntimeError, ValueError, KeyError, IndexError) as e:  # shape mismatches, missing converter keys
-        raise ModelLoadError(f"'{file}' is not {want} for {FAMILIES[pipeline_class].name} as "
+        raise ModelLoadError(f"'{file}' is not {want} for {family.name} as "
                              f"'{os.path.basename(config_folder)}' describes it ({type(e).__name__}: {e}).") from e
     problems = [(what, keys) for what, keys in (("missing", missing), ("unexpected", unexpected),
                                                 ("of another shape", mismatched)) if keys]
     if problems:
         detail = "; ".join(f"{len(keys)} {what} (e.g. {sorted(keys)[0]})" for what, keys in problems)
-        raise ModelLoadError(f"'{file}' is not {want} for {FAMILIES[pipeline_class].name} as "
+        raise ModelLoadError(f"'{file}' is not {want} for {family.name} as "
                              f"'{os.path.basename(config_folder)}' describes it: weights {detail}.")
+    if random_vision:
+        notes.append(f"{name}: '{file}' has no vision weights ({len(random_vision)} tensors, e.g. "
+                     f"{random_vision[0]}); text to image never runs them, so they stay random. Image-input "
+                     "models need a text encoder file with its vision part.")
     if isinstance(model, torch.nn.Module):
         model.eval().requires_grad_(False)
     return model
@@ -481,28 +438,29 @@ def meta_model(config_folder: str, component: str, library: str, cls_name: str):
         return cls(cls.config_class.from_pretrained(os.path.join(config_folder, component)))
 
 
-def check_files_against_configs(files, config_folder: str, pipeline_class: str) -> None:
+def check_files_against_configs(files, config_folder: str, model_class: str) -> None:
     """Refuse a text encoder file whose tensors have other shapes than the config says, from the headers
     and a model built on the meta device (no weights read): CLIP-G where CLIP-L goes, a text encoder of
     another model size. Runs when the File Loader executes, so the error is on that node, not later on the
     Sampler's load. Weights the file names differently are left to the load's own check."""
     with open(os.path.join(config_folder, "model_index.json")) as f:
         index = json.load(f)
+    family = family_for(model_class)
     for component, path in files:
         library, cls_name = (index.get(component) or [None, None])[:2]
         if library != "transformers":
             continue  # diffusers converts transformers and VAEs from other layouts; checked when loading
         model = meta_model(config_folder, component, library, cls_name)
-        header = HeaderView(path)
-        prefix = check_file_for_slot(header, component, pipeline_class)
+        header = _header(path)
+        prefix = check_file_for_slot(header, component, model_class)
         in_file = _by_suffix(k[len(prefix):] for k in header if k.startswith(prefix))
         for key, tensor in model.state_dict().items():
             file_key = prefix + in_file.get(key, "\0")
             if file_key in header and header[file_key].shape != tuple(tensor.shape):
                 raise UserInputError(
-                    f"'{header.name}' does not fit {component} of this {FAMILIES[pipeline_class].name}: {key} is "
+                    f"'{header.name}' does not fit {component} of this {family.name}: {key} is "
                     f"{list(header[file_key].shape)} in the file, {list(tensor.shape)} in "
-                    f"'{os.path.basename(config_folder)}''s config. It is {KIND_WORDS[SLOTS[pipeline_class][component]]} "
+                    f"'{os.path.basename(config_folder)}''s config. It is {slot_kind(family, component).words} "
                     f"of another size or kind; pick the right file for {component}.")
 
 

@@ -1,7 +1,7 @@
 """The plain choices a workflow makes, in one leaf module that imports nothing of the pack.
 
 Nodes offer these enums as their combo options and put the specs on the handle; the runtime
-modules that act on them (modes, compile_cache, distributed) import them from here, so the
+modules that act on them (modes, features, distributed) import them from here, so the
 handle no longer pulls in the distributed package (and it, the loader, and the handle again).
 """
 
@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Callable
+
+# on_progress(done, total, what[, preview]): called as work advances (loading, compiling, sampling); it may
+# raise to cancel. Sampling steps pass a preview image too when the caller asked for previews.
+ProgressCallback = Callable[..., None]
 
 
 class Choice(str, enum.Enum):

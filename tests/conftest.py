@@ -31,6 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers (processes.py, serving.py), also for subfolders
 
+import runtime_package  # noqa: E402
+
+runtime_package.load()  # the runtime under its one import name, as in ComfyUI and the workers
+
 import tiny_models  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent

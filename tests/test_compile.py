@@ -10,15 +10,17 @@ import types
 import pytest
 import torch
 
-from runtime import compile_cache, process_env
-from runtime.compile_cache import CompileError, parse_sizes
-from runtime.specs import CompileSpec
-from runtime.device import device_info
-from runtime.engine import Engine
-from runtime.errors import UserInputError
-from runtime.handle import PipelineHandle
-from runtime.specs import ExecutionMode, Placement
-from runtime.sampling import SampleRequest
+from tpu_diffusers_runtime import process_env
+from tpu_diffusers_runtime.features import compilation
+from tpu_diffusers_runtime.errors import CompileError
+from tpu_diffusers_runtime.features.compilation import parse_sizes
+from tpu_diffusers_runtime.specs import CompileSpec
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 # inductor reorders float32 reductions; images agree to a few 1e-4 on these tiny random models
 COMPILED_VS_EAGER_ATOL = 2e-3
@@ -34,7 +36,7 @@ def dynamo_settings() -> dict:
 
 def flux(tiny, **fields):
     spec = CompileSpec(**fields.pop("spec", {}))
-    return PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline", mode=ExecutionMode.COMPILED,
+    return PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline", mode=ExecutionMode.COMPILED,
                           compile=spec, **fields)
 
 
@@ -69,7 +71,7 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
         {(96, 64, 1): 1, (64, 64, 1): 1, (112, 64, 1): 1}
     assert state.shapes[(64, 64, 1)].reuses == 3 and state.shapes[(64, 64, 1)].compile_seconds > 0
 
-    eager = Engine().generate(PipelineHandle(source=handle.source, pipeline_class="FluxPipeline"), request())
+    eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class="FluxPipeline"), request())
     torch.testing.assert_close(first.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
 
@@ -77,7 +79,7 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
                                                   ("qwenimage", "QwenImagePipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
-    handle = PipelineHandle(source=tiny(name), pipeline_class=pipeline_class, mode=ExecutionMode.COMPILED,
+    handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
                             placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
     result = engine.generate(handle, request())
     entry = engine.realise(handle)[0]
@@ -85,14 +87,14 @@ def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, 
     transformer = entry.pipe.transformer
     assert transformer._compiled_call_impl is None  # the offload hooks around it stay eager
     assert all(block._compiled_call_impl is not None for block in transformer.transformer_blocks)
-    eager = Engine().generate(PipelineHandle(source=handle.source, pipeline_class=pipeline_class), request())
+    eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class=pipeline_class), request())
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
 
 def test_offload_of_a_transformer_without_repeated_blocks_says_what_to_do(tiny):
     """SD3 declares no repeated blocks: auto compiles it whole, which cannot trace offload hooks in one graph."""
     def sd3(fullgraph):
-        return PipelineHandle(source=tiny("sd3"), pipeline_class="StableDiffusion3Pipeline",
+        return PipelineHandle.of(source=tiny("sd3"), model_class="StableDiffusion3Pipeline",
                               mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
                               compile=CompileSpec(fullgraph=fullgraph))
 
@@ -113,14 +115,16 @@ def test_a_new_process_reuses_the_on_disk_cache(tiny, tmp_path, monkeypatch):
     script = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
-from runtime import process_env
+import runtime_package
+runtime_package.load()
+from tpu_diffusers_runtime import process_env
 process_env.apply(process_env.default_root())
-from runtime.specs import CompileSpec
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.specs import ExecutionMode
-from runtime.sampling import SampleRequest
-handle = PipelineHandle(source={tiny("flux1-schnell")!r}, pipeline_class="FluxPipeline",
+from tpu_diffusers_runtime.specs import CompileSpec
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.specs import ExecutionMode
+from tpu_diffusers_runtime.tasks import SampleRequest
+handle = PipelineHandle.of(source={tiny("flux1-schnell")!r}, model_class="FluxPipeline",
                         mode=ExecutionMode.COMPILED, compile=CompileSpec())
 info = Engine().generate(handle, SampleRequest(prompt="a cat sitting on a red chair", width=64, height=64, steps=2,
                                                seed=3)).info
@@ -151,7 +155,7 @@ def test_a_graph_break_fails_clearly_and_the_pipeline_still_runs_eager(tiny):
             engine.generate(handle, request(80, 64))
     finally:
         hook.remove()
-    eager = engine.generate(PipelineHandle(source=handle.source, pipeline_class="FluxPipeline"), request(80, 64))
+    eager = engine.generate(PipelineHandle.of(source=handle.source, model_class="FluxPipeline"), request(80, 64))
     assert eager.info.compiled_now is None and eager.info.mode == "eager" and not eager.info.loaded
     assert engine.generate(handle, request(80, 64)).info.compiled_now is True  # compiled afresh, not "reused"
 
@@ -178,10 +182,10 @@ def test_warmup_sizes_are_parsed_or_clearly_refused():
 @pytest.mark.parametrize("name, pipeline_class", [("sd3", "StableDiffusion3Pipeline"), ("flux2", "Flux2Pipeline"),
                                                   ("qwenimage", "QwenImagePipeline")])
 def test_the_other_families_compile_whole_and_match_eager(tiny, name, pipeline_class):
-    compiled = PipelineHandle(source=tiny(name), pipeline_class=pipeline_class, mode=ExecutionMode.COMPILED,
+    compiled = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
                               compile=CompileSpec())
     result = Engine().generate(compiled, request())
-    eager = Engine().generate(PipelineHandle(source=tiny(name), pipeline_class=pipeline_class), request())
+    eager = Engine().generate(PipelineHandle.of(source=tiny(name), model_class=pipeline_class), request())
     assert result.info.compiled_now is True
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
@@ -189,15 +193,15 @@ def test_the_other_families_compile_whole_and_match_eager(tiny, name, pipeline_c
 def test_a_changed_compile_option_recompiles_and_unchanged_ones_reuse():
     """Everything in CompileRequest decides the compile; warm-up sizes do not."""
     cpu = device_info("cpu")
-    compiled = compile_cache.CompileState(
-        request=compile_cache.CompileRequest.of(CompileSpec(), Placement.DEVICE, cpu), scope="whole")
-    assert compiled.matches(compile_cache.CompileRequest.of(CompileSpec(warmup_sizes=((64, 64),)),
+    compiled = compilation.CompileState(
+        request=compilation.CompileRequest.of(CompileSpec(), Placement.DEVICE, cpu), scope="whole")
+    assert compiled.matches(compilation.CompileRequest.of(CompileSpec(warmup_sizes=((64, 64),)),
                                                             Placement.DEVICE, cpu))
     for spec, placement, device in [(CompileSpec(scope="repeated_blocks"), Placement.DEVICE, cpu),
                                     (CompileSpec(fullgraph=False), Placement.DEVICE, cpu),
                                     (CompileSpec(), Placement.MODEL_CPU_OFFLOAD, cpu),
                                     (CompileSpec(), Placement.DEVICE, device_info("tpu"))]:
-        assert not compiled.matches(compile_cache.CompileRequest.of(spec, placement, device))
+        assert not compiled.matches(compilation.CompileRequest.of(spec, placement, device))
 
 
 def test_torch_tpu_cache_statistics_are_reported_on_a_tpu_and_never_fail_a_run(monkeypatch, caplog):
@@ -206,19 +210,19 @@ def test_torch_tpu_cache_statistics_are_reported_on_a_tpu_and_never_fail_a_run(m
     stats = types.SimpleNamespace(num_cache_hits=7, num_cache_reqs=10, num_compilations=3)
     monkeypatch.setattr(torch, "tpu", types.SimpleNamespace(_get_cache_stats=lambda: stats), raising=False)
     tpu = device_info("tpu")
-    before = compile_cache.cache_lookups(tpu)
+    before = compilation.cache_lookups(tpu)
     assert {name: before[name] for name in ("tpu_hits", "tpu_misses", "tpu_compilations")} == \
         {"tpu_hits": 7, "tpu_misses": 3, "tpu_compilations": 3}
     stats.num_cache_hits, stats.num_cache_reqs = 9, 13
-    assert compile_cache.lookups_since(before, compile_cache.cache_lookups(tpu))["tpu_misses"] == 1
+    assert compilation.lookups_since(before, compilation.cache_lookups(tpu))["tpu_misses"] == 1
 
     def broken():
         raise RuntimeError("renamed")
 
     monkeypatch.setattr(torch.tpu, "_get_cache_stats", broken)
-    compile_cache._stats_unavailable.cache_clear()
+    compilation._stats_unavailable.cache_clear()
     with caplog.at_level("WARNING", logger="tpu_diffusers"):
-        lookups = [compile_cache.cache_lookups(tpu) for _ in range(2)]
+        lookups = [compilation.cache_lookups(tpu) for _ in range(2)]
     assert all(set(found) == {"fxgraph_hits", "fxgraph_misses"} for found in lookups)
     assert caplog.text.count("TorchTPU's compile cache statistics are unavailable (RuntimeError: renamed)") == 1
-    assert "tpu_hits" not in compile_cache.lookups_since(before, lookups[0])
+    assert "tpu_hits" not in compilation.lookups_since(before, lookups[0])

@@ -9,13 +9,13 @@ import torch
 from processes import alive_after, pid_alive
 from test_tensor_parallel import TP_VS_SINGLE_ATOL, handle_for, request
 
-from runtime.device import device_info
-from runtime.distributed.group import WorkerGroupError
-from runtime.distributed.mesh import check_mesh, mesh_shape, split_batch
-from runtime.distributed.sharding import local_bytes
-from runtime.engine import Engine
-from runtime.errors import UserInputError
-from runtime.specs import CompileSpec, ExecutionMode, MeshSpec
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.errors import WorkerGroupError
+from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, split_batch
+from tpu_diffusers_runtime.distributed.sharding import local_bytes
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, MeshSpec
 
 TWO_REPLICAS = MeshSpec(chips=2, replicas=2)
 

@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from runtime import device
-from runtime.handle import PipelineHandle
-from runtime.loading import load_pipeline
+from tpu_diffusers_runtime import device
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import load_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("row_dtype, loaded_dtype", [(None, torch.float32), ("bfloat16", torch.bfloat16)])
@@ -17,7 +17,7 @@ def test_the_device_table_row_decides_the_dtype_an_auto_pipeline_loads_in(tiny, 
     """None: the shipped cpu row (README: "auto" is float32 on CPU); else the row changed to that dtype."""
     if row_dtype:
         monkeypatch.setitem(device._DEVICE_TABLE, "cpu", {**device._DEVICE_TABLE["cpu"], "default_dtype": row_dtype})
-    handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline", dtype="auto")
+    handle = PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline", dtype="auto")
     pipe = load_pipeline(handle, device.device_info("cpu"))
     assert {p.dtype for p in pipe.transformer.parameters()} == {loaded_dtype}
 
@@ -51,7 +51,7 @@ def test_with_torch_tpu_and_no_usable_chip_the_log_says_why_and_falls_back(caplo
 
 
 def test_asking_for_an_absent_device_is_a_clear_error():
-    from runtime.errors import UserInputError
+    from tpu_diffusers_runtime.errors import UserInputError
 
     with pytest.raises(UserInputError, match="device 'tpu' was asked for but this machine has cpu"):
         device.resolve_device("tpu")
@@ -78,7 +78,8 @@ def test_with_torch_tpu_installed_and_no_chip_autograd_does_not_hang(torch_tpu):
     if device.tpu_on_pci_bus():
         pytest.skip("this host has a TPU: the hang this guards against needs a host without one")
     script = (
-        "import torch, runtime, os\n"
+        "import torch, os, runtime_package\n"
+        "runtime_package.load()\n"
         "assert os.environ['TPU_SKIP_MDS_QUERY'] == '1'\n"
         "x = torch.ones(3, requires_grad=True); (x * x).sum().backward()\n"
         "print('backward ok')\n"

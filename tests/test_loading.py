@@ -3,11 +3,13 @@ import shutil
 
 import pytest
 
-from runtime import loading
-from runtime.device import device_info
-from runtime.errors import ModelLoadError, UserInputError
-from runtime.handle import PipelineHandle
-from runtime.loading import PipelineCache, inspect_source, list_model_folders, load_pipeline, resolve_model_folder
+from tpu_diffusers_runtime import loading
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source, load_pipeline
+from tpu_diffusers_runtime.pipeline_cache import PipelineCache
+from tpu_diffusers_runtime.sources import list_model_folders, resolve_model_folder
 
 CPU = device_info("cpu")
 
@@ -83,7 +85,7 @@ def test_what_loads_is_the_model_index_that_was_checked_even_if_the_file_changes
         return index
 
     monkeypatch.setattr(loading, "read_model_index", read_then_rewrite)
-    pipe = load_pipeline(PipelineHandle(source=str(folder), pipeline_class="FluxPipeline"), CPU)
+    pipe = load_pipeline(PipelineHandle.of(source=str(folder), model_class="FluxPipeline"), CPU)
     assert reads == [str(folder)]
     assert type(pipe.vae).__name__ == "AutoencoderKL" and pipe.image_encoder is None
 
@@ -91,7 +93,7 @@ def test_what_loads_is_the_model_index_that_was_checked_even_if_the_file_changes
 def test_a_component_from_another_library_is_refused_at_load_too(copy_of):
     """The folder may change after the Loader checked it; the load checks what it reads."""
     folder = copy_of("flux1-schnell")
-    handle = PipelineHandle(source=str(folder), pipeline_class=inspect_source(str(folder)))
+    handle = PipelineHandle.of(source=str(folder), model_class=inspect_source(str(folder)))
     index = json.loads((folder / "model_index.json").read_text())
     (folder / "model_index.json").write_text(json.dumps({**index, "vae": ["os", "system"]}))
     with pytest.raises(UserInputError, match="library 'os'"):
@@ -128,7 +130,7 @@ def test_a_relative_path_is_treated_as_a_hub_id_never_as_a_local_folder(tiny_dir
 
 def test_second_realisation_of_the_same_spec_loads_nothing(tiny):
     cache = PipelineCache()
-    handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline")
+    handle = PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline")
     first, loaded_first = cache.get(handle, CPU)
     second, loaded_second = cache.get(handle, CPU)
     assert (loaded_first, loaded_second) == (True, False)
@@ -137,8 +139,8 @@ def test_second_realisation_of_the_same_spec_loads_nothing(tiny):
 
 def test_another_model_replaces_the_loaded_one_and_clear_drops_all(tiny):
     cache = PipelineCache(capacity=1)
-    cache.get(PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline"), CPU)
-    cache.get(PipelineHandle(source=tiny("sd3"), pipeline_class="StableDiffusion3Pipeline"), CPU)
+    cache.get(PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline"), CPU)
+    cache.get(PipelineHandle.of(source=tiny("sd3"), model_class="StableDiffusion3Pipeline"), CPU)
     assert len(cache) == 1 and cache.stats.loads == 2
     assert cache.clear(CPU) == 1 and len(cache) == 0
 
@@ -156,14 +158,14 @@ def test_loading_reports_progress_per_component_and_can_be_cancelled(tiny):
 
     cache = PipelineCache()
     with pytest.raises(Cancelled):
-        cache.get(PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline"), CPU, cancel_after_two)
+        cache.get(PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline"), CPU, cancel_after_two)
     assert len(seen) == 3 and seen[0].startswith("loading ")
     assert len(cache) == 0 and cache.stats.loads == 0  # nothing half-loaded is kept
 
 
 @pytest.mark.parametrize("text", ["/etc", "a/b/c", "../x/y", "owner/..", ""])
 def test_a_hub_id_from_a_workflow_must_be_owner_slash_name(text):
-    from runtime.loading import check_hub_id
+    from tpu_diffusers_runtime.sources import check_hub_id
 
     with pytest.raises(UserInputError, match="is not a hub id"):
         check_hub_id(text)

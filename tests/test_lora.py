@@ -8,17 +8,17 @@ import torch
 from safetensors.torch import save_file
 
 import tiny_loras
-from runtime import compile_cache, lora as lora_module
-from runtime.engine import Engine
-from runtime.errors import UserInputError
-from runtime.families import family_for
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source, load_pipeline
-from runtime.lora import LoraState, apply_loras, check_lora_file, check_lora_fits
-from runtime.modes import outside_inference_mode
-from runtime.device import resolve_device
-from runtime.sampling import SampleRequest, run_pipeline
-from runtime.specs import CompileSpec, ExecutionMode, LoraSpec, MeshSpec, Placement
+from tpu_diffusers_runtime.features import compilation, lora as lora_module
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import LoraUnloadError, UserInputError
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source, load_pipeline
+from tpu_diffusers_runtime.features.lora import LoraState, apply_loras, check_lora_file, check_lora_fits
+from tpu_diffusers_runtime.modes import outside_inference_mode
+from tpu_diffusers_runtime.device import resolve_device
+from tpu_diffusers_runtime.tasks import SampleRequest, run_pipeline
+from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, LoraSpec, MeshSpec, Placement
 
 COMPILED_VS_EAGER_ATOL = 2e-3  # as in test_compile.py: inductor reorders float32 reductions
 CHANGED = 1e-3  # a LoRA that changes the image changes some pixel by more than this
@@ -41,7 +41,7 @@ def loras(tiny_dir, tmp_path_factory):
 
 def handle(tiny, name="flux1-schnell", **fields):
     source = tiny(name)
-    return PipelineHandle(source=source, pipeline_class=inspect_source(source), **fields)
+    return PipelineHandle.of(source=source, model_class=inspect_source(source), **fields)
 
 
 def request(**overrides):
@@ -50,7 +50,7 @@ def request(**overrides):
 
 
 def with_loras(base_handle, *loras):
-    return dataclasses.replace(base_handle, loras=tuple(LoraSpec(*spec) for spec in loras))
+    return base_handle.replace(loras=tuple(LoraSpec(*spec) for spec in loras))
 
 
 def differs(a, b) -> bool:
@@ -251,7 +251,7 @@ def test_lora_switch_compiles_nothing(tiny, loras):
                 "B at 0.4": ((loras["flux1-kohya"], 0.4),), "none": ()}
     images = {}
     for name, chain in switches.items():
-        with compile_cache.watch_compiles() as activity:
+        with compilation.watch_compiles() as activity:
             result = engine.generate(with_loras(compiled, *chain), request())
         assert (activity.graphs, result.info.compiled_now) == (0, False), name
         images[name] = result.images
@@ -272,7 +272,7 @@ def test_lora_switch_under_model_offload_compiles_nothing(tiny, loras):
     assert first.info.compiled_now is True and engine.realise(compiled)[0].compiled.scope == "repeated_blocks"
     images = {}
     for name, chain in {"A": ((loras["flux1-schnell"], 1.0),), "none": ()}.items():
-        with compile_cache.watch_compiles() as activity:
+        with compilation.watch_compiles() as activity:
             result = engine.generate(with_loras(compiled, *chain), request())
         assert (activity.graphs, result.info.compiled_now) == (0, False), name
         images[name] = result.images
@@ -324,7 +324,7 @@ def test_a_lora_whose_layers_cannot_be_removed_after_an_error_drops_the_pipeline
     with monkeypatch.context() as patched:
         patched.setattr(lora_module, "_fuse", fails)
         patched.setattr(lora_module, "_unload", cannot_unload)
-        with pytest.raises(lora_module.LoraUnloadError, match="fusing failed; removing the LoRA layers afterwards "
+        with pytest.raises(LoraUnloadError, match="fusing failed; removing the LoRA layers afterwards "
                                                               "failed too .*peft layer left.*loads it again"):
             engine.generate(with_loras(handle(tiny), (loras["flux1-schnell"], 1.0)), request())
     assert len(engine.cache) == 0

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.engine import Engine
-from runtime.families import FAMILIES
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
-from runtime.preview import Previewer, PreviewSpec
-from runtime.sampling import SampleRequest
-from runtime.specs import MeshSpec
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.features.preview import Previewer, PreviewSpec
+from tpu_diffusers_runtime.tasks import SampleRequest
+from tpu_diffusers_runtime.specs import MeshSpec
 
 # The latent channels ComfyUI's factors are for (the tiny models have the real VAEs' channel counts).
 CHANNELS = {"flux1-schnell": 16, "sd3": 16, "flux2": 32, "qwenimage": 16}
@@ -25,7 +25,7 @@ def spec(channels: int, seed: int = 0) -> PreviewSpec:
 
 def run(tiny, name, preview, steps=3, engine=None):
     source = tiny(name)
-    handle = PipelineHandle(source=source, pipeline_class=inspect_source(source))
+    handle = PipelineHandle.of(source=source, model_class=inspect_source(source))
     calls = []
     (engine or Engine()).generate(
         handle, SampleRequest(prompt="a cat", width=96, height=64, steps=steps, guidance=2.0, seed=3,
@@ -53,18 +53,18 @@ def test_without_a_preview_spec_steps_get_no_image(tiny):
 def test_flux2_unpacking_matches_the_pipelines_own_helpers(tiny):
     """Our inverse of Flux2Pipeline._pack_latents equals diffusers' id-based unpacking + unpatchify."""
     source = tiny("flux2")
-    pipe = Engine().realise(PipelineHandle(source=source, pipeline_class=inspect_source(source)))[0].pipe
+    pipe = Engine().realise(PipelineHandle.of(source=source, model_class=inspect_source(source)))[0].pipe
     height, width = 64, 96
     grid = torch.randn(2, 128, height // 16, width // 16)
     packed = pipe._pack_latents(grid)
     expected = pipe._unpatchify_latents(pipe._unpack_latents_with_ids(packed, pipe._prepare_latent_ids(grid)))
-    assert torch.equal(FAMILIES["Flux2Pipeline"].latent_grid(pipe, packed, height, width), expected)
+    assert torch.equal(family_for("Flux2Pipeline").latent_grid(pipe, packed, height, width), expected)
     assert expected.shape == (2, 32, height // 8, width // 8)
 
 
 def test_the_map_is_comfyuis_latent2rgb():
     """rgb = latent @ factors + bias, then -1..1 to 0..255, on the first image of the batch."""
-    family = FAMILIES["StableDiffusion3Pipeline"]  # its latents are image-shaped already
+    family = family_for("StableDiffusion3Pipeline")  # its latents are image-shaped already
     preview = spec(16, seed=1)
     latents = torch.randn(2, 16, 4, 6)
     image = Previewer(preview, None, family, 32, 48)(latents)
@@ -88,7 +88,7 @@ def test_tensor_parallel_previews_come_from_rank_0_and_match_one_process(tiny):
     single = run(tiny, "flux1-schnell", spec(16), steps=2)
     engine = Engine()
     source = tiny("flux1-schnell")
-    handle = PipelineHandle(source=source, pipeline_class=inspect_source(source), mesh=MeshSpec(chips=2))
+    handle = PipelineHandle.of(source=source, model_class=inspect_source(source), mesh=MeshSpec(chips=2))
     calls = []
     try:
         engine.generate(handle, SampleRequest(prompt="a cat", width=96, height=64, steps=2, guidance=2.0, seed=3,

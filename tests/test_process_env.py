@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from runtime import process_env
-from runtime.device import tpu_on_pci_bus
+from tpu_diffusers_runtime import process_env
+from tpu_diffusers_runtime.device import tpu_on_pci_bus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = (process_env.COMPILE_CACHE_ENV, process_env.XLA_LEVEL_ENV, process_env.APPLIED_ENV,

@@ -3,14 +3,14 @@ import dataclasses
 import pytest
 import torch
 
-from runtime.device import device_info, resolve_device
-from runtime.engine import Engine
-from runtime.errors import UserInputError
-from runtime.families import FAMILIES
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source, load_pipeline
-from runtime.specs import ExecutionMode, Placement
-from runtime.sampling import SampleRequest
+from tpu_diffusers_runtime.device import device_info, resolve_device
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.families import FAMILIES
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source, load_pipeline
+from tpu_diffusers_runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
 FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage"]
@@ -26,7 +26,7 @@ def request(**overrides):
 def handle_for(tiny):
     def make(name, **fields):
         source = tiny(name)
-        return PipelineHandle(source=source, pipeline_class=inspect_source(source), **fields)
+        return PipelineHandle.of(source=source, model_class=inspect_source(source), **fields)
     return make
 
 
@@ -149,18 +149,21 @@ def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(
 
 
 def test_the_family_table_covers_the_four_supported_pipelines():
-    assert set(FAMILIES) == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline", "QwenImagePipeline"}
+    assert {family.base_class for family in FAMILIES} == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline",
+                                                          "QwenImagePipeline"}
 
 
 def test_a_request_too_large_for_host_memory_is_refused_before_anything_is_allocated(handle_for):
-    from runtime import sampling
+    from tpu_diffusers_runtime import tasks as sampling
+
+    TEXT2IMAGE = sampling.TASKS["text2image"]
 
     big = request(width=8192, height=8192, batch_size=64)
     with pytest.raises(UserInputError, match=r"batch 64 at 8192x8192 is too large for this machine's memory: the "
                                              r"images alone need 96\.0 GiB and 8\.0 GiB are available"):
-        sampling.check_host_memory(big, available=8 * 2**30)
-    sampling.check_host_memory(request(), available=8 * 2**30)  # a normal request passes
-    sampling.check_host_memory(big, available=None)  # unknown (not Linux): no guess
+        sampling.check_host_memory(TEXT2IMAGE, big, available=8 * 2**30)
+    sampling.check_host_memory(TEXT2IMAGE, request(), available=8 * 2**30)  # a normal request passes
+    sampling.check_host_memory(TEXT2IMAGE, big, available=None)  # unknown (not Linux): no guess
     engine = Engine()
     with pytest.raises(UserInputError, match="too large for this machine's memory"):
         engine.generate(handle_for("flux1-schnell"), request(width=8192, height=8192, batch_size=4096))

@@ -10,15 +10,15 @@ import pytest
 
 from processes import launched_workers
 
-from runtime import settings
-from runtime.device import device_info
-from runtime.distributed import channel
-from runtime.distributed.mesh import check_mesh
-from runtime.specs import MeshSpec, Workers
-from runtime.engine import Engine
-from runtime.errors import SettingError
-from runtime.handle import PipelineHandle
-from runtime.sampling import SampleRequest
+from tpu_diffusers_runtime import settings
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.distributed import channel
+from tpu_diffusers_runtime.distributed.mesh import check_mesh
+from tpu_diffusers_runtime.specs import MeshSpec, Workers
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import SettingError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,8 @@ def test_good_values_and_unset_variables_read_as_what_the_pack_uses(monkeypatch,
 @pytest.mark.parametrize("name", BAD_VALUES)
 def test_the_runtime_imports_with_a_bad_value(name):
     """As ComfyUI imports the pack: every runtime module, with the variable set badly."""
-    script = "import runtime.engine, runtime.settings, runtime.distributed.worker"
+    script = ("import runtime_package; runtime_package.load(); "
+              "import tpu_diffusers_runtime.engine, tpu_diffusers_runtime.settings, tpu_diffusers_runtime.distributed.worker")
     env = {**os.environ, name: BAD_VALUES[name][0]}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -77,7 +78,7 @@ def test_the_runtime_imports_with_a_bad_value(name):
 
 def test_a_bad_launch_timeout_fails_the_tp_run_before_anything_launches(tiny, monkeypatch):
     monkeypatch.setenv("TPU_DIFFUSERS_LAUNCH_TIMEOUT", "10m")
-    handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline", mesh=MeshSpec(chips=2))
+    handle = PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline", mesh=MeshSpec(chips=2))
     engine = Engine()
     with pytest.raises(SettingError, match="TPU_DIFFUSERS_LAUNCH_TIMEOUT is '10m'"):
         engine.generate(handle, SampleRequest(prompt="a cat", width=64, height=64, steps=1))

@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import save_file
 
 import tiny_single_files as tsf
-from runtime import single_file
-from runtime.device import device_info
-from runtime.errors import ModelLoadError, UserInputError
-from runtime.handle import PipelineHandle
-from runtime.loading import PipelineCache, load_pipeline
+from tpu_diffusers_runtime import single_file
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import load_pipeline
+from tpu_diffusers_runtime.pipeline_cache import PipelineCache
 
 CPU = device_info("cpu")
 SD3 = "StableDiffusion3Pipeline"
@@ -43,8 +44,8 @@ def image(pipe):
 
 def assert_same_pipeline(source, pipeline_class, picked):
     """Same weights (exactly) and the same image as the diffusers folder."""
-    from_folder = load_pipeline(PipelineHandle(source=source, pipeline_class=pipeline_class), CPU)
-    from_files = load_pipeline(PipelineHandle(source=source, pipeline_class=pipeline_class, files=picked), CPU)
+    from_folder = load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class), CPU)
+    from_files = load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class, files=picked), CPU)
     for name, _ in picked:
         expected, got = from_folder.components[name].state_dict(), from_files.components[name].state_dict()
         assert sorted(expected) == sorted(got), name
@@ -89,8 +90,8 @@ def test_flux2_text_only_mistral_file_gives_the_same_image(sf_dir):
     """The vision tower is missing from the file; the pipeline never runs it, the text path is exact."""
     f = files(sf_dir, "flux2")
     source = folder(sf_dir, "flux2")
-    ref = load_pipeline(PipelineHandle(source=source, pipeline_class="Flux2Pipeline"), CPU)
-    pipe = load_pipeline(PipelineHandle(source=source, pipeline_class="Flux2Pipeline",
+    ref = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2Pipeline"), CPU)
+    pipe = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2Pipeline",
                                         files=[("text_encoder", f["text_encoder_text_only"])]), CPU)
     want, got = ref.text_encoder.state_dict(), pipe.text_encoder.state_dict()
     language = [k for k in want if "language_model" in k]
@@ -109,7 +110,7 @@ def test_one_read_of_a_checkpoint_serves_all_its_components(sf_dir, monkeypatch)
     read_weights = single_file.read_weights
     monkeypatch.setattr(single_file, "read_weights", lambda path, dtype: reads.append(path) or read_weights(path, dtype))
     ckpt = files(sf_dir, "sd3")["checkpoint"]
-    load_pipeline(PipelineHandle(source=folder(sf_dir, "sd3"), pipeline_class=SD3,
+    load_pipeline(PipelineHandle.of(source=folder(sf_dir, "sd3"), model_class=SD3,
                                  files=[(n, ckpt) for n in ("transformer", "vae", "text_encoder")]), CPU)
     assert reads == [ckpt]
 
@@ -146,9 +147,9 @@ def test_plain_fp8_is_upcast_and_a_checkpoints_scaled_fp8_marker_is_dropped(tmp_
 
 def test_fp8_text_encoder_loads_into_the_pipeline(sf_dir):
     f = files(sf_dir, "flux1-dev")
-    pipe = load_pipeline(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline",
+    pipe = load_pipeline(PipelineHandle.of(source=folder(sf_dir, "flux1-dev"), model_class="FluxPipeline",
                                         files=[("text_encoder_2", f["t5xxl_fp8"])]), CPU)
-    ref = load_pipeline(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline"), CPU)
+    ref = load_pipeline(PipelineHandle.of(source=folder(sf_dir, "flux1-dev"), model_class="FluxPipeline"), CPU)
     got, want = pipe.text_encoder_2.state_dict(), ref.text_encoder_2.state_dict()
     assert all(torch.allclose(got[k], want[k], rtol=0.07, atol=want[k].abs().max().item() * 2 ** -9) for k in want)
     assert image(pipe).shape == (1, 64, 64, 3)
@@ -156,10 +157,10 @@ def test_fp8_text_encoder_loads_into_the_pipeline(sf_dir):
 
 # ------------------------------------------------------------------------------------- detection
 def test_family_and_default_config_repo_are_detected_from_the_header(sf_dir):
-    assert single_file.pipeline_class_of(files(sf_dir, "flux1-wide")["transformer"]) == "FluxPipeline"
-    assert single_file.pipeline_class_of(files(sf_dir, "sd3")["checkpoint"]) == SD3
-    assert single_file.pipeline_class_of(files(sf_dir, "flux2")["transformer"]) == "Flux2Pipeline"
-    assert single_file.pipeline_class_of(files(sf_dir, "qwenimage")["transformer"]) == "QwenImagePipeline"
+    assert single_file.model_class_of(files(sf_dir, "flux1-wide")["transformer"]) == "FluxPipeline"
+    assert single_file.model_class_of(files(sf_dir, "sd3")["checkpoint"]) == SD3
+    assert single_file.model_class_of(files(sf_dir, "flux2")["transformer"]) == "Flux2Pipeline"
+    assert single_file.model_class_of(files(sf_dir, "qwenimage")["transformer"]) == "QwenImagePipeline"
     # diffusers' own detection names the repo where it can size the model; else the family's default
     assert single_file.default_config_repo(files(sf_dir, "flux1-wide")["transformer"]) == "black-forest-labs/FLUX.1-dev"
     assert single_file.default_config_repo(files(sf_dir, "flux2")["transformer"]) == "black-forest-labs/FLUX.2-dev"
@@ -168,7 +169,7 @@ def test_family_and_default_config_repo_are_detected_from_the_header(sf_dir):
 
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     with pytest.raises(UserInputError, match=r"clip_l.safetensors.*CLIP text encoder.*Supported: FLUX.1"):
-        single_file.pipeline_class_of(files(sf_dir, "sd3")["clip_l"])
+        single_file.model_class_of(files(sf_dir, "sd3")["clip_l"])
 
 
 @pytest.mark.parametrize("family, file, component, pipeline_class, pattern", [
@@ -187,7 +188,7 @@ def test_a_file_in_the_wrong_slot_is_refused_from_its_header(sf_dir, family, fil
 def test_clip_l_where_clip_g_goes_fails_at_load_and_keeps_nothing(sf_dir):
     """Same kind (CLIP), other width: only the load can tell; the cache keeps nothing."""
     cache = PipelineCache()
-    handle = PipelineHandle(source=folder(sf_dir, "sd3"), pipeline_class=SD3,
+    handle = PipelineHandle.of(source=folder(sf_dir, "sd3"), model_class=SD3,
                             files=[("text_encoder_2", files(sf_dir, "sd3")["clip_l"])])
     with pytest.raises(ModelLoadError, match="clip_l.safetensors' is not a CLIP text encoder for SD3/SD3.5"):
         cache.get(handle, CPU)
@@ -207,7 +208,7 @@ def test_a_transformer_file_with_extra_or_missing_weights_is_refused(sf_dir, tmp
     save_file(weights, str(path))
     cache = PipelineCache()
     with pytest.raises(ModelLoadError, match="is not a QwenImage diffusion model for QwenImage.*1 " + {"extra": "unexpected", "missing": "missing"}[change]):
-        cache.get(PipelineHandle(source=folder(sf_dir, "qwenimage"), pipeline_class="QwenImagePipeline",
+        cache.get(PipelineHandle.of(source=folder(sf_dir, "qwenimage"), model_class="QwenImagePipeline",
                                  files=[("transformer", str(path))]), CPU)
     assert len(cache) == 0
 
@@ -220,7 +221,7 @@ def test_an_sd3_checkpoint_with_an_unknown_key_is_refused(sf_dir, tmp_path):
     path = tmp_path / "sd3.5_medium.safetensors"
     save_file(weights, str(path))
     with pytest.raises(ModelLoadError, match="1 unexpected .*joint_blocks.0.x_block.attn.extra.weight"):
-        load_pipeline(PipelineHandle(source=folder(sf_dir, "sd3"), pipeline_class=SD3,
+        load_pipeline(PipelineHandle.of(source=folder(sf_dir, "sd3"), model_class=SD3,
                                      files=[("transformer", str(path))]), CPU)
 
 
@@ -229,7 +230,7 @@ def test_gguf_is_refused_with_what_is_supported(tmp_path, sf_dir):
     path = tmp_path / "flux1-dev-Q4_K_S.gguf"
     path.write_bytes(b"GGUF" + b"\0" * 64)
     for call in (lambda: single_file.read_weights(str(path), torch.float32),
-                 lambda: single_file.pipeline_class_of(str(path))):
+                 lambda: single_file.model_class_of(str(path))):
         with pytest.raises(UserInputError, match="GGUF.*supported are safetensors in bf16/fp16/fp32 or fp8"):
             call()
     renamed = tmp_path / "model.safetensors"  # the magic, not the name, tells
@@ -246,7 +247,7 @@ def test_nf4_is_refused_with_what_is_supported(tmp_path):
     with pytest.raises(UserInputError, match="bitsandbytes.*supported are safetensors"):
         single_file.read_weights(str(path), torch.float32)
     with pytest.raises(UserInputError, match="bitsandbytes"):
-        single_file.pipeline_class_of(str(path))
+        single_file.model_class_of(str(path))
 
 
 def test_other_comfy_quant_formats_are_refused(tmp_path):
@@ -268,7 +269,7 @@ def test_truncated_file_is_named_with_re_download(tmp_path, sf_dir):
         single_file.check_file_for_slot(str(path), "vae", "FluxPipeline")
     cache = PipelineCache()
     with pytest.raises(ModelLoadError, match="truncated"):
-        cache.get(PipelineHandle(source=folder(sf_dir, "flux1-dev"), pipeline_class="FluxPipeline",
+        cache.get(PipelineHandle.of(source=folder(sf_dir, "flux1-dev"), model_class="FluxPipeline",
                                  files=[("vae", str(path))]), CPU)
     assert len(cache) == 0
 
@@ -289,11 +290,11 @@ def test_a_config_only_folder_names_the_component_that_needs_a_file(sf_dir, tmp_
     picked = [("transformer", f["checkpoint_no_t5"]), ("vae", f["checkpoint_no_t5"]), ("text_encoder", f["clip_l"]),
               ("text_encoder_2", f["clip_g"])]
     with pytest.raises(UserInputError, match=r"only the config of 'text_encoder_2'.*pick a weights file for text_encoder_2"):
-        load_pipeline(PipelineHandle(source=str(configs), pipeline_class=SD3, files=picked[:-1]), CPU)
+        load_pipeline(PipelineHandle.of(source=str(configs), model_class=SD3, files=picked[:-1]), CPU)
     # SD3's T5 is optional: without a file or weights for it, the pipeline runs without it, as diffusers allows
-    without_t5 = load_pipeline(PipelineHandle(source=str(configs), pipeline_class=SD3, files=picked), CPU)
+    without_t5 = load_pipeline(PipelineHandle.of(source=str(configs), model_class=SD3, files=picked), CPU)
     assert without_t5.text_encoder_3 is None and without_t5.tokenizer_3 is None
-    with_t5 = load_pipeline(PipelineHandle(source=str(configs), pipeline_class=SD3,
+    with_t5 = load_pipeline(PipelineHandle.of(source=str(configs), model_class=SD3,
                                            files=picked + [("text_encoder_3", f["t5xxl"])]), CPU)
     assert image(without_t5).shape == image(with_t5).shape == (1, 64, 64, 3)
     assert not (image(without_t5) == image(with_t5)).all()
@@ -302,6 +303,6 @@ def test_a_config_only_folder_names_the_component_that_needs_a_file(sf_dir, tmp_
 def test_progress_names_each_component_loaded_from_files(sf_dir):
     seen = []
     f = files(sf_dir, "flux2")
-    load_pipeline(PipelineHandle(source=folder(sf_dir, "flux2"), pipeline_class="Flux2Pipeline",
+    load_pipeline(PipelineHandle.of(source=folder(sf_dir, "flux2"), model_class="Flux2Pipeline",
                                  files=[("vae", f["vae"])]), CPU, lambda done, total, what: seen.append(what))
     assert "loading vae" in seen and seen[-1] == "placed on cpu"

@@ -18,21 +18,21 @@ import torch
 from comfy_host import free_port
 from processes import alive_after, launched_workers
 
-from runtime.compile_cache import CompileError
-from runtime.specs import CompileSpec
-from runtime.device import device_info
-from runtime.distributed import channel
-from runtime.distributed.group import (WORKER_SCRIPT, WorkerGroupError, WorkerRequestError, request_error,
-                                       root_cause)
-from runtime.distributed.mesh import check_mesh
-from runtime.specs import MeshSpec, Workers
-from runtime.distributed.sharding import local_bytes
-from runtime.engine import Engine
-from runtime.errors import ModelLoadError, UserInputError
-from runtime.handle import PipelineHandle
-from runtime.loading import inspect_source
-from runtime.specs import ExecutionMode, Placement
-from runtime.sampling import SampleRequest
+from tpu_diffusers_runtime.errors import CompileError
+from tpu_diffusers_runtime.specs import CompileSpec
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.distributed import channel
+from tpu_diffusers_runtime.distributed.group import WORKER_SCRIPT, root_cause
+from tpu_diffusers_runtime.errors import WorkerGroupError, WorkerRequestError, from_wire
+from tpu_diffusers_runtime.distributed.mesh import check_mesh
+from tpu_diffusers_runtime.specs import MeshSpec, Workers
+from tpu_diffusers_runtime.distributed.sharding import local_bytes
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 TP_VS_SINGLE_ATOL = 1e-5  # measured ~4e-7: only the all-reduce order differs
@@ -45,7 +45,7 @@ def request(**overrides):
 
 def handle_for(tiny, name, **fields):
     source = tiny(name)
-    return PipelineHandle(source=source, pipeline_class=inspect_source(source), **fields)
+    return PipelineHandle.of(source=source, model_class=inspect_source(source), **fields)
 
 
 
@@ -191,10 +191,12 @@ def test_an_exception_on_one_rank_alone_stops_the_group_and_names_the_rank(tiny,
         "import os, sys\n"
         "if os.environ.get('RANK') == '1':\n"
         f"    sys.path.insert(0, {str(ROOT)!r})\n"
-        "    from runtime import sampling\n"
-        "    def run_pipeline(*args, **kwargs):\n"
+        "    import runtime_package\n"
+        "    runtime_package.load()\n"
+        "    from tpu_diffusers_runtime.tasks.text2image import Text2Image\n"
+        "    def run(*args, **kwargs):\n"
         "        raise MemoryError('rank 1 ran out of memory, as an example')\n"
-        "    sampling.run_pipeline = run_pipeline\n")
+        "    Text2Image.run = run\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     with pytest.raises(WorkerGroupError, match=r"worker rank 1 .*failed.*MemoryError: rank 1 ran out of memory"):
         engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2)), request())
@@ -208,7 +210,7 @@ def test_a_request_that_fails_on_every_rank_is_answered_with_its_error_and_the_g
     scheduler_config = folder / "scheduler" / "scheduler_config.json"
     good_config = scheduler_config.read_text()
     scheduler_config.write_text("{ not json")
-    handle = PipelineHandle(source=str(folder), pipeline_class="FluxPipeline", mesh=MeshSpec(chips=2))
+    handle = PipelineHandle.of(source=str(folder), model_class="FluxPipeline", mesh=MeshSpec(chips=2))
 
     with pytest.raises(ModelLoadError, match="could not load component 'scheduler'"):
         engine.generate(handle, request())
@@ -233,7 +235,7 @@ def test_a_request_that_fails_on_every_rank_is_answered_with_its_error_and_the_g
     ("RuntimeError", WorkerRequestError, "every worker rank failed with RuntimeError: width 1000 cannot be used"),
 ])
 def test_an_error_reply_raises_the_same_kind_of_error_as_one_process_would(kind, raised, text):
-    error = request_error({"op": "error", "kind": kind, "message": "width 1000 cannot be used"})
+    error = from_wire(kind, "width 1000 cannot be used")
     assert type(error) is raised and str(error) == text
 
 

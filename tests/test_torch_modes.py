@@ -11,13 +11,13 @@ import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
-from runtime import device as device_module
-from runtime.specs import CompileSpec
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.modes import execution_mode
-from runtime.specs import ExecutionMode, Placement
-from runtime.sampling import SampleRequest
+from tpu_diffusers_runtime import device as device_module
+from tpu_diffusers_runtime.specs import CompileSpec
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.modes import execution_mode
+from tpu_diffusers_runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 OUTSIDE_INFERENCE_MODE = "inference mode off, grad off"
 
@@ -40,7 +40,7 @@ def test_inside_comfyuis_inference_mode_the_transformer_runs_outside_it(tiny, mo
         return call(self, *args, **kwargs)
 
     monkeypatch.setattr(FluxTransformer2DModel, "__call__", observed_call)
-    handle = PipelineHandle(source=tiny("flux1-schnell"), pipeline_class="FluxPipeline", mode=mode,
+    handle = PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline", mode=mode,
                             placement=placement, compile=scope and CompileSpec(scope=scope))
     engine = Engine()
     with torch.inference_mode():  # as ComfyUI runs every node

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.device import device_info, tpu_on_pci_bus
-from runtime.modes import execution_mode
-from runtime.specs import ExecutionMode
+from tpu_diffusers_runtime.device import device_info, tpu_on_pci_bus
+from tpu_diffusers_runtime.modes import execution_mode
+from tpu_diffusers_runtime.specs import ExecutionMode
 
 # Environment variables the pack sets for TorchTPU (compile caches, XLA options) and for libtpu.
 TORCH_TPU_ENV_NAMES = ("TORCH_TPU_TIER2_COMPILATION_CACHE", "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT",

@@ -3,10 +3,10 @@ Each rank reads the whole transformer file, then diffusers' enable_parallelism k
 
 import torch
 
-from runtime.engine import Engine
-from runtime.handle import PipelineHandle
-from runtime.sampling import SampleRequest
-from runtime.specs import MeshSpec
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.tasks import SampleRequest
+from tpu_diffusers_runtime.specs import MeshSpec
 
 TP_VS_SINGLE_ATOL = 1e-5  # as tests/test_tensor_parallel.py: only the all-reduce order differs
 
@@ -15,12 +15,12 @@ def test_two_ranks_from_single_files_give_the_single_process_image_each_holding_
     folder, files = single_files["flux2"]
     picked = (("transformer", str(files["transformer"])), ("text_encoder", str(files["text_encoder"])),
               ("vae", str(files["vae"])))
-    handle = PipelineHandle(source=str(folder), pipeline_class="Flux2Pipeline", files=picked)
+    handle = PipelineHandle.of(source=str(folder), model_class="Flux2Pipeline", files=picked)
     request = SampleRequest(prompt="a cat sitting on a red chair", width=64, height=64, steps=2, guidance=2.0, seed=5)
     single = Engine().generate(handle, request)
     engine = Engine()
     try:
-        result = engine.generate(PipelineHandle(**{**handle.__dict__, "mesh": MeshSpec(chips=2)}), request)
+        result = engine.generate(PipelineHandle.of(**{**handle.__dict__, "mesh": MeshSpec(chips=2)}), request)
     finally:
         engine.unload()
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)

@@ -8,7 +8,7 @@ import re
 import pytest
 import verify_device
 
-from runtime.engine import Engine
+from tpu_diffusers_runtime.engine import Engine
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,11 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage")
+# Each tiny model and the model class (model_index.json's _class_name) it is: its family is
+# runtime/families' family of that class.
+MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
+                 "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline"}
+FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
 # Training text for the tokenizers: prompt-like words and every printable ASCII character, so that

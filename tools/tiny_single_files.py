@@ -7,7 +7,7 @@ The files use the real layouts and the usual names, so the loader meets what use
   SD3.5 (Stability):  sd3.5_medium.safetensors (all-in-one, with T5), sd3.5_medium_no_t5.safetensors,
                       clip_l.safetensors, clip_g.safetensors, t5xxl_fp16.safetensors
   FLUX.2 (Comfy-Org): flux2_dev.safetensors (BFL layout), mistral_3_small_flux2.safetensors, flux2-vae.safetensors
-  QwenImage:          qwen_image.safetensors, qwen_2.5_vl_7b.safetensors (both already in diffusers' /
+  QwenImage:          qwen_image.safetensors, qwen_2.5_vl_7b_fp8_scaled.safetensors (both already in diffusers' /
                       transformers' key layout, as Comfy-Org ships them), qwen_image_vae.safetensors (Wan 2.1
                       layout; the folder needs `wan_sized_vae` first)
 
@@ -374,7 +374,7 @@ def qwenimage_files(folder, out) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     return {
         "transformer": _save(folder_weights(folder, "transformer"), out / "qwen_image.safetensors"),
-        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen_2.5_vl_7b.safetensors"),
+        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen_2.5_vl_7b_fp8_scaled.safetensors"),
         "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
     }
 

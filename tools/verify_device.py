@@ -37,7 +37,21 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
 
 from common import built_model, compile_cache_env  # noqa: E402  (benchmarks/common.py)
 
-FAMILIES = {"flux1-schnell": "FLUX.1-schnell", "sd3": "SD3", "flux2": "FLUX.2", "qwenimage": "QwenImage"}
+import tiny_models  # noqa: E402
+from tpu_diffusers_runtime.families import family_for  # noqa: E402  (common.py loaded the runtime)
+
+
+def one_model_per_family() -> dict[str, str]:
+    """{tiny model: its family's name}, the first tiny model of each family in runtime/families."""
+    chosen: dict[str, str] = {}
+    for name, model_class in tiny_models.MODEL_CLASSES.items():
+        family = family_for(model_class).name
+        if family not in chosen.values():
+            chosen[name] = family
+    return chosen
+
+
+FAMILIES = one_model_per_family()
 CELLS = {  # the README's support-matrix columns, in its order
     "eager": "eager", "fused_eager": "fused eager", "model_cpu_offload": "model CPU offload",
     "compile_whole": "compile whole", "compile_repeated_blocks": "compile repeated blocks", "tp": "TP",
@@ -65,9 +79,10 @@ def cell_handle(source: str, cell: str, device: str):
     """The PipelineHandle for one matrix cell: what the matching nodes of a workflow would build."""
     import diffusers
 
-    from runtime.handle import PipelineHandle
-    from runtime.loading import components, inspect_source, read_model_index
-    from runtime.specs import CompileSpec, ExecutionMode, MeshSpec, Placement
+    from tpu_diffusers_runtime.handle import PipelineHandle
+    from tpu_diffusers_runtime.loading import inspect_source
+    from tpu_diffusers_runtime.sources import components, read_model_index
+    from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, MeshSpec, Placement
 
     transformer_class = components(read_model_index(source, is_folder=True))["transformer"][1]
     # The README's recipe: under offload, scope auto compiles the repeated blocks; a transformer that
@@ -82,7 +97,7 @@ def cell_handle(source: str, cell: str, device: str):
                                         compile=CompileSpec(scope="auto", fullgraph=has_blocks)),
         "tp": dict(mesh=MeshSpec(chips=TP_RANKS)),
     }[cell]
-    return PipelineHandle(source=source, pipeline_class=inspect_source(source), device=device, **fields)
+    return PipelineHandle.of(source=source, model_class=inspect_source(source), device=device, **fields)
 
 
 def first_line(error: BaseException) -> str:
@@ -94,8 +109,8 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
     """Run the cell twice at one size (the second run must reuse everything) and say what happened."""
     import torch
 
-    from runtime.errors import UserInputError
-    from runtime.sampling import SampleRequest
+    from tpu_diffusers_runtime.errors import UserInputError
+    from tpu_diffusers_runtime.tasks import SampleRequest
 
     size = SIZES[size_name]
     record = {"family": family, "cell": cell, "size": size_name}
@@ -137,10 +152,10 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
 
 def run_child(spec: dict, out: Path) -> int:
     """Child process: run spec["cells"] ([family, cell, size] triples) and append one JSON line per cell."""
-    from runtime import process_env
+    from tpu_diffusers_runtime import process_env
 
     process_env.apply(process_env.default_root())  # the compile cache folder, before torch starts (as in ComfyUI)
-    from runtime.engine import Engine
+    from tpu_diffusers_runtime.engine import Engine
 
     engine = Engine()
     for family, cell, size_name in spec["cells"]:
@@ -410,8 +425,8 @@ def main(argv=None) -> int:
     if args.child:
         return run_child(json.loads(args.child), args.child_out)
 
-    from runtime.device import resolve_device
-    from runtime.errors import UserInputError
+    from tpu_diffusers_runtime.device import resolve_device
+    from tpu_diffusers_runtime.errors import UserInputError
 
     started = time.perf_counter()
     try:

@@ -15,26 +15,11 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 
 from ..errors import UserInputError
-
-KEY_ENV = "TPU_DIFFUSERS_CONTROL_KEY"
-KEY_BYTES = 32  # 256 bits, written as 64 hex digits
+from ..settings import KEY_BYTES, KEY_ENV, decode_key  # noqa: F401  (KEY_ENV: the channel's variable)
 
 
 def new_key() -> str:
     return secrets.token_hex(KEY_BYTES)
-
-
-def decode_key(key: str) -> bytes:
-    """The key as bytes, refused unless it is 64 hex digits. The message never repeats the key."""
-    how = (f"it must be {2 * KEY_BYTES} hex digits, as the workers print at start "
-           f"(make one with: python -c \"import secrets; print(secrets.token_hex({KEY_BYTES}))\").")
-    try:
-        raw = bytes.fromhex(key)
-    except ValueError:
-        raise UserInputError(f"the control key is not hex: {how}") from None
-    if len(raw) != KEY_BYTES:
-        raise UserInputError(f"the control key has {2 * len(raw)} hex digits; {how}")
-    return raw
 
 
 def parse_address(address: str) -> tuple[str, int]:

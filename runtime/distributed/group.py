@@ -21,36 +21,14 @@ import time
 from pathlib import Path
 
 from .. import device as device_module
-from .. import settings
-from ..compile_cache import CompileError
-from ..errors import ModelLoadError, UserInputError
-from . import channel
+from .. import errors, settings
+from ..errors import UserInputError, WorkerGroupError
 from ..specs import MeshSpec, Workers
+from . import channel
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 POLL_SECONDS = 0.25
 TERMINATE_GRACE_SECONDS = 15  # torchrun's own teardown of its ranks after SIGTERM
-
-
-class WorkerGroupError(RuntimeError):
-    """A worker failed; the message names the rank and the cause when torchrun reported them."""
-
-
-class WorkerRequestError(RuntimeError):
-    """A request failed the same way on every rank with an error of no kind of ours; the group is still up."""
-
-
-# Errors a request can fail with on every rank, raised here as the same kind (a UserInputError stays one,
-# so ComfyUI shows it on the node). Matched by name: the workers import the runtime under another package.
-REQUEST_ERRORS = {cls.__name__: cls for cls in (UserInputError, ModelLoadError, CompileError)}
-
-
-def request_error(reply: dict) -> Exception:
-    """The exception for a worker group's error reply."""
-    kind = REQUEST_ERRORS.get(reply["kind"])
-    if kind is not None:
-        return kind(reply["message"])
-    return WorkerRequestError(f"every worker rank failed with {reply['kind']}: {reply['message']}")
 
 
 def _free_port() -> int:
@@ -217,7 +195,7 @@ class WorkerGroup:
                 raise WorkerGroupError(self._failure()) from None
             if received is not None:
                 if received[0]["op"] == "error":
-                    raise request_error(received[0])
+                    raise errors.from_wire(received[0]["kind"], received[0]["message"])
                 return received
             if self.process is not None and self.process.poll() is not None:
                 raise WorkerGroupError(self._failure())

@@ -8,9 +8,11 @@ import os
 from .. import settings
 from ..device import DeviceInfo
 from ..errors import ModelLoadError, UserInputError
-from ..loading import components, is_hub_id, read_model_index
+from ..families import family_for
+from ..settings import KEY_ENV, decode_key
+from ..sources import components, is_hub_id, read_model_index
 from ..specs import MeshSpec, Workers
-from .channel import KEY_ENV, decode_key, parse_address
+from .channel import parse_address
 
 CPU_MESH_DEFAULT_RANKS = 2  # a CPU "mesh" is for development; two ranks show everything TP does
 
@@ -88,12 +90,14 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
         raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
                              f"'{source}' into models/diffusers and pick the folder.")
     replicas, tp = mesh_shape(spec, size)
-    parts = components(read_model_index(source, is_folder=True))
+    index = read_model_index(source, is_folder=True)
+    parts = components(index)
     notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]
     if tp == 1:
         return notes + ["tp 1: nothing is sharded, each replica holds the whole pipeline"]
     if spec.shard_transformer:
-        notes += _check_transformer(source, parts["transformer"][1], tp)
+        denoiser = family_for(index["_class_name"]).denoiser
+        notes += _check_transformer(source, denoiser, parts[denoiser][1], tp)
     if spec.shard_text_encoder:
         notes += [_check_text_encoder(source, name, cls, tp) if name not in from_files
                   else f"{name} ({cls}) from a single file: whole on every rank"
@@ -101,13 +105,13 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     return notes
 
 
-def _check_transformer(source: str, cls: str, tp: int) -> list[str]:
+def _check_transformer(source: str, denoiser: str, cls: str, tp: int) -> list[str]:
     import diffusers
 
     if getattr(getattr(diffusers, cls), "_tp_plan", None) is None:
         raise UserInputError(f"{cls} has no tensor-parallel plan in diffusers, so it cannot be sharded "
                              "(FLUX.1, FLUX.2 and QwenImage can). Turn shard_transformer off or drop the TP Mesh.")
-    heads = _subfolder_config(source, "transformer").get("num_attention_heads")
+    heads = _subfolder_config(source, denoiser).get("num_attention_heads")
     if heads and heads % tp:
         valid = [n for n in range(1, heads + 1) if heads % n == 0]
         raise UserInputError(f"tp {tp} (chips / replicas) does not divide the transformer's {heads} attention "

@@ -14,14 +14,14 @@ from .mesh import text_encoder_has_tp_plan
 
 
 class Sharding:
-    def __init__(self, spec: MeshSpec, mesh):
-        self.spec, self.mesh = spec, mesh
+    def __init__(self, spec: MeshSpec, mesh, denoiser: str):
+        self.spec, self.mesh, self.denoiser = spec, mesh, denoiser  # denoiser: the pipeline's transformer/unet
         self.sharded: set[str] = set()  # components loaded sharded (and placed) by their library
 
     def load_kwargs(self, folder: str, name: str) -> dict:
         if self.mesh.size() == 1:
             return {}
-        if name == "transformer" and self.spec.shard_transformer:
+        if name == self.denoiser and self.spec.shard_transformer:
             from diffusers import TensorParallelConfig
 
             self.sharded.add(name)

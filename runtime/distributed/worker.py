@@ -24,16 +24,18 @@ import os
 import sys
 import time
 
-# Run as a script by torchrun: make the pack's runtime importable as a top-level package
-# (the pack itself imports ComfyUI, which a worker does not have).
+# Run as a script by torchrun: load the runtime under its one import name (runtime_package.py, in the
+# pack's folder; the pack itself imports ComfyUI, which a worker does not have).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import runtime_package  # noqa: E402
 
-from runtime import device as device_module  # noqa: E402  (also sets TPU env hygiene first)
-from runtime import process_env  # noqa: E402
+runtime_package.load()
+from tpu_diffusers_runtime import device as device_module  # noqa: E402  (also sets TPU env hygiene first)
+from tpu_diffusers_runtime import process_env  # noqa: E402
 
 process_env.apply(process_env.default_root())  # before torch: TorchTPU reads these once, at backend start
-from runtime import settings  # noqa: E402
-from runtime.distributed import channel  # noqa: E402
+from tpu_diffusers_runtime import settings  # noqa: E402
+from tpu_diffusers_runtime.distributed import channel  # noqa: E402
 
 IDLE_TIMEOUT = datetime.timedelta(days=30)  # ranks wait in a collective between prompts
 # How long a failed rank waits for the others to report their outcome. A failure shared by every rank
@@ -110,18 +112,21 @@ class RankWorker:
     """Runs commands on one rank with the ordinary Engine, whose loader shards over its replica's TP mesh."""
 
     def __init__(self, server: ControlServer | None, device_type: str, store, gather_group):
-        from runtime.distributed.sharding import Sharding
-        from runtime.engine import Engine
-        from runtime.loading import PipelineCache, load_pipeline
+        from tpu_diffusers_runtime.distributed.sharding import Sharding
+        from tpu_diffusers_runtime.engine import Engine
+        from tpu_diffusers_runtime.families import family_for
+        from tpu_diffusers_runtime.loading import load_pipeline
+        from tpu_diffusers_runtime.pipeline_cache import PipelineCache
 
         self.server, self.device_type, self.store, self.gather_group = server, device_type, store, gather_group
         self.meshes = {}  # (replicas, tp) -> the 2-D DeviceMesh ("dp" outer, "tp" inner)
         self.runs = 0
         self.run_state: Run | None = None
 
-        def sharded_loader(handle, device, on_progress):
+        def sharded_loader(handle, device, on_progress, notes):
             tp_mesh = self.device_mesh(handle.mesh)["tp"]
-            return load_pipeline(handle, device, on_progress, sharding=Sharding(handle.mesh, tp_mesh))
+            sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class).denoiser)
+            return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
 
@@ -131,7 +136,7 @@ class RankWorker:
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
 
-        from runtime.distributed.mesh import mesh_shape
+        from tpu_diffusers_runtime.distributed.mesh import mesh_shape
 
         shape = mesh_shape(spec, dist.get_world_size())
         if shape not in self.meshes:
@@ -208,18 +213,19 @@ class RankWorker:
         import numpy as np
         import torch.distributed as dist
 
-        from runtime.distributed.mesh import split_batch
-        from runtime.distributed.sharding import local_bytes, sharded_fraction
-        from runtime.families import family_for
-        from runtime.handle import PipelineHandle
-        from runtime.preview import PreviewSpec
-        from runtime.sampling import MAX_SEED, SampleRequest, validate_request
+        from tpu_diffusers_runtime.distributed.mesh import split_batch
+        from tpu_diffusers_runtime.distributed.sharding import local_bytes, sharded_fraction
+        from tpu_diffusers_runtime.engine import Engine
+        from tpu_diffusers_runtime.features.preview import PreviewSpec
+        from tpu_diffusers_runtime.handle import PipelineHandle
+        from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest, check_runnable, task_for
 
         handle = PipelineHandle.from_wire(command["handle"])
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         request = SampleRequest(**command["request"])
-        validate_request(family_for(handle.pipeline_class), request)  # on every rank, even one with no image
+        task, _ = task_for(handle.model_class, request)
+        task.validate(check_runnable(handle.model_class), request)  # on every rank, even one with no image
         mesh = self.device_mesh(handle.mesh)
         replicas, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
@@ -237,8 +243,8 @@ class RankWorker:
                 mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
                 if self.server:
                     self.wait_for_replicas()
-            transformer = self.engine.realise(handle, self.progress)[0].pipe.transformer
-            mine.update(bytes=local_bytes(transformer), fraction=sharded_fraction(transformer))
+            denoiser = Engine.denoiser(self.engine.realise(handle, self.progress)[0], handle)
+            mine.update(bytes=local_bytes(denoiser), fraction=sharded_fraction(denoiser))
         except Cancelled:
             mine["cancelled"] = True
         # Every rank takes part, cancelled or not, so no replica waits here for one that left.
@@ -342,7 +348,7 @@ def main(argv=None) -> int:
 
     info = device_module.detect_device()
     if info.type == "cpu":
-        from runtime.distributed.cpu_mesh import enable_cpu_tensor_parallel
+        from tpu_diffusers_runtime.distributed.cpu_mesh import enable_cpu_tensor_parallel
 
         enable_cpu_tensor_parallel()
     elif info.type == "cuda":

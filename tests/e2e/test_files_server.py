@@ -22,7 +22,7 @@ FAMILIES = {
                                            "sd3/clip_g.safetensors", "sd3/t5xxl_fp16.safetensors", "none")),
     "flux2": ("tiny-flux2", ("flux2/flux2_dev.safetensors", "flux2/mistral_3_small_flux2.safetensors", "none", "none",
                              "flux2/flux2-vae.safetensors")),
-    "qwenimage": ("qwenimage", ("qwenimage/qwen_image.safetensors", "qwenimage/qwen_2.5_vl_7b.safetensors",
+    "qwenimage": ("qwenimage", ("qwenimage/qwen_image.safetensors", "qwenimage/qwen_2.5_vl_7b_fp8_scaled.safetensors",
                                 "none", "none", "qwenimage/qwen_image_vae.safetensors")),
 }
 

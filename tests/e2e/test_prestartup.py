@@ -1,7 +1,7 @@
 """prestartup_script.py in a real ComfyUI: it runs before ComfyUI imports torch, puts the compile
 caches in ComfyUI's user folder, and a restarted server reuses what the first one compiled there."""
 
-from runtime import process_env
+from tpu_diffusers_runtime import process_env
 from serving import comfy_server, run_info, run_ok, sampler_prompt, with_compile
 
 # Settings this test process may carry (inductor writes TORCHINDUCTOR_CACHE_DIR into os.environ when it

@@ -20,8 +20,8 @@ import logging
 import os
 import re
 
-from .errors import UserInputError
-from .specs import LoraSpec
+from ..errors import LoraUnloadError, UserInputError
+from ..specs import LoraSpec
 
 log = logging.getLogger("tpu_diffusers")
 
@@ -31,10 +31,6 @@ ADAPTER_PREFIX = "tpu_diffusers_lora_"
 LORA_WITH_MESH = ("LoRAs are not supported with a TP Mesh yet: the sharded transformer's weights are DTensors split "
                   "over the ranks, and diffusers' LoRA loading and fusing handles only whole weights. Remove the "
                   "LoRAs, or remove the TP Mesh to run them in this process.")
-
-
-class LoraUnloadError(RuntimeError):
-    """A LoRA failed and diffusers could not remove its layers either: the engine drops the pipeline."""
 
 
 @dataclasses.dataclass
@@ -309,7 +305,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(error).__name__
 
 
-def check_lora_fits(pipeline_class: str, config_folder: str, lora: LoraSpec) -> None:
+def check_lora_fits(model_class: str, config_folder: str, lora: LoraSpec) -> None:
     """The LoRA node's check, before anything is loaded: the same as when fusing, against the pipeline's
     LoRA-loadable models built on the meta device from their configs (no weights), so a LoRA of another
     family fails on the LoRA node."""
@@ -317,9 +313,9 @@ def check_lora_fits(pipeline_class: str, config_folder: str, lora: LoraSpec) -> 
 
     import diffusers
 
-    from .single_file import meta_model
+    from ..single_file import meta_model
 
-    pipeline_cls = getattr(diffusers, pipeline_class)
+    pipeline_cls = getattr(diffusers, model_class)
     with open(os.path.join(config_folder, "model_index.json")) as f:
         index = json.load(f)
     models = {}
@@ -327,6 +323,6 @@ def check_lora_fits(pipeline_class: str, config_folder: str, lora: LoraSpec) -> 
         library, cls_name = (index.get(component) or [None, None])[:2]
         if library in ("diffusers", "transformers"):
             models[component] = meta_model(config_folder, component, library, cls_name)
-    skeleton = type(pipeline_class, (), {"_lora_loadable_modules": pipeline_cls._lora_loadable_modules,
+    skeleton = type(model_class, (), {"_lora_loadable_modules": pipeline_cls._lora_loadable_modules,
                                          "lora_state_dict": staticmethod(pipeline_cls.lora_state_dict), **models})
     _check_fits(skeleton(), lora)

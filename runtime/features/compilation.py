@@ -1,4 +1,4 @@
-"""Compiled mode: compile the transformer with static shapes, warm it up, keep per-shape books.
+"""Compiled mode: compile the denoiser with static shapes, warm it up, keep per-shape books.
 
 The guide's rules: static shapes (`dynamic=False`); the whole transformer when the pipeline
 sits on the chip; only the repeated blocks under model CPU offload, whose hooks cannot be
@@ -17,15 +17,14 @@ import functools
 import logging
 import re
 
-from . import process_env, settings
-from .device import DeviceInfo
-from .errors import UserInputError
-from .specs import CompileScope, CompileSpec, Placement
+from .. import process_env, settings
+from ..device import DeviceInfo
+from ..errors import CompileError, UserInputError
+from ..specs import CompileScope, CompileSpec, Placement
 
 log = logging.getLogger("tpu_diffusers")
 
-class CompileError(RuntimeError):
-    """Compiling failed; the message names the cause and what to try. The pipeline still runs eager."""
+WARMUP_STEPS = 2  # the step count does not change the compiled graph; two steps exercise the whole loop
 
 
 def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
@@ -99,7 +98,7 @@ class ShapeRecord:
 
 @dataclasses.dataclass(frozen=True)
 class CompileRequest:
-    """Everything that decides how the transformer is compiled: a pipeline compiled for another
+    """Everything that decides how the denoiser is compiled: a pipeline compiled for another
     request is compiled again. (Warm-up sizes change nothing compiled; the cache folders are fixed
     for the process.)"""
 
@@ -133,27 +132,43 @@ class CompileState:
         return self.request == request
 
 
-def compile_transformer(pipe, request: CompileRequest) -> CompileState:
-    """Mark the transformer for compilation (torch compiles lazily, on the first call per shape)."""
+def compile_denoiser(denoiser, request: CompileRequest) -> CompileState:
+    """Mark the denoiser (a pipeline's transformer or unet) for compilation (torch compiles lazily, on the
+    first call per shape)."""
     scope = request.resolved_scope()
-    if request.scope is CompileScope.AUTO and not getattr(pipe.transformer, "_repeated_blocks", None):
-        scope = CompileScope.WHOLE  # e.g. SD3 declares no repeated blocks: the whole transformer is all there is
+    blocks = getattr(denoiser, "_repeated_blocks", None)
+    if request.scope is CompileScope.AUTO and not blocks:
+        scope = CompileScope.WHOLE  # e.g. SD3 declares no repeated blocks: the whole model is all there is
     options = dict(backend=request.backend, fullgraph=request.fullgraph, dynamic=False)
     if scope is CompileScope.WHOLE:
-        pipe.transformer.compile(**options)
-    elif not getattr(pipe.transformer, "_repeated_blocks", None):
-        raise UserInputError(f"{type(pipe.transformer).__name__} declares no repeated blocks; use scope 'whole'.")
+        denoiser.compile(**options)
+    elif not blocks:
+        raise UserInputError(f"{type(denoiser).__name__} declares no repeated blocks; use scope 'whole'.")
     else:
-        pipe.transformer.compile_repeated_blocks(**options)
-    log.info("TPU Diffusers: transformer marked for compile (%s, backend %s, fullgraph %s)",
-             scope, request.backend, request.fullgraph)
+        denoiser.compile_repeated_blocks(**options)
+    log.info("TPU Diffusers: %s marked for compile (%s, backend %s, fullgraph %s)",
+             type(denoiser).__name__, scope, request.backend, request.fullgraph)
     return CompileState(request=request, scope=scope)
 
 
-def remove_compile(pipe) -> None:
-    """Back to eager: forget the compiled call on the transformer and all its blocks."""
-    for module in pipe.transformer.modules():
+def remove(denoiser) -> None:
+    """Back to eager: forget the compiled call on the denoiser and all its blocks."""
+    for module in denoiser.modules():
         module._compiled_call_impl = None
+
+
+def apply(state: CompileState | None, denoiser, spec: CompileSpec, placement: Placement, device: DeviceInfo,
+          wanted: bool) -> CompileState | None:
+    """Compile, recompile with other options, or go back to eager, as the run options ask; the new state."""
+    request = CompileRequest.of(spec, placement, device)
+    if state is not None and (not wanted or not state.matches(request)):
+        remove(denoiser)
+        state = None
+    if wanted and state is None:
+        state = compile_denoiser(denoiser, request)
+    if wanted:
+        state.warmup_sizes = spec.warmup_sizes  # may change without a recompile
+    return state
 
 
 @dataclasses.dataclass
@@ -180,38 +195,38 @@ def watch_compiles():
 
 
 @contextlib.contextmanager
-def explained_compile_failures(state: CompileState, pipe):
+def explained_compile_failures(state: CompileState, denoiser):
     """Turn dynamo's failures into a message that says what to try; leave the pipeline eager."""
     import torch._dynamo.exc as dynamo_exc
 
     try:
         yield
     except dynamo_exc.FailOnRecompileLimitHit as e:
-        remove_compile(pipe)
+        remove(denoiser)
         raise CompileError(
-            f"the compiled transformer hit torch's recompile limit ({settings.get('TPU_DIFFUSERS_RECOMPILE_LIMIT')} shapes, "
+            f"the compiled denoiser hit torch's recompile limit ({settings.get('TPU_DIFFUSERS_RECOMPILE_LIMIT')} shapes, "
             f"{len(state.shapes)} seen here). Use fewer distinct sizes, or raise TPU_DIFFUSERS_RECOMPILE_LIMIT "
             f"and restart ComfyUI. The pipeline runs eager until it is compiled again. ({e})") from e
     except dynamo_exc.TorchDynamoException as e:
-        remove_compile(pipe)
+        remove(denoiser)
         root = _root_cause(e)
         cause = f"{type(root).__name__}: {_first_line(root)}" if root is not e else _first_line(e)
         folder = cache_folders()["inductor"]
         if folder in f"{root} {getattr(root, 'filename', '')}":  # e.g. not writable, or a damaged cached file
             raise CompileError(
-                f"compiling the transformer failed because the compile cache {folder} cannot be used ({cause}). "
+                f"compiling the denoiser failed because the compile cache {folder} cannot be used ({cause}). "
                 "Check that the folder is writable and its disk has space; if a file in it is damaged (e.g. by a "
                 "crash), stop ComfyUI and delete the folder: it is rebuilt. The pipeline runs eager until it is "
                 "compiled again.") from e
         offloaded = state.request.placement is Placement.MODEL_CPU_OFFLOAD
-        if state.scope is CompileScope.WHOLE and getattr(pipe.transformer, "_repeated_blocks", None):
+        if state.scope is CompileScope.WHOLE and getattr(denoiser, "_repeated_blocks", None):
             hint = "set scope to 'repeated_blocks', or turn fullgraph off"
         elif state.scope is CompileScope.WHOLE and offloaded:
             hint = ("turn fullgraph off, or use placement 'device' (model CPU offload hooks cannot be traced and "
-                    f"{type(pipe.transformer).__name__} declares no repeated blocks)")
+                    f"{type(denoiser).__name__} declares no repeated blocks)")
         else:
             hint = "turn fullgraph off"
-        raise CompileError(f"compiling the transformer ({state.scope}, fullgraph={state.request.fullgraph}, backend "
+        raise CompileError(f"compiling the denoiser ({state.scope}, fullgraph={state.request.fullgraph}, backend "
                            f"{state.request.backend}) failed: {cause}. Try: {hint}; or run eager. The pipeline runs "
                            f"eager until it is compiled again.") from e
 
@@ -249,3 +264,41 @@ def describe(state: CompileState, shape: tuple[int, int, int], activity: Compile
         return (f"compiled now for {width}x{height} (batch {batch}): {activity.graphs} graph(s) in "
                 f"{activity.seconds:.1f}s")
     return f"reused compiled graph for {width}x{height} (batch {batch})"
+
+
+def counted_run(state: CompileState | None, denoiser, shape: tuple[int, int, int], call):
+    """call() (one pipeline run) with the compiles it causes counted, recorded for `shape` and explained
+    when they fail; returns (its result, the compile activity)."""
+    if state is None:
+        return call(), CompileActivity()
+    with explained_compile_failures(state, denoiser), dynamo_limits(), watch_compiles() as activity:
+        result = call()
+    record_run(state, shape, activity)
+    return result, activity
+
+
+@dataclasses.dataclass
+class Warmup:
+    seconds: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def warm_up(state: CompileState | None, batch_size: int, run_size, on_progress=None) -> Warmup:
+    """Compile the warm-up sizes ahead, once per loaded pipeline, with progress (and so cancel) per size.
+    run_size(width, height, on_step) runs WARMUP_STEPS steps at that size; returns its CompileActivity."""
+    result = Warmup()
+    if state is None:
+        return result
+    pending = [(w, h) for w, h in state.warmup_sizes if (w, h, batch_size) not in state.warmed]
+    for index, (width, height) in enumerate(pending):
+
+        def on_step(_done, _total, index=index, label=f"warm-up {width}x{height}"):
+            if on_progress:
+                on_progress(index, len(pending), label)
+
+        activity = run_size(width, height, on_step)
+        shape = (width, height, batch_size)
+        state.warmed.add(shape)
+        result.seconds += activity.seconds
+        result.notes.append(f"warm-up: {describe(state, shape, activity)}")
+    return result

@@ -1,0 +1,44 @@
+"""The pipeline families TPU Diffusers runs: one module per family, all of its facts in one class.
+
+A family is a set of diffusers pipelines that share a denoiser architecture, text encoders, VAE and
+latent space (FLUX.1 text-to-image, Kontext and Fill are one family). It is found from the
+`_class_name` of a folder's `model_index.json` (`family_for`) or from a single file's keys
+(`single_file.family_of_file`). Everything that differs between families is a field of `Family`,
+not an `if` elsewhere. Adding a family: docs/adding_a_family.md.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserInputError
+from . import flux1, flux2, qwenimage, sd3
+from .base import TEXT2IMAGE, Family, FileKind, FileSlot  # noqa: F401  (re-exported)
+from .components import CLIP, KL_VAE, T5, WAN_VAE
+
+FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY)
+
+# Single-file detection order: the first kind with a matching key wins, so more specific kinds come first
+# (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks).
+FILE_KINDS: tuple[FileKind, ...] = (
+    flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
+    flux2.VAE, WAN_VAE, KL_VAE, CLIP, T5, qwenimage.QWEN25VL, flux2.MISTRAL3,
+)
+
+
+def supported() -> str:
+    return ", ".join(f"{f.name} ({', '.join(f.model_classes)})" for f in FAMILIES)
+
+
+def family_for(model_class, where: str = "") -> Family:
+    """The family a model_index.json `_class_name` belongs to; a clear error for anything else."""
+    if not isinstance(model_class, str):  # diffusers' custom-pipeline form: ["module", "Class"]
+        raise UserInputError(
+            f"{where or 'this model'} names a custom pipeline ({model_class!r} in model_index.json's _class_name), "
+            f"which TPU Diffusers does not run (it would execute the model's own code). Supported: {supported()}.")
+    for family in FAMILIES:
+        if model_class in family.model_classes:
+            return family
+    raise UserInputError(
+        f"{where or 'this model'} is a '{model_class}', which TPU Diffusers does not run. "
+        f"Supported pipelines: {supported()}. Pick a model folder of one of these."
+    )
+

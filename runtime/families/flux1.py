@@ -1,0 +1,37 @@
+"""FLUX.1 (Black Forest Labs): schnell and dev text-to-image; Kontext (edit) and Fill (inpaint) share it."""
+
+from .base import EDIT, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot
+from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
+
+TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
+                       lambda: diffusers_detection_keys("flux") + ("single_transformer_blocks.0.proj_mlp.weight",))
+
+
+def packed_2x2_latents(pipe, latents, height, width):
+    """(B, H*W/256, 64) tokens of 2x2 latent patches -> (B, 16, H/8, W/8)."""
+    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+
+
+FAMILY = Family(
+    name="FLUX.1",
+    model_classes={
+        "FluxPipeline": {TEXT2IMAGE: "FluxPipeline"},
+        "FluxKontextPipeline": {EDIT: "FluxKontextPipeline"},
+        "FluxFillPipeline": {INPAINT: "FluxFillPipeline"},
+    },
+    takes_negative_prompt=False,
+    guidance_kwarg="guidance_scale",
+    size_multiple=16,
+    default_steps=4,
+    latent_grid=packed_2x2_latents,
+    comfy_latent_format="Flux",
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("flux1-dev.safetensors", "flux1-schnell.safetensors", "flux1-dev-kontext_fp8_scaled.safetensors"),
+    file_slots=(
+        FileSlot("text_encoder", CLIP, "clip_l.safetensors", "text_encoders.clip_l.transformer."),
+        FileSlot("text_encoder_2", T5, "t5xxl_fp16.safetensors", "text_encoders.t5xxl.transformer."),
+        FileSlot("vae", KL_VAE, "ae.safetensors"),
+    ),
+    default_config_repo="black-forest-labs/FLUX.1-dev",
+    diffusers_model_types=("flux-dev", "flux-schnell", "flux-fill", "flux-depth"),
+)

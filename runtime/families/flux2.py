@@ -1,0 +1,41 @@
+"""FLUX.2 [dev] (Black Forest Labs): text-to-image (reference images come with the image-input tasks)."""
+
+from .base import TEXT2IMAGE, Family, FileKind, FileSlot
+from .components import diffusers_detection_keys
+
+TRANSFORMER = FileKind("flux2_transformer", "a FLUX.2 diffusion model",
+                       lambda: diffusers_detection_keys("flux2") + ("single_stream_modulation.linear.weight",))
+VAE = FileKind("flux2_vae", "a FLUX.2 VAE", lambda: ("bn.running_mean",))
+MISTRAL3 = FileKind("mistral3", "a Mistral 3 text encoder", lambda: (
+    "language_model.model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.q_proj.weight"))
+
+
+def patchified_latents(pipe, latents, height, width):
+    """FLUX.2 packs (B, 128, H/16, W/16) row by row into tokens: undo Flux2Pipeline._pack_latents, then its
+    own _unpatchify_latents gives (B, 32, H/8, W/8), the layout ComfyUI's Flux2 factors are for (its
+    latent_rgb_factors_reshape does the same)."""
+    side = 2 * pipe.vae_scale_factor
+    batch, _, channels = latents.shape
+    grid = latents.permute(0, 2, 1).reshape(batch, channels, height // side, width // side)
+    return pipe._unpatchify_latents(grid)
+
+
+FAMILY = Family(
+    name="FLUX.2",
+    model_classes={"Flux2Pipeline": {TEXT2IMAGE: "Flux2Pipeline"}},
+    takes_negative_prompt=False,
+    guidance_kwarg="guidance_scale",
+    size_multiple=16,
+    default_steps=28,
+    latent_grid=patchified_latents,
+    comfy_latent_format="Flux2",
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("flux2_dev_fp8mixed.safetensors",),
+    file_slots=(
+        FileSlot("text_encoder", MISTRAL3, "mistral_3_small_flux2_bf16.safetensors"),
+        FileSlot("vae", VAE, "flux2-vae.safetensors"),
+    ),
+    default_config_repo="black-forest-labs/FLUX.2-dev",
+    diffusers_model_types=("flux-2-dev",),
+)

@@ -1,0 +1,42 @@
+"""Qwen-Image (Alibaba Qwen): text-to-image and 2512; the Edit models (2509/2511) share the family.
+
+Its CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is Wan 2.1's, so ComfyUI
+previews it with the Wan21 latent format, one frame.
+"""
+
+from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot
+from .components import WAN_VAE
+
+TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",
+                       lambda: ("transformer_blocks.0.img_mod.1.weight",))
+QWEN25VL = FileKind("qwen25vl", "a Qwen2.5-VL text encoder", lambda: (
+    "model.layers.0.self_attn.q_proj.bias", "model.language_model.layers.0.self_attn.q_proj.bias"))
+
+
+def one_frame_latents(pipe, latents, height, width):
+    """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w) -> its one frame."""
+    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
+
+
+FAMILY = Family(
+    name="QwenImage",
+    model_classes={
+        "QwenImagePipeline": {TEXT2IMAGE: "QwenImagePipeline"},
+        "QwenImageEditPipeline": {EDIT: "QwenImageEditPipeline"},
+        "QwenImageEditPlusPipeline": {EDIT: "QwenImageEditPlusPipeline"},
+    },
+    takes_negative_prompt=True,
+    guidance_kwarg="true_cfg_scale",
+    size_multiple=16,
+    default_steps=50,
+    latent_grid=one_frame_latents,
+    comfy_latent_format="Wan21",
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_2512_fp8_e4m3fn.safetensors",
+                    "qwen_image_edit_2509_fp8_e4m3fn.safetensors"),
+    file_slots=(
+        FileSlot("text_encoder", QWEN25VL, "qwen_2.5_vl_7b_fp8_scaled.safetensors"),
+        FileSlot("vae", WAN_VAE, "qwen_image_vae.safetensors"),
+    ),
+    default_config_repo="Qwen/Qwen-Image",
+)

@@ -1,0 +1,35 @@
+"""Stable Diffusion 3 and 3.5 (Stability AI): Medium, Large, Large Turbo; T5 is optional."""
+
+from .base import TEXT2IMAGE, Family, FileKind, FileSlot
+from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
+
+TRANSFORMER = FileKind("sd3_transformer", "an SD3/SD3.5 diffusion model",
+                       lambda: diffusers_detection_keys("sd3") + ("pos_embed.proj.weight",))
+
+
+
+def spatial_latents(_pipe, latents, _height, _width):
+    """SD3 samples (B, 16, H/8, W/8): already image-shaped."""
+    return latents
+
+
+FAMILY = Family(
+    name="SD3/SD3.5",
+    model_classes={"StableDiffusion3Pipeline": {TEXT2IMAGE: "StableDiffusion3Pipeline"}},
+    takes_negative_prompt=True,
+    guidance_kwarg="guidance_scale",
+    size_multiple=16,
+    default_steps=40,
+    latent_grid=spatial_latents,
+    comfy_latent_format="SD3",
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("sd3.5_large.safetensors", "sd3.5_medium.safetensors", "sd3.5_large_turbo.safetensors"),
+    file_slots=(
+        FileSlot("text_encoder", CLIP, "clip_l.safetensors", "text_encoders.clip_l.transformer."),
+        FileSlot("text_encoder_2", CLIP, "clip_g.safetensors", "text_encoders.clip_g.transformer."),
+        FileSlot("text_encoder_3", T5, "t5xxl_fp16.safetensors", "text_encoders.t5xxl.transformer.", optional=True),
+        FileSlot("vae", KL_VAE, "the checkpoint's VAE"),
+    ),
+    default_config_repo="stabilityai/stable-diffusion-3.5-medium",
+    diffusers_model_types=("sd3", "sd35_large", "sd35_medium"),
+)

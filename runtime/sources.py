@@ -1,0 +1,135 @@
+"""Where a model comes from: a diffusers folder inside ComfyUI's model folders, or a hub id.
+
+Names from a shared workflow are resolved so that they never leave the model folders, and a hub id is
+only ever 'owner/name'. `read_model_index` reads what a pipeline folder says it holds; nothing here
+loads weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from .errors import ModelLoadError, UserInputError
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def list_model_folders(roots: list[str]) -> list[str]:
+    """Names (relative to a root) of the diffusers folders under the given model roots."""
+    names = set()
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            if "model_index.json" in filenames:
+                names.add(os.path.relpath(dirpath, root).replace(os.sep, "/"))
+                dirnames.clear()  # a pipeline's subfolders are its components, not more models
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return sorted(names)
+
+
+def resolve_model_folder(name: str, roots: list[str]) -> str:
+    """The absolute folder for a model name from a workflow, never outside the model roots."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or os.path.isabs(name) or ".." in parts:
+        raise UserInputError(f"model name '{name}' is not a folder name inside models/diffusers; "
+                             "pick a model from the list.")
+    for root in roots:
+        root = os.path.abspath(root)
+        candidate = os.path.normpath(os.path.join(root, *parts))
+        if os.path.commonpath([root, candidate]) == root and os.path.isdir(candidate):
+            return candidate
+    raise UserInputError(f"model folder '{name}' was not found in {', '.join(roots) or 'models/diffusers'}; "
+                         "put the diffusers folder there (it has a model_index.json) or pick another model.")
+
+
+def read_model_index(source: str, is_folder: bool) -> dict:
+    if is_folder:
+        path = os.path.join(source, "model_index.json")
+        if not os.path.isfile(path):
+            raise UserInputError(f"'{source}' is not a diffusers pipeline folder: it has no model_index.json. "
+                                 "Point the loader at the folder that contains model_index.json.")
+    else:
+        path = _hub_model_index(source)
+    try:
+        with open(path) as f:
+            index = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"model_index.json of '{source}' cannot be read ({e}); re-download the model.") from e
+    if not isinstance(index, dict) or "_class_name" not in index:
+        raise UserInputError(f"model_index.json of '{source}' names no pipeline class (_class_name); "
+                             "it is not a diffusers pipeline.")
+    return index
+
+
+def _hub_model_index(repo_id: str) -> str:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return hf_hub_download(repo_id, "model_index.json")
+    except LocalEntryNotFoundError as e:
+        raise UserInputError(
+            f"'{repo_id}' is not in the local Hugging Face cache and this machine cannot download it "
+            f"(offline or HF_HUB_OFFLINE=1). Download it where there is network, e.g. "
+            f"`huggingface-cli download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, "
+            f"then pick that folder in the list.") from e
+
+
+def components(index: dict) -> dict[str, tuple[str, str]]:
+    """{component name: (library, class)} for the components a pipeline folder provides."""
+    out = {}
+    for name, value in index.items():
+        if name.startswith("_") or not isinstance(value, list) or len(value) != 2 or None in value:
+            continue
+        out[name] = (value[0], value[1])
+    return out
+
+
+def is_hub_id(source: str) -> bool:
+    """Folders are always absolute paths; anything else must be an 'owner/name' hub id, so a
+    workflow cannot smuggle in a relative path that diffusers would read as a local folder."""
+    return not os.path.isabs(source)
+
+
+def check_hub_id(text: str) -> str:
+    """A hub id from a workflow, refused unless it is exactly 'owner/name' (never a path)."""
+    if not HUB_ID.match(text):
+        raise UserInputError(f"'{text}' is not a hub id like 'owner/name'. To use a local model, put its "
+                             "folder in models/diffusers and pick it in the list.")
+    return text
+
+
+def check_source(source: str) -> bool:
+    """Refuse a malformed hub id or a missing folder; returns whether `source` is a hub id."""
+    if is_hub_id(source):
+        check_hub_id(source)
+        return True
+    if not os.path.isdir(source):
+        raise UserInputError(f"model folder '{source}' does not exist.")
+    return False
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth")
+
+
+def has_weights(pipeline_folder: str, name: str) -> bool:
+    """Whether component `name` of a diffusers folder holds weights (a configs-only download holds none)."""
+    folder = os.path.join(pipeline_folder, name)
+    return os.path.isdir(folder) and any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(folder))
+
+
+def local_folder(source: str) -> str:
+    """The folder to load from: the source itself, or the hub snapshot diffusers downloads (or finds cached)."""
+    if not check_source(source):
+        return source
+    from diffusers import DiffusionPipeline
+
+    try:
+        return DiffusionPipeline.download(source)
+    except OSError as e:
+        raise UserInputError(f"'{source}' could not be downloaded ({e}). Download it where there is network, "
+                             f"then put the folder in models/diffusers and pick it in the list.") from e
+
