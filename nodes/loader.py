@@ -1,5 +1,7 @@
 """TPU Loader: pick a diffusers model; checked now, loaded only when a Sampler needs it."""
 
+import asyncio
+
 from comfy_api.latest import io
 
 import folder_paths
@@ -42,29 +44,11 @@ class TPULoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, model: str | None = None, hub_id: str | None = None,
-                        device: str | None = None) -> bool | str:
-        """Checked when the prompt is queued, so a bad choice is refused on this node before any node
-        runs; execute checks again (a folder can change in between). An input fed by a link arrives
-        as None and is checked when the node runs. A hub id is only checked for its form here:
-        looking it up may need the network, and this runs while the server answers the request.
-        ComfyUI skips its own list check for the inputs named here; these checks cover it."""
-        try:
-            if device is not None:
-                resolve_device(device)
-        except UserInputError as e:
-            return str(e)
-        if hub_id is None:  # fed by a link: which source is used is known when the node runs
-            return True
-        field = "hub_id" if hub_id.strip() else "model"
-        try:
-            if hub_id.strip():
-                check_hub_id(hub_id.strip())
-            elif model is not None:
-                inspect_source(resolve_model_folder(model, model_roots()))
-        except (UserInputError, ModelLoadError) as e:
-            return f"{field}: {e}"  # the message names the folder or id, this says which input
-        return True
+    async def validate_inputs(cls, model: str | None = None, hub_id: str | None = None,
+                              device: str | None = None) -> bool | str:
+        """Checked when the prompt is queued; ComfyUI awaits this on its event loop, so the folder's
+        files are read in a thread and the server keeps answering."""
+        return await asyncio.to_thread(check_choices, model, hub_id, device)
 
     @classmethod
     def execute(cls, model: str, hub_id: str, dtype: str, device: str) -> io.NodeOutput:
@@ -72,3 +56,27 @@ class TPULoader(io.ComfyNode):
         source = check_hub_id(hub_id.strip()) if hub_id.strip() else resolve_model_folder(model, model_roots())
         handle = PipelineHandle.of(source=source, model_class=inspect_source(source), dtype=dtype, device=device)
         return io.NodeOutput(handle)
+
+
+def check_choices(model: str | None, hub_id: str | None, device: str | None) -> bool | str:
+    """Checked when the prompt is queued, so a bad choice is refused on this node before any node
+    runs; execute checks again (a folder can change in between). An input fed by a link arrives
+    as None and is checked when the node runs. A hub id is only checked for its form here:
+    looking it up may need the network, and this runs while the server answers the request.
+    ComfyUI skips its own list check for the inputs named here; these checks cover it."""
+    try:
+        if device is not None:
+            resolve_device(device)
+    except UserInputError as e:
+        return str(e)
+    if hub_id is None:  # fed by a link: which source is used is known when the node runs
+        return True
+    field = "hub_id" if hub_id.strip() else "model"
+    try:
+        if hub_id.strip():
+            check_hub_id(hub_id.strip())
+        elif model is not None:
+            inspect_source(resolve_model_folder(model, model_roots()))
+    except (UserInputError, ModelLoadError) as e:
+        return f"{field}: {e}"  # the message names the folder or id, this says which input
+    return True

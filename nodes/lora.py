@@ -1,6 +1,8 @@
 """TPU LoRA: add a LoRA from models/loras to the pipeline; chain several. Fused into the loaded weights
 when the Sampler runs, so the base model is not reloaded and compiled graphs are reused."""
 
+import asyncio
+
 from comfy_api.latest import io
 
 import folder_paths
@@ -43,19 +45,11 @@ class TPULora(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, lora_name: str | None = None, strength: float | None = None) -> bool | str:
+    async def validate_inputs(cls, lora_name: str | None = None, strength: float | None = None) -> bool | str:
         """Checked when the prompt is queued (file in models/loras, readable, LoRA weights); ComfyUI skips
-        its own list and range checks for the inputs named here, so these cover them."""
-        try:
-            if lora_name is not None:
-                lora_path(lora_name)
-            if strength is not None and not -MAX_STRENGTH <= strength <= MAX_STRENGTH:
-                raise UserInputError(f"strength {strength} is outside -{MAX_STRENGTH}..{MAX_STRENGTH}.")
-        except UserInputError as e:
-            return str(e)
-        except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses
-            return f"cannot read the LoRA file ({type(e).__name__}: {e}); check it and pick again."
-        return True
+        its own list and range checks for the inputs named here, so these cover them. The file's header
+        is read in a thread: ComfyUI awaits this on its event loop."""
+        return await asyncio.to_thread(check_choice, lora_name, strength)
 
     @classmethod
     def execute(cls, pipeline, lora_name: str, strength: float) -> io.NodeOutput:
@@ -65,3 +59,16 @@ class TPULora(io.ComfyNode):
         # a LoRA of another family fails here, on this node, against the model's configs (no weights loaded)
         check_lora_fits(pipeline.model_class, config_folder(pipeline.source), lora)
         return io.NodeOutput(pipeline.replace(loras=(*pipeline.loras, lora)))
+
+
+def check_choice(lora_name: str | None, strength: float | None) -> bool | str:
+    try:
+        if lora_name is not None:
+            lora_path(lora_name)
+        if strength is not None and not -MAX_STRENGTH <= strength <= MAX_STRENGTH:
+            raise UserInputError(f"strength {strength} is outside -{MAX_STRENGTH}..{MAX_STRENGTH}.")
+    except UserInputError as e:
+        return str(e)
+    except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses
+        return f"cannot read the LoRA file ({type(e).__name__}: {e}); check it and pick again."
+    return True

@@ -79,7 +79,7 @@ def test_launch_env_helper_takes_nproc_per_node(torch_tpu):
 
 @pytest.mark.process
 def test_the_launch_env_printer_the_readme_documents_runs(torch_tpu):
-    """`python -m torch.tpu.distributed` (README, multi-host): prints the launch environment on a TPU
+    """`python -m torch.tpu.distributed` (docs/parallelism.md, multi-host): prints the launch environment on a TPU
     host; without a chip it stops with TorchTPU's own message (not an ImportError)."""
     done = subprocess.run([sys.executable, "-m", "torch.tpu.distributed"], capture_output=True, text=True,
                           timeout=300)  # inherits TPU_SKIP_MDS_QUERY=1 where there is no TPU (the runtime sets it)

@@ -20,7 +20,7 @@ def test_two_ranks_from_single_files_give_the_single_process_image_each_holding_
     single = Engine().generate(handle, request)
     engine = Engine()
     try:
-        result = engine.generate(PipelineHandle.of(**{**handle.__dict__, "mesh": MeshSpec(chips=2)}), request)
+        result = engine.generate(handle.replace(mesh=MeshSpec(chips=2)), request)
     finally:
         engine.unload()
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)

@@ -85,7 +85,7 @@ def cell_handle(source: str, cell: str, device: str):
     from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, MeshSpec, Placement
 
     transformer_class = components(read_model_index(source, is_folder=True))["transformer"][1]
-    # The README's recipe: under offload, scope auto compiles the repeated blocks; a transformer that
+    # The recipe (docs/compiled_mode.md): under offload, scope auto compiles the repeated blocks; a transformer that
     # declares none (SD3) is compiled whole there, which needs fullgraph off.
     has_blocks = bool(getattr(getattr(diffusers, transformer_class), "_repeated_blocks", None))
     fields = {
