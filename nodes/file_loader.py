@@ -34,12 +34,14 @@ def model_path(name: str) -> str:
 
 def plan_choices(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str, configs: str):
     """The node's choices (names inside ComfyUI's folders) resolved to paths and planned by the runtime:
-    (configs source, model class, files); raises UserInputError."""
+    (configs source, model class, files); raises UserInputError. The model is resolved first: its error
+    is the one to show when several files are missing."""
+    model_file = model_path(model)
     picked = {slot: resolve_model_file(name, folder_paths.get_folder_paths("text_encoders"), "text_encoders")
               for slot, name in zip(ENCODER_SLOTS, (text_encoder, text_encoder_2, text_encoder_3)) if name != NONE}
     if vae != NONE:
         picked["vae"] = resolve_model_file(vae, folder_paths.get_folder_paths("vae"), "vae")
-    return plan(model_path(model), picked, configs, folder_paths.get_folder_paths("diffusers"))
+    return plan(model_file, picked, configs, folder_paths.get_folder_paths("diffusers"))
 
 
 def check_choices(choices: tuple, device: str | None) -> bool | str:
