@@ -17,7 +17,7 @@ from .device import DeviceInfo, available_host_memory_bytes, peak_memory_bytes, 
 from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, world_size
 from .errors import CompileError, LoraUnloadError, UserInputError, WorkerGroupError
-from .families import Family
+from .families import Family, family_for
 from .features import compilation
 from .features.lora import LORA_WITH_MESH, apply_loras
 from .features.preview import PreviewSpec
@@ -114,14 +114,14 @@ class Engine:
     @staticmethod
     def denoiser(entry: LoadedPipeline, handle: PipelineHandle):
         """The loaded pipeline's denoising model (transformer or unet)."""
-        return getattr(entry.pipe, check_runnable(handle.model_class).denoiser)
+        return getattr(entry.pipe, family_for(handle.model_class).denoiser)
 
     def generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None = None,
                  preview: PreviewSpec | None = None) -> Generation:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
         family = check_runnable(handle.model_class)
-        task, pipeline_class = task_for(handle.model_class, request)
+        task, pipeline_class = task_for(family, handle.model_class)
         task.validate(family, request)  # fail before loading anything
         check_host_memory(task, request, available_host_memory_bytes())
         notes = []

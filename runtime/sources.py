@@ -74,7 +74,7 @@ def _hub_model_index(repo_id: str) -> str:
         raise UserInputError(
             f"'{repo_id}' is not in the local Hugging Face cache and this machine cannot download it "
             f"(offline or HF_HUB_OFFLINE=1). Download it where there is network, e.g. "
-            f"`huggingface-cli download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, "
+            f"`hf download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, "
             f"then pick that folder in the list.") from e
 
 

@@ -116,7 +116,7 @@ def test_missing_component_folder_is_reported(copy_of):
 
 
 def test_hub_id_offline_says_how_to_get_the_folder():
-    with pytest.raises(UserInputError, match="huggingface-cli download someone/some-model"):
+    with pytest.raises(UserInputError, match="hf download someone/some-model"):
         inspect_source("someone/some-model")
 
 

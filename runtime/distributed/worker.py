@@ -224,8 +224,9 @@ class RankWorker:
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         request = SampleRequest(**command["request"])
-        task, _ = task_for(handle.model_class, request)
-        task.validate(check_runnable(handle.model_class), request)  # on every rank, even one with no image
+        family = check_runnable(handle.model_class)
+        task, _ = task_for(family, handle.model_class)
+        task.validate(family, request)  # on every rank, even one with no image
         mesh = self.device_mesh(handle.mesh)
         replicas, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")

@@ -31,10 +31,10 @@ def check_runnable(model_class, where: str = "") -> Family:
     return family
 
 
-def task_for(model_class: str, request: SampleRequest) -> tuple[Task, str]:
-    """The task for a request on a model of `model_class`, and the diffusers class that runs it."""
-    family = check_runnable(model_class)
-    task = TASKS[runnable_tasks(family, model_class)[0]]  # without image inputs: text to image
+def task_for(family: Family, model_class: str) -> tuple[Task, str]:
+    """The task a model of `model_class` (checked with check_runnable) runs, and the diffusers class that
+    runs it. Without image inputs that is text to image; image inputs will choose among several here."""
+    task = TASKS[runnable_tasks(family, model_class)[0]]
     return task, family.pipeline_for(model_class, task.name)
 
 
@@ -50,5 +50,5 @@ def check_host_memory(task: Task, request: SampleRequest, available: int | None)
 
 def run_pipeline(pipe, family: Family, request: SampleRequest, on_step=None, preview=None):
     """Sample `request` with a loaded pipeline of `family`, as the task its class runs."""
-    task, _ = task_for(type(pipe).__name__, request)
+    task, _ = task_for(family, type(pipe).__name__)
     return task.run(pipe, family, request, on_step, preview)

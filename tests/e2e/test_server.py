@@ -129,7 +129,7 @@ def test_offline_hub_id_says_to_download_it_and_is_never_read_as_a_folder(server
     prompt["1"]["inputs"]["hub_id"] = hub_id
     error = execution_error(server.run(prompt, timeout=300))
     assert error["node_id"] == "1"
-    assert f"huggingface-cli download {hub_id} " in error["exception_message"]
+    assert f"hf download {hub_id} " in error["exception_message"]
 
 
 def test_cancel_stops_a_long_run_and_the_next_run_succeeds(server, workflow):
