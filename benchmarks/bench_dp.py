@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     rows = {}  # (label, batch) -> images per second
     device = "?"
     for label, mesh in shapes(args.ranks, args.tp):
-        handle = PipelineHandle.of(**{**base.__dict__, "mesh": mesh})
+        handle = base.replace(mesh=mesh)
         for batch in batches:
             request = SampleRequest(prompt=PROMPT, width=width, height=height, steps=args.steps, guidance=0.0,
                                     batch_size=batch)

@@ -33,7 +33,7 @@ from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
 from tpu_diffusers_runtime.features.preview import Previewer, PreviewSpec
-from tpu_diffusers_runtime.tasks import SampleRequest, pipeline_kwargs
+from tpu_diffusers_runtime.tasks import TASKS, SampleRequest
 
 # Latent channels per ComfyUI latent format: the cost depends on the shape of the factors, not on their values
 # (the real ones are ComfyUI's, which this benchmark does not import).
@@ -69,7 +69,7 @@ def preview_work_seconds(pipe, family, request, spec, repeat: int = 30) -> float
     """The preview work of one step alone (fastest of `repeat`), on latents of this run's shape taken
     from the pipeline's own loop: a figure that the machine's noise barely touches."""
     latents = []
-    pipe(**pipeline_kwargs(family, dataclasses.replace(request, steps=1)),
+    pipe(**TASKS["text2image"].pipeline_kwargs(family, dataclasses.replace(request, steps=1)),
          callback_on_step_end=lambda _pipe, _step, _t, kwargs: latents.append(kwargs["latents"]) or kwargs)
     previewer = Previewer(spec, pipe, family, request.height, request.width)
     return min(timeit.repeat(lambda: comfy_side(previewer(latents[0])), number=1, repeat=repeat))

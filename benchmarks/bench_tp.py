@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     base = PipelineHandle.of(source=str(model), model_class=inspect_source(str(model)), device=args.device)
     engine = Engine()
     rows = []
-    sharded = PipelineHandle.of(**{**base.__dict__, "mesh": MeshSpec(chips=args.ranks)})
+    sharded = base.replace(mesh=MeshSpec(chips=args.ranks))
     for ranks, spec in ((args.ranks, sharded), (1, base)):
         for seed in (0, 1):  # the first run loads (and launches the workers); the second is timed
             clock = StepClock()
