@@ -28,3 +28,4 @@ def _comfyui_user_directory():
 
 process_env = importlib.import_module(_load_runtime().__name__ + ".process_env")
 process_env.apply(process_env.default_root(_comfyui_user_directory()))
+process_env.keep_tpu_out_of_comfyui()

@@ -14,7 +14,7 @@ import os
 import sys
 
 from . import settings
-from .device import prepare_tpu_environment
+from .device import keep_tpu_for_workers, prepare_tpu_environment
 from .errors import SettingError
 
 log = logging.getLogger("tpu_diffusers")
@@ -105,3 +105,9 @@ def compile_cache_settings() -> dict[str, str]:
     return {"inductor": os.environ.get(INDUCTOR_CACHE, ""), "tpu_tier3": os.environ.get(TPU_TIER3_CACHE, ""),
             "tpu_tier2": os.environ.get(TPU_TIER2_CACHE, ""), "xla_options": os.environ.get(TPU_XLA_OPTIONS, ""),
             "applied": os.environ.get(APPLIED_ENV, "no")}
+
+
+def keep_tpu_out_of_comfyui() -> None:
+    """ComfyUI's process only (its prestartup script): with runs on a TPU in worker processes, torch
+    here must not load TorchTPU (device.keep_tpu_for_workers)."""
+    keep_tpu_for_workers(_setting_or("TPU_DIFFUSERS_WORKER_PROCESS", "tpu", "Runs on a TPU go to worker processes."))

@@ -65,6 +65,14 @@ def _xla_level(text: str) -> str:
     return text.upper()
 
 
+def _choice(*values: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in values:
+            raise ValueError(f"it must be one of {', '.join(values)}")
+        return text.lower()
+    return parse
+
+
 def _cache_location(text: str) -> str:
     """A local folder (made absolute) or a gs:// location, which TorchTPU's tier-3 cache reads itself."""
     if text.startswith("gs://"):
@@ -85,7 +93,9 @@ class Setting:
 
     @property
     def default_text(self) -> str:
-        return "unset" if self.default is None else f"{self.default:g}"
+        if self.default is None:
+            return "unset"
+        return self.default if isinstance(self.default, str) else f"{self.default:g}"
 
 
 SETTINGS = {setting.name: setting for setting in (
@@ -105,6 +115,15 @@ SETTINGS = {setting.name: setting for setting in (
             "Where compiled artifacts persist across restarts, instead of ComfyUI/user/tpu_diffusers/compile_cache; "
             "a gs:// location is TorchTPU's tier-3 cache, which every host of a slice can share. Read when ComfyUI "
             "starts.", _cache_location),
+    Setting("TPU_DIFFUSERS_WORKER_PROCESS", "tpu, always or never", "tpu",
+            "Where runs execute: tpu = runs on a TPU go to a warm worker group (one rank for a single-chip workflow), "
+            "so ComfyUI's own process never opens the TPU; CUDA and CPU runs stay in ComfyUI's process. always = every "
+            "run goes to worker processes (any device). never = single-chip runs stay in ComfyUI's process (a TP Mesh "
+            "still launches workers). Read when ComfyUI starts.", _choice("tpu", "always", "never")),
+    Setting("TPU_DIFFUSERS_DOWNLOADS", "allow or forbid", "allow",
+            "Whether a hub id in a workflow may download a model that is not on disk yet. forbid = only models "
+            "already on disk (or in the Hugging Face cache) load, as ComfyUI itself never downloads a model "
+            "because a workflow names it.", _choice("allow", "forbid")),
     Setting("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "O0, O1, O2 or O3", None,
             "TorchTPU's XLA optimisation level (O0 compiles fastest), instead of TorchTPU's default. Read when "
             "ComfyUI starts.", _xla_level),

@@ -38,10 +38,11 @@ def _processes():
 
 
 def launched_workers(parent: int | None = None) -> list[int]:
-    """Live torchrun launchers started by `parent` (default: this process), i.e. the worker groups it launched."""
+    """Live worker launchers (launcher.py, which runs torchrun) started by `parent` (default: this process),
+    i.e. the worker groups it launched."""
     parent = os.getpid() if parent is None else parent
     return [pid for pid, ppid, command in _processes()
-            if ppid == parent and b"torch.distributed.run" in command and pid_alive(pid)]
+            if ppid == parent and b"distributed/launcher.py" in command and pid_alive(pid)]
 
 
 def children(parent: int) -> list[int]:

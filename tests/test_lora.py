@@ -284,8 +284,8 @@ def test_loras_with_a_tp_mesh_are_refused_before_anything_launches(tiny, loras, 
     engine = Engine()
     monkeypatch.setattr(engine.workers, "get", lambda *a, **k: pytest.fail("a worker group was launched"))
     mesh_handle = with_loras(handle(tiny, mesh=MeshSpec(chips=2)), (loras["flux1-schnell"], 1.0))
-    with pytest.raises(UserInputError, match="LoRAs are not supported with a TP Mesh yet: the sharded transformer's "
-                                             "weights are DTensors"):
+    with pytest.raises(UserInputError, match="LoRAs are not supported with tensor parallelism \\(tp above 1\\) "
+                                             "yet: the sharded transformer's weights are DTensors"):
         engine.generate(mesh_handle, request())
     assert len(engine.cache) == 0
 

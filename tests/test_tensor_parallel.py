@@ -256,9 +256,9 @@ def test_an_unreadable_config_is_a_model_load_error(tiny, tmp_path, name):
         check_mesh(MeshSpec(chips=2), str(folder), device_info("cpu"))
 
 
-def _accept_one(listener):
+def _accept_one(listener, key):
     with contextlib.suppress(channel.AuthenticationError, OSError, EOFError):
-        listener.accept()
+        channel.accept(listener, key)
 
 
 @pytest.mark.parametrize("address, key, raised, message", [
@@ -274,10 +274,10 @@ def test_each_way_a_connection_fails_has_its_own_message(address, key, raised, m
     workers_key = channel.new_key()
     with contextlib.ExitStack() as stack:
         if address == "LISTENING":
-            listener = channel.listen(f"127.0.0.1:{free_port()}", workers_key)
+            listener = channel.listen("127.0.0.1:0")
             stack.callback(listener.close)
-            threading.Thread(target=_accept_one, args=(listener,), daemon=True).start()
-            address = "%s:%d" % listener.address
+            threading.Thread(target=_accept_one, args=(listener, workers_key), daemon=True).start()
+            address = "127.0.0.1:%d" % listener.getsockname()[1]
         elif address == "SILENT":
             silent = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
             address = "127.0.0.1:%d" % silent.getsockname()[1]

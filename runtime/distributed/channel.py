@@ -1,21 +1,28 @@
 """The control channel between the ComfyUI process and rank 0 of a worker group.
 
-Built on `multiprocessing.connection`: its HMAC challenge with a per-launch random key runs
-before a single message is read, so an unauthenticated peer gets nothing. Messages are JSON
-(and raw bytes for images), never pickles. Rank 0 binds to loopback unless told another
-address (attach mode across hosts). Every wait on the ComfyUI side has a timeout.
+The handshake is `multiprocessing.connection`'s HMAC challenge with a per-launch random key, both
+ways, before a single message is read, so an unauthenticated peer gets nothing; it is bounded in
+time (a kernel receive/send timeout on the socket), so a peer that connects and stays silent is
+dropped after HANDSHAKE_SECONDS instead of holding rank 0. After it, messages follow protocol.py:
+JSON with binary payloads, bounded in size, never pickles. Rank 0 binds to loopback unless told
+another address (attach mode across hosts).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import secrets
-import threading
+import socket
+import struct
+import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from ..errors import UserInputError
 from ..settings import KEY_BYTES, KEY_ENV, decode_key  # noqa: F401  (KEY_ENV: the channel's variable)
+from . import protocol
+
+HANDSHAKE_SECONDS = 5.0  # a peer that has not authenticated by then is dropped
 
 
 def new_key() -> str:
@@ -29,11 +36,65 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def listen(address: str, key: str) -> Listener:
-    return Listener(parse_address(address), authkey=decode_key(key))
+class Channel:
+    """One authenticated connection: messages with payloads, both ways."""
+
+    def __init__(self, sock: socket.socket, peer: str):
+        self.sock, self.peer = sock, peer
+
+    def send(self, message: dict, payloads: list[bytes] = ()) -> None:
+        protocol.send(self.sock, message, payloads)
+
+    def receive(self, timeout: float | None = None) -> tuple[dict, list[bytes]] | None:
+        return protocol.receive(self.sock, timeout)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-def connect(address: str, key: str, timeout: float) -> Connection:
+def _kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Bound each blocking read and write on the socket (0: no bound). The stdlib handshake reads the
+    file descriptor directly, so a Python-level socket timeout would not apply to it."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, value)
+
+
+def _handshake(sock: socket.socket, authkey: bytes, serving: bool, seconds: float) -> None:
+    """Both sides prove they hold the key (the order is Listener.accept's and Client's)."""
+    _kernel_timeouts(sock, max(seconds, 0.01))
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        if serving:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        else:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+    finally:
+        conn.close()
+        _kernel_timeouts(sock, 0)
+
+
+def listen(address: str) -> socket.socket:
+    """Rank 0's listening socket (port 0: the system picks a free one, read back with getsockname)."""
+    return socket.create_server(parse_address(address), backlog=8)
+
+
+def accept(server: socket.socket, key: str) -> Channel:
+    """The next client that authenticates within HANDSHAKE_SECONDS. Raises (after closing the client's
+    socket) AuthenticationError for a wrong key, EOFError for a peer that left, OSError for a silent one."""
+    sock, peer = server.accept()
+    try:
+        _handshake(sock, decode_key(key), serving=True, seconds=HANDSHAKE_SECONDS)
+    except BaseException:
+        sock.close()
+        raise
+    return Channel(sock, "%s:%d" % peer[:2])
+
+
+def connect(address: str, key: str, timeout: float) -> Channel:
     """Connect and authenticate within `timeout` seconds.
 
     Each cause of failure has its own error: a malformed address or key is a UserInputError before
@@ -41,53 +102,30 @@ def connect(address: str, key: str, timeout: float) -> Connection:
     (worth retrying while workers start); a key the workers refuse is a UserInputError.
     """
     target, authkey = parse_address(address), decode_key(key)
-    result: dict = {}
-    lock = threading.Lock()
-
-    def attempt():
-        try:
-            conn = Client(target, authkey=authkey)
-        except (OSError, EOFError, AuthenticationError) as e:
-            result["error"] = e
-            return
-        with lock:
-            if result.get("abandoned"):
-                conn.close()  # too late: the caller has moved on
-            else:
-                result["conn"] = conn
-
-    thread = threading.Thread(target=attempt, daemon=True)  # Client() itself has no timeout
-    thread.start()
-    thread.join(timeout)
-    with lock:
-        result["abandoned"] = "conn" not in result
-    if "conn" in result:
-        return result["conn"]
-    error = result.get("error")
-    if isinstance(error, AuthenticationError):
-        raise UserInputError(f"the workers at {address} refused the key: check the key they printed at start.")
-    if isinstance(error, ConnectionRefusedError):
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection(target, timeout=timeout)
+    except ConnectionRefusedError:
         raise ConnectionError(f"nothing listens at {address} (connection refused): start the workers, or check "
-                              "the host and port they printed.")
-    if error is None:
-        raise ConnectionError(f"no answer from {address} within {timeout:.0f}s: is it the workers' control "
-                              "channel, and are they busy with another client?")
-    if isinstance(error, EOFError):
+                              "the host and port they printed.") from None
+    except TimeoutError:
+        raise ConnectionError(f"no answer from {address} within {timeout:.0f}s (it does not accept connections); "
+                              "check the host and port.") from None
+    except OSError as e:
+        raise ConnectionError(f"cannot reach {address} ({e}).") from None
+    sock.settimeout(None)
+    try:
+        _handshake(sock, authkey, serving=False, seconds=deadline - time.monotonic())
+    except AuthenticationError:
+        sock.close()
+        raise UserInputError(f"the workers at {address} refused the key: check the key they printed at start.") \
+            from None
+    except EOFError:
+        sock.close()
         raise ConnectionError(f"{address} closed the connection during the handshake: is it the workers' "
-                              "control channel?")
-    raise ConnectionError(f"cannot reach {address} ({error}).")
-
-
-def send(conn: Connection, message: dict, payload: bytes | None = None) -> None:
-    conn.send_bytes(json.dumps({**message, "has_payload": payload is not None}).encode())
-    if payload is not None:
-        conn.send_bytes(payload)
-
-
-def receive(conn: Connection, timeout: float | None = None) -> tuple[dict, bytes | None] | None:
-    """The next message and its payload; None if nothing came within `timeout` seconds."""
-    if timeout is not None and not conn.poll(timeout):
-        return None
-    message = json.loads(conn.recv_bytes())
-    payload = conn.recv_bytes() if message.pop("has_payload") else None
-    return message, payload
+                              "control channel?") from None
+    except OSError:
+        sock.close()
+        raise ConnectionError(f"no answer from {address} within {timeout:.0f}s: is it the workers' control "
+                              "channel, and are they busy with another client?") from None
+    return Channel(sock, address)

@@ -1,9 +1,11 @@
-"""Launch (or attach to) a tensor-parallel worker group and run prompts on it.
+"""Launch (or attach to) a worker group and run prompts on it.
 
-A local group is `python -m torch.distributed.run --standalone --nproc_per_node=N worker.py`:
-torch's own launcher starts, watches and stops the ranks. We only keep the launcher process,
-its log, and an authenticated connection to rank 0. The group stays up between prompts;
-"Unload Models", a new model or mesh, a failure and ComfyUI's exit stop it.
+A local group is launcher.py running torch's own launcher (torchrun: `--standalone --nproc_per_node=N
+worker.py`), which starts, watches and stops the ranks. We only keep the launcher process, a private
+folder with its log, and an authenticated connection to rank 0. The group stays up between prompts
+and across models (the ranks' pipeline cache evicts the old model); "Unload Models", another number
+of ranks, a failure and ComfyUI's exit stop it. Every process of it ends when ComfyUI is gone
+(lifeline.py); we signal only the launcher, our own child, never a pid read from elsewhere.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import atexit
 import dataclasses
 import os
 import re
-import signal
-import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,17 +25,12 @@ from .. import device as device_module
 from .. import errors, settings
 from ..errors import UserInputError, WorkerGroupError
 from ..specs import MeshSpec, Workers
-from . import channel
+from . import channel, lifeline, protocol
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-POLL_SECONDS = 0.25
+LAUNCHER_SCRIPT = Path(__file__).with_name("launcher.py")
+POLL_SECONDS = 0.1
 TERMINATE_GRACE_SECONDS = 15  # torchrun's own teardown of its ranks after SIGTERM
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def root_cause(log_text: str) -> str:
@@ -60,66 +56,65 @@ def root_cause(log_text: str) -> str:
     return "the worker group stopped: " + (" | ".join(tail) or "no output")
 
 
-def tpu_launch_env(world_size: int) -> dict:
-    """What TorchTPU's launcher set-up adds for `world_size` ranks on this host (slice-builder
-    addresses, topology), without leaving it in ComfyUI's own environment."""
-    import torch
-
-    device_module.note_experimental("torch.tpu.distributed.set_tpu_launch_env",
-                                    "it prepares the environment of locally launched TP workers")
-    before = dict(os.environ)
-    torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=world_size)
-    added = {name: value for name, value in os.environ.items() if before.get(name) != value}
-    os.environ.clear()
-    os.environ.update(before)
-    return added
+def launch_env(key: str) -> dict:
+    """The environment for a local group: ComfyUI's own, plus the key, with TorchTPU's autoload as the
+    user had it (ComfyUI's process keeps TorchTPU out, see device.keep_tpu_for_workers). A copy:
+    ComfyUI's os.environ is never changed, as other threads read it."""
+    env = {**device_module.worker_environment(os.environ), channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
+    env.pop(lifeline.LAUNCHER_PID_ENV, None)
+    return env
 
 
 class WorkerGroup:
     def __init__(self, conn, address: str, world_size: int, process: subprocess.Popen | None = None,
-                 log_path: Path | None = None):
+                 folder: Path | None = None):
         self.conn, self.address, self.world_size = conn, address, world_size
-        self.process, self.log_path = process, log_path
+        self.process, self.folder = process, folder  # folder: a launched group's private log and port file
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.folder / "workers.log" if self.folder else None
 
     # --- start
     @classmethod
     def launch(cls, world_size: int, device: device_module.DeviceInfo, on_progress=None) -> "WorkerGroup":
-        """Start the ranks and connect to rank 0; `on_progress` is called while waiting and may raise to cancel."""
+        """Start the ranks and connect to rank 0; `on_progress` is called while waiting and may raise to cancel.
+
+        Rank 0 binds a free loopback port itself and writes it to a file in a folder only this user can
+        read (the log there holds tracebacks and paths), so no other process can take the port between
+        choosing and binding it."""
         launch_timeout = settings.get("TPU_DIFFUSERS_LAUNCH_TIMEOUT")
-        key, port = channel.new_key(), _free_port()
-        env = {**os.environ, **(tpu_launch_env(world_size) if device.type == "tpu" else {}),
-               channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
-        address = f"127.0.0.1:{port}"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-                   "--max_restarts=0", str(WORKER_SCRIPT), "--control", address]
-        # A new file only this user can read (the log holds tracebacks and paths), never one planted in
-        # the shared temp folder under a name guessed in advance.
-        log_fd, log_name = tempfile.mkstemp(prefix="tpu_diffusers_workers_", suffix=".log")
-        log_path = Path(log_name)
-        with os.fdopen(log_fd, "w") as log:
+        key = channel.new_key()
+        folder = Path(tempfile.mkdtemp(prefix="tpu_diffusers_workers_"))
+        port_file = folder / "control_port"
+        command = [sys.executable, str(LAUNCHER_SCRIPT), "--parent", str(os.getpid()),
+                   *(["--tpu"] if device.type == "tpu" else []), "--",
+                   "--standalone", f"--nproc_per_node={world_size}", "--max_restarts=0", str(WORKER_SCRIPT),
+                   "--control", "127.0.0.1:0", "--port-file", str(port_file)]
+        with open(os.open(folder / "workers.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as log:
             # Own session: a Ctrl-C meant for ComfyUI does not tear through the ranks mid-step; they
-            # leave when ComfyUI's connection closes, whichever way ComfyUI ends.
-            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # leave when ComfyUI is gone (lifeline.py), whichever way ComfyUI ends.
+            process = subprocess.Popen(command, env=launch_env(key), stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        group = cls(None, "", world_size, process, folder)
         deadline = time.monotonic() + launch_timeout
-        while True:
-            if process.poll() is not None:
-                raise WorkerGroupError(root_cause(log_path.read_text(errors="replace")))
-            try:
-                if on_progress:
-                    on_progress(0, 1, f"starting {world_size} workers")
-                conn = channel.connect(address, key, timeout=5)
-                break
-            except ConnectionError:
+        try:
+            while not port_file.exists():
+                if process.poll() is not None:
+                    raise WorkerGroupError(group._failure())
                 if time.monotonic() > deadline:
-                    cls(None, address, world_size, process, log_path).stop()
+                    group.stop(timeout=0)
                     raise WorkerGroupError(f"the {world_size} workers did not start within {launch_timeout:.0f}s "
-                                           f"(log: {log_path}).") from None
-                time.sleep(0.5)
-            except BaseException:  # cancelled while starting: take the half-started group down
-                cls(None, address, world_size, process, log_path).stop(timeout=0)
-                raise
-        group = cls(conn, address, world_size, process, log_path)
-        group._hello()
+                                           f"(log: {group.log_path}).")
+                if on_progress:
+                    on_progress(0, 1, f"starting {world_size} worker(s)")
+                time.sleep(POLL_SECONDS)
+            group.address = f"127.0.0.1:{int(port_file.read_text())}"
+            group.conn = channel.connect(group.address, key, timeout=30)
+            group._hello()
+        except BaseException:  # cancelled or failed while starting: take the half-started group down
+            group.stop(timeout=0)
+            raise
         return group
 
     @classmethod
@@ -128,9 +123,12 @@ class WorkerGroup:
         if not key:
             raise UserInputError(f"attach needs the workers' key: type it in the node, or set ${channel.KEY_ENV} "
                                  "for the ComfyUI process (keeps it out of shared workflows).")
-        conn = channel.connect(spec.address, key, timeout=30)
-        group = cls(conn, spec.address, 0)
-        group.world_size = group._hello()
+        group = cls(channel.connect(spec.address, key, timeout=30), spec.address, 0)
+        try:
+            group.world_size = group._hello()
+        except BaseException:
+            group.stop()
+            raise
         if spec.chips and spec.chips != group.world_size:
             group.stop()
             raise UserInputError(f"the workers at {spec.address} are {group.world_size} ranks, the mesh asks for "
@@ -138,9 +136,10 @@ class WorkerGroup:
         return group
 
     def _hello(self) -> int:
-        channel.send(self.conn, {"op": "hello"})
-        message, _ = self._next_message()
-        return message["world_size"]
+        """Exchange versions; a group of another protocol is refused by name (protocol.mismatch)."""
+        self.conn.send(protocol.hello())
+        message, _ = self._next_message(silence_timeout=30)
+        return protocol.check_hello_reply(message, self.address)["world_size"]
 
     # --- use
     def alive(self) -> bool:
@@ -155,30 +154,29 @@ class WorkerGroup:
         import numpy as np
         import torch
 
-        channel.send(self.conn, {"op": "generate", "handle": handle.to_wire(), "request": dataclasses.asdict(request),
-                                 "preview": preview and preview.to_wire()})
+        self.conn.send({"op": "generate", "handle": handle.to_wire(), "request": dataclasses.asdict(request),
+                        "preview": preview and preview.to_wire()})
         interrupted = None
         while True:
-            message, payload = self._next_message()
+            message, payloads = self._next_message()
             op = message["op"]
             if op == "progress" and on_progress and interrupted is None:
                 try:
-                    image = () if payload is None else \
-                        (np.frombuffer(payload, dtype=np.uint8).reshape(message["preview_shape"]),)
+                    image = [np.frombuffer(p, dtype=np.uint8).reshape(message["preview_shape"]) for p in payloads]
                     on_progress(message["done"], message["total"], message["what"], *image)
                 except BaseException as e:  # ComfyUI's interrupt: stop every rank at the next step
                     interrupted = e
-                    channel.send(self.conn, {"op": "cancel"})
+                    self.conn.send({"op": "cancel"})
             elif op == "cancelled":
                 raise interrupted or WorkerGroupError("the workers cancelled the run")
             elif op == "result":
                 if interrupted is not None:
                     raise interrupted
-                images = np.frombuffer(payload, dtype=np.float32).reshape(message["shape"])
+                images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])
                 return torch.from_numpy(images.copy()), message["info"]
 
     def unload(self) -> None:
-        channel.send(self.conn, {"op": "unload"})
+        self.conn.send({"op": "unload"})
         self._next_message(silence_timeout=60)
 
     def _next_message(self, silence_timeout: float | None = None):
@@ -190,7 +188,11 @@ class WorkerGroup:
         quiet_since = time.monotonic()
         while True:
             try:
-                received = channel.receive(self.conn, timeout=POLL_SECONDS)
+                received = self.conn.receive(timeout=POLL_SECONDS)
+            except protocol.MessageRefused as e:
+                self.stop()
+                raise WorkerGroupError(f"the workers sent a message this side cannot use ({e}); the group was "
+                                       "stopped.") from None
             except (EOFError, OSError):
                 raise WorkerGroupError(self._failure()) from None
             if received is not None:
@@ -205,80 +207,95 @@ class WorkerGroup:
                                        f"as hung (log: {self.log_path}).")
 
     def _failure(self) -> str:
-        """Why the group stopped: torchrun's report once it has stopped the other ranks."""
-        self.conn = None
+        """Why the group stopped: torchrun's report once it has stopped the other ranks. The log is kept
+        (it is named in the message); a group that stops cleanly removes its folder."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
         if self.process is None:
             return "the connection to the attached workers was lost (a worker died, or the network dropped)."
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
-            self.stop()
-        return root_cause(self.log_path.read_text(errors="replace")) + f" (log: {self.log_path})"
+            self._terminate()
+        log_path, self.folder = self.log_path, None
+        return root_cause(log_path.read_text(errors="replace")) + f" (log: {log_path})"
 
     # --- stop
     def stop(self, timeout: float = 20) -> None:
         if self.conn is not None:
             try:
                 if self.process is not None:  # ours to end; attached workers wait for the next client
-                    channel.send(self.conn, {"op": "shutdown"})
-                self.conn.close()
+                    self.conn.send({"op": "shutdown"})
             except OSError:
                 pass
+            self.conn.close()
             self.conn = None
         if self.process is not None and self.process.poll() is None:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self._terminate()
+        if self.folder is not None and (self.process is None or self.process.poll() is not None):
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
     def _terminate(self) -> None:
-        """torchrun starts each rank in a session of its own, so killing the launcher's process group
-        would orphan them: SIGTERM lets torchrun stop its ranks; whatever is left is killed by pid."""
-        ranks = _children(self.process.pid)
+        """SIGTERM lets torchrun stop its ranks; a launcher that does not end in time is killed. Its ranks
+        then end by themselves (lifeline.py): no pid but our own child's is ever signalled."""
         self.process.terminate()
         try:
             self.process.wait(TERMINATE_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.kill()
             self.process.wait()
-        for pid in ranks:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
-def _children(pid: int) -> list[int]:
-    """The direct children of a process (Linux /proc; the ranks of a torchrun launcher)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += map(int, (task / "children").read_text().split())
-        except OSError:
-            pass
-    return found
+@dataclasses.dataclass(frozen=True)
+class GroupUse:
+    """How a run got its worker group, for the run info."""
+
+    group: WorkerGroup
+    started: bool  # launched or attached for this run
+    note: str
 
 
 class WorkerGroups:
-    """The one worker group this process keeps warm; a different model or mesh replaces it."""
+    """The one worker group this process keeps warm. Another number of ranks (a single-chip run after
+    a 4-chip TP one, say) relaunches it; another mesh shape over the same ranks reuses it (the ranks
+    build each shape's mesh when a command needs it), and so does another model."""
 
     def __init__(self):
         self.current: WorkerGroup | None = None
         self.key = None
+        self.shape = None
         atexit.register(self.stop)
 
-    def get(self, handle, device: device_module.DeviceInfo, world_size: int,
-            on_progress=None) -> tuple[WorkerGroup, bool]:
-        key = (handle.mesh, world_size, handle.load_key(device))
+    def get(self, spec: MeshSpec, shape: tuple[int, int], device: device_module.DeviceInfo,
+            on_progress=None) -> GroupUse:
+        world_size = shape[0] * shape[1]
+        key = (spec.workers, spec.address, spec.key, world_size)
         if self.current is not None and self.key == key and self.current.alive():
-            return self.current, False
+            note = (f"worker group reused: {world_size} rank(s)" if shape == self.shape else
+                    f"worker group reshaped: the same {world_size} rank(s), mesh {self.shape} -> {shape} (nothing "
+                    "relaunched)")
+            self.shape = shape
+            return GroupUse(self.current, False, note)
+        before = self.current.world_size if self.current is not None and self.current.alive() else None
+        started = time.perf_counter()
         self.stop()
-        if handle.mesh.workers is Workers.ATTACH:
-            self.current = WorkerGroup.attach(handle.mesh)
+        stopped = time.perf_counter()
+        if spec.workers is Workers.ATTACH:
+            self.current = WorkerGroup.attach(spec)
+            note = f"worker group attached: {self.current.world_size} rank(s) at {spec.address}"
         else:
             self.current = WorkerGroup.launch(world_size, device, on_progress)
-        self.key = key
-        return self.current, True
+            note = f"worker group launched: {world_size} rank(s) in {time.perf_counter() - stopped:.1f}s"
+            if before is not None:
+                note = (f"worker group relaunched: {before} -> {world_size} rank(s) (stopping the old one took "
+                        f"{stopped - started:.1f}s, starting the new one {time.perf_counter() - stopped:.1f}s)")
+        self.key, self.shape = key, shape
+        return GroupUse(self.current, True, note)
 
     def holds_local_workers(self) -> bool:
         return self.current is not None and self.current.process is not None

@@ -6,7 +6,7 @@ import json
 import os
 
 from .. import settings
-from ..device import DeviceInfo
+from ..device import TPU_IN_WORKERS_ENV, DeviceInfo, tpu_chip_count
 from ..errors import ModelLoadError, UserInputError
 from ..families import family_for
 from ..settings import KEY_ENV, decode_key
@@ -19,10 +19,12 @@ CPU_MESH_DEFAULT_RANKS = 2  # a CPU "mesh" is for development; two ranks show ev
 
 def local_chips(device: DeviceInfo) -> int:
     """Chips on this host; on a CPU host, ranks are processes and the cores bound them."""
-    import torch
-
     if device.type == "cpu":
         return os.cpu_count() or 1
+    if os.environ.get(TPU_IN_WORKERS_ENV):  # ComfyUI's process, which keeps TorchTPU out: count on the PCI bus
+        return tpu_chip_count()
+    import torch
+
     return torch.accelerator.device_count()
 
 
@@ -86,15 +88,16 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"
         raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} {unit}; "
                              "lower 'chips', or attach to workers started on several hosts.")
+    replicas, tp = mesh_shape(spec, size)
+    if tp == 1:  # every rank loads as one process would: hub ids, offload and LoRAs work as in ComfyUI's process
+        return [] if size == 1 else [f"mesh: {replicas} replicas over {size} ranks",
+                                     "tp 1: nothing is sharded, each replica holds the whole pipeline"]
     if is_hub_id(source):
         raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
                              f"'{source}' into models/diffusers and pick the folder.")
-    replicas, tp = mesh_shape(spec, size)
     index = read_model_index(source, is_folder=True)
     parts = components(index)
     notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]
-    if tp == 1:
-        return notes + ["tp 1: nothing is sharded, each replica holds the whole pipeline"]
     if spec.shard_transformer:
         denoiser = family_for(index["_class_name"]).denoiser
         notes += _check_transformer(source, denoiser, parts[denoiser][1], tp)

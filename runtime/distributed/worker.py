@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""One rank of a tensor-parallel worker group. torchrun starts one per chip:
+"""One rank of a worker group (one chip each; a single-chip workflow on a TPU is a group of one).
+torchrun starts one per chip (ComfyUI starts torchrun through launcher.py):
 
     torchrun --nproc_per_node=N [--nnodes=H --node_rank=K --master_addr=A --master_port=P] \\
-        runtime/distributed/worker.py --control HOST:PORT [--stay]
+        runtime/distributed/worker.py --control HOST:PORT [--stay] [--port-file FILE]
 
-Rank 0 serves the control channel on HOST:PORT with the key in $TPU_DIFFUSERS_CONTROL_KEY
-(a new one is made and printed when it is unset), reads commands, and broadcasts each to every
-rank; all ranks run it in step (collectives inside the sharded modules), rank 0 answers.
-Without --stay the group exits when its client disconnects (a local launch dies with its
-ComfyUI); with --stay (attach mode) it waits for the next client.
+Rank 0 serves the control channel on HOST:PORT (port 0: a free one, written to FILE) with the key in
+$TPU_DIFFUSERS_CONTROL_KEY (a new one is made and printed when it is unset), reads commands, and
+broadcasts each to every rank; all ranks run it in step (collectives inside the sharded modules),
+rank 0 answers. Without --stay the group exits when its client disconnects; with --stay (attach
+mode) it waits for the next client. Every rank ends when its torchrun is gone (lifeline.py).
 A request that fails on every rank (a bad size, a model that does not load, a compile error)
 is answered with an error reply and the group stays up. A rank that fails alone ends its
 process; torchrun then stops the group and reports the failing rank, which the ComfyUI side
@@ -30,12 +31,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import runtime_package  # noqa: E402
 
 runtime_package.load()
+from tpu_diffusers_runtime.distributed import lifeline  # noqa: E402
+
+# First of all: this rank ends when its launcher (torchrun) is gone, whatever it is doing then.
+lifeline.watch(int(os.environ.get(lifeline.LAUNCHER_PID_ENV) or os.getppid()), lifeline.kill_self, "worker rank")
 from tpu_diffusers_runtime import device as device_module  # noqa: E402  (also sets TPU env hygiene first)
 from tpu_diffusers_runtime import process_env  # noqa: E402
 
 process_env.apply(process_env.default_root())  # before torch: TorchTPU reads these once, at backend start
 from tpu_diffusers_runtime import settings  # noqa: E402
-from tpu_diffusers_runtime.distributed import channel  # noqa: E402
+from tpu_diffusers_runtime.distributed import channel, protocol  # noqa: E402
 
 IDLE_TIMEOUT = datetime.timedelta(days=30)  # ranks wait in a collective between prompts
 # How long a failed rank waits for the others to report their outcome. A failure shared by every rank
@@ -50,48 +55,95 @@ class Cancelled(Exception):
 
 
 class ControlServer:
-    """Rank 0's end of the control channel: accept a client, read commands, answer."""
+    """Rank 0's end of the control channel: accept a client, read commands, answer.
 
-    def __init__(self, address: str, key: str, stay: bool):
-        self.listener = channel.listen(address, key)
-        self.stay = stay
-        self.conn = None
+    Nothing a peer sends can stop the group: a peer that fails the handshake (wrong key, silence,
+    garbage, a port probe) is logged and dropped; an unusable message from an authenticated client
+    gets an error reply; a client of another protocol version is refused by name."""
+
+    def __init__(self, address: str, key: str, stay: bool, world_size: int, device_type: str):
+        self.listener = channel.listen(address)
+        self.key, self.stay = key, stay
+        self.world_size, self.device_type = world_size, device_type
+        self.conn: channel.Channel | None = None
         self.had_client = False
 
+    @property
+    def address(self) -> str:
+        host, port = self.listener.getsockname()[:2]
+        return f"{host}:{port}"
+
     def next_command(self) -> dict:
+        """The next command for every rank (with its payloads under "payloads")."""
         while True:
             if self.conn is None:
                 if self.had_client and not self.stay:
                     return {"op": "shutdown"}
-                try:
-                    self.conn = self.listener.accept()
-                    self.had_client = True
-                except (channel.AuthenticationError, OSError) as e:
-                    print(f"[worker] refused a client: {e}", file=sys.stderr, flush=True)
-                    continue
+                self.conn = self._accept()
+                continue
             try:
-                message, _ = channel.receive(self.conn)
-                return message
+                message, payloads = self.conn.receive()
+            except protocol.MessageRefused as e:
+                self.send({"op": "error", "kind": "WorkerRequestError", "message": f"the workers refused a message: {e}"})
+                continue
             except (EOFError, OSError):
-                self.conn = None
+                self.drop()
+                continue
+            if message["op"] == "hello":
+                self._hello(message)
+                continue
+            return {**message, "payloads": payloads}
 
-    def send(self, message: dict, payload: bytes | None = None) -> None:
+    def _accept(self) -> channel.Channel | None:
+        try:
+            conn = channel.accept(self.listener, self.key)
+        except channel.AuthenticationError:
+            log_refusal("a client with a wrong key")
+        except EOFError:
+            log_refusal("a client that closed the connection during the handshake (a port probe?)")
+        except OSError as e:
+            log_refusal(f"a client that did not complete the handshake within {channel.HANDSHAKE_SECONDS:.0f}s ({e})")
+        else:
+            self.had_client = True
+            return conn
+        return None
+
+    def _hello(self, message: dict) -> None:
+        problem = protocol.mismatch(message, f"ComfyUI's pack at {self.conn.peer}")
+        if problem:
+            log_refusal(problem)
+            self.send({"op": "error", "kind": "WorkerGroupError", "message": problem, "has_payload": False})
+            self.drop()
+        else:
+            self.send(protocol.hello_reply(self.world_size, self.device_type))
+
+    def send(self, message: dict, payloads: list[bytes] = ()) -> None:
         if self.conn is None:
             return
         try:
-            channel.send(self.conn, message, payload)
+            self.conn.send(message, payloads)
         except OSError:  # the client went away mid-run: stop the run (cancel_requested) and wait for another
+            self.drop()
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
             self.conn = None
 
     def cancel_requested(self) -> bool:
         try:
-            while self.conn is not None and self.conn.poll(0):
-                message, _ = channel.receive(self.conn)
-                if message.get("op") == "cancel":
+            while self.conn is not None and (received := self.conn.receive(timeout=0)) is not None:
+                if received[0].get("op") == "cancel":
                     return True
+        except protocol.MessageRefused as e:
+            log_refusal(f"an unusable message during a run ({e})")
         except (EOFError, OSError):
-            self.conn = None
+            self.drop()
         return self.conn is None
+
+
+def log_refusal(what: str) -> None:
+    print(f"[worker] refused {what}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -124,7 +176,10 @@ class RankWorker:
         self.run_state: Run | None = None
 
         def sharded_loader(handle, device, on_progress, notes):
+            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked)."""
             tp_mesh = self.device_mesh(handle.mesh)["tp"]
+            if tp_mesh.size() == 1:
+                return load_pipeline(handle, device, on_progress, notes=notes)
             sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class).denoiser)
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
@@ -169,10 +224,10 @@ class RankWorker:
         run = self.run_state
         if what == "sampling":
             done, total = self.store.add(run.prefix + "steps", 0), run.group_steps
-        message, payload = {"op": "progress", "done": done, "total": total, "what": what}, None
+        message, payloads = {"op": "progress", "done": done, "total": total, "what": what}, []
         if preview is not None:
-            message["preview_shape"], payload = list(preview.shape), preview.tobytes()
-        self.server.send(message, payload)
+            message["preview_shape"], payloads = list(preview.shape), [preview.tobytes()]
+        self.server.send(message, payloads)
         self.pass_on_cancel()
 
     def pass_on_cancel(self) -> None:
@@ -192,7 +247,7 @@ class RankWorker:
                 raise Cancelled
             time.sleep(POLL_SECONDS)
 
-    def run(self, command: dict) -> tuple[dict, bytes | None] | None:
+    def run(self, command: dict) -> tuple[dict, list[bytes]] | None:
         """Run one command on this rank; returns the reply rank 0 sends (None on other ranks, or none due)."""
         import torch.distributed as dist
 
@@ -200,9 +255,7 @@ class RankWorker:
         if op == "generate":
             return self.generate(command)
         if op == "unload":
-            return {"op": "unloaded", "count": self.engine.unload()}, None
-        if op == "hello":
-            return {"op": "hello", "world_size": dist.get_world_size(), "device": self.device_type}, None
+            return {"op": "unloaded", "count": self.engine.unload()}, []
         if op == "cancel":
             return None  # it came after the run it was meant for had ended
         raise ValueError(f"unknown command '{op}'")
@@ -248,11 +301,15 @@ class RankWorker:
             mine.update(bytes=local_bytes(denoiser), fraction=sharded_fraction(denoiser))
         except Cancelled:
             mine["cancelled"] = True
-        # Every rank takes part, cancelled or not, so no replica waits here for one that left.
-        gathered = [None] * dist.get_world_size() if self.server else None
-        dist.gather_object(mine, gathered, dst=0, group=self.gather_group)
+        if dist.get_world_size() == 1:
+            gathered = [mine]  # a single-chip group: nothing to gather (and no copy of the images)
+        else:  # every rank takes part, cancelled or not, so no replica waits here for one that left
+            gathered = [None] * dist.get_world_size() if self.server else None
+            dist.gather_object(mine, gathered, dst=0, group=self.gather_group)
         if not self.server:
             return None
+        for name in ("steps", "cancel"):  # a long-lived group must not keep every run's keys
+            self.store.delete_key(self.run_state.prefix + name)
         if any(entry["cancelled"] for entry in gathered):
             raise Cancelled
         return self.result(gathered, slices, tp, request.steps)
@@ -269,7 +326,8 @@ class RankWorker:
         seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
                              for name in ("sample_seconds", "compile_seconds"))
         info = dict(ran[0]["info"])
-        notes = [f"data parallel: {len(counts)} replica(s) x {tp}-way TP, images per replica {counts}"]
+        notes = [f"data parallel: {len(counts)} replica(s) x {tp}-way TP, images per replica {counts}"
+                 if len(gathered) > 1 else f"ran in a worker process (pid {gathered[0]['pid']})"]
         if len(set(counts)) > 1:
             notes.append("uneven split: the first replicas take one image more (no padding)")
         if 0 in counts:
@@ -286,7 +344,7 @@ class RankWorker:
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],
                     notes=[*notes, *info["notes"]])
-        return {"op": "result", "info": info, "shape": list(images.shape)}, images.tobytes()
+        return {"op": "result", "info": info, "shape": list(images.shape)}, [memoryview(images).cast("B")]
 
 
 def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple[dict, bytes | None] | None:
@@ -304,7 +362,7 @@ def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple
     try:
         reply = worker.run(command)
     except Cancelled:
-        reply = {"op": "cancelled"}, None
+        reply = {"op": "cancelled"}, []
     except Exception as e:
         failure, reply = e, None
     outcomes = [None] * dist.get_world_size()
@@ -316,7 +374,7 @@ def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple
         raise
     if all(outcomes):
         kind, message = outcomes[0]
-        return {"op": "error", "kind": kind, "message": message}, None
+        return {"op": "error", "kind": kind, "message": message}, []
     if failure is not None:
         raise failure
     if any(outcomes):
@@ -338,10 +396,18 @@ def group_store(rank: int, world: int):
     return store or dist.TCPStore(host, port[0], world, is_master=False)
 
 
+def write_port_file(path: str, port: int) -> None:
+    """Whole or not at all: the launching side polls for the file and reads it once it exists."""
+    with open(path + ".tmp", "w") as f:
+        f.write(str(port))
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--control", required=True, help="host:port where rank 0 serves the control channel")
     parser.add_argument("--stay", action="store_true", help="keep running when the client disconnects (attach)")
+    parser.add_argument("--port-file", help="where rank 0 writes the port it bound (for --control HOST:0)")
     args = parser.parse_args(argv)
 
     import torch
@@ -364,10 +430,12 @@ def main(argv=None) -> int:
     if rank == 0:
         configured_key = settings.get(channel.KEY_ENV)
         key = configured_key or channel.new_key()
-        server = ControlServer(args.control, key, stay=args.stay)
+        server = ControlServer(args.control, key, stay=args.stay, world_size=world, device_type=info.type)
+        if args.port_file:
+            write_port_file(args.port_file, server.listener.getsockname()[1])
         shown_key = "from $" + channel.KEY_ENV if configured_key else key
-        print(f"[worker] {world} rank(s) on {info.type}; control channel on {args.control}, key {shown_key}",
-              flush=True)
+        print(f"[worker] {world} rank(s) on {info.type}; control channel on {server.address}, key {shown_key}; "
+              f"protocol {protocol.PROTOCOL_VERSION}, pack {protocol.PACK_VERSION}", flush=True)
     worker = RankWorker(server, info.type, store, gather_group)
     while True:
         command = [server.next_command() if server else None]

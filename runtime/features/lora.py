@@ -28,9 +28,9 @@ log = logging.getLogger("tpu_diffusers")
 LORA_KEY = re.compile(r"(^|\.)(lora_A|lora_B|lora_down|lora_up)(\.|$)|\.alpha$")
 _LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
 ADAPTER_PREFIX = "tpu_diffusers_lora_"
-LORA_WITH_MESH = ("LoRAs are not supported with a TP Mesh yet: the sharded transformer's weights are DTensors split "
-                  "over the ranks, and diffusers' LoRA loading and fusing handles only whole weights. Remove the "
-                  "LoRAs, or remove the TP Mesh to run them in this process.")
+LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) yet: the sharded transformer's weights "
+                  "are DTensors split over the ranks, and diffusers' LoRA loading and fusing handles only whole "
+                  "weights. Remove the LoRAs, or make the TP Mesh all replicas (replicas = chips, tp 1), or remove it.")
 
 
 @dataclasses.dataclass
