@@ -7,7 +7,8 @@ from comfy_api.latest import io
 import folder_paths
 
 from tpu_diffusers_runtime.device import resolve_device
-from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.downloads import check_downloads_allowed
+from tpu_diffusers_runtime.errors import ModelLoadError, SettingError, UserInputError
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.specs import DeviceChoice, DType
 from tpu_diffusers_runtime.loading import inspect_source
@@ -33,7 +34,9 @@ class TPULoader(io.ComfyNode):
                                tooltip="A diffusers-format folder (with model_index.json) in models/diffusers."),
                 io.String.Input("hub_id", default="",
                                 tooltip="Optional Hugging Face id such as 'black-forest-labs/FLUX.1-schnell'; "
-                                        "overrides 'model'. Needs network or the local hub cache."),
+                                        "overrides 'model'. Downloaded by the Sampler (progress on its bar, Cancel "
+                                        "stops it) unless TPU_DIFFUSERS_DOWNLOADS=forbid; offline, only the local "
+                                        "hub cache."),
                 io.Combo.Input("dtype", options=DType, default=DType.AUTO,
                                tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU."),
                 io.Combo.Input("device", options=DeviceChoice, default=DeviceChoice.AUTO,
@@ -61,8 +64,9 @@ class TPULoader(io.ComfyNode):
 def check_choices(model: str | None, hub_id: str | None, device: str | None) -> bool | str:
     """Checked when the prompt is queued, so a bad choice is refused on this node before any node
     runs; execute checks again (a folder can change in between). An input fed by a link arrives
-    as None and is checked when the node runs. A hub id is only checked for its form here:
-    looking it up may need the network, and this runs while the server answers the request.
+    as None and is checked when the node runs. A hub id is checked for its form here, and with
+    TPU_DIFFUSERS_DOWNLOADS=forbid for being in the local cache; it is not looked up on the hub: that
+    needs the network, and this runs while the server answers the request.
     ComfyUI skips its own list check for the inputs named here; these checks cover it."""
     try:
         if device is not None:
@@ -74,9 +78,9 @@ def check_choices(model: str | None, hub_id: str | None, device: str | None) -> 
     field = "hub_id" if hub_id.strip() else "model"
     try:
         if hub_id.strip():
-            check_hub_id(hub_id.strip())
+            check_downloads_allowed(check_hub_id(hub_id.strip()))
         elif model is not None:
             inspect_source(resolve_model_folder(model, model_roots()))
-    except (UserInputError, ModelLoadError) as e:
+    except (UserInputError, ModelLoadError, SettingError) as e:
         return f"{field}: {e}"  # the message names the folder or id, this says which input
     return True

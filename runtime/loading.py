@@ -97,7 +97,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
 
     files = dict(handle.files)
     # With single files, the folder (or the hub repo's small files) gives configs, tokenizers, scheduler.
-    folder = single_file.config_folder(handle.source) if files else local_folder(handle.source)
+    folder = single_file.config_folder(handle.source) if files else local_folder(handle.source, on_progress)
     index = read_model_index(folder, is_folder=True)
     left_out = optional_left_out(handle, folder) if files else {}
     check_index(handle.source, index, folder, from_files=frozenset(files), left_out=frozenset(left_out))

@@ -2,7 +2,7 @@
 
 Names from a shared workflow are resolved so that they never leave the model folders, and a hub id is
 only ever 'owner/name'. `read_model_index` reads what a pipeline folder says it holds; nothing here
-loads weights.
+loads weights. Hub files come through runtime/downloads.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import json
 import os
 import re
 
+from . import downloads
 from .errors import ModelLoadError, UserInputError
+from .specs import ProgressCallback
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -52,7 +54,7 @@ def read_model_index(source: str, is_folder: bool) -> dict:
             raise UserInputError(f"'{source}' is not a diffusers pipeline folder: it has no model_index.json. "
                                  "Point the loader at the folder that contains model_index.json.")
     else:
-        path = _hub_model_index(source)
+        path = downloads.model_index_file(source)
     try:
         with open(path) as f:
             index = json.load(f)
@@ -62,20 +64,6 @@ def read_model_index(source: str, is_folder: bool) -> dict:
         raise UserInputError(f"model_index.json of '{source}' names no pipeline class (_class_name); "
                              "it is not a diffusers pipeline.")
     return index
-
-
-def _hub_model_index(repo_id: str) -> str:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return hf_hub_download(repo_id, "model_index.json")
-    except LocalEntryNotFoundError as e:
-        raise UserInputError(
-            f"'{repo_id}' is not in the local Hugging Face cache and this machine cannot download it "
-            f"(offline or HF_HUB_OFFLINE=1). Download it where there is network, e.g. "
-            f"`hf download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, "
-            f"then pick that folder in the list.") from e
 
 
 def components(index: dict) -> dict[str, tuple[str, str]]:
@@ -121,15 +109,10 @@ def has_weights(pipeline_folder: str, name: str) -> bool:
     return os.path.isdir(folder) and any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(folder))
 
 
-def local_folder(source: str) -> str:
-    """The folder to load from: the source itself, or the hub snapshot diffusers downloads (or finds cached)."""
+def local_folder(source: str, on_progress: ProgressCallback | None = None) -> str:
+    """The folder to load from: the source itself, or the hub snapshot, downloaded with progress and Cancel
+    where the cache lacks files (runtime/downloads.py)."""
     if not check_source(source):
         return source
-    from diffusers import DiffusionPipeline
-
-    try:
-        return DiffusionPipeline.download(source)
-    except OSError as e:
-        raise UserInputError(f"'{source}' could not be downloaded ({e}). Download it where there is network, "
-                             f"then put the folder in models/diffusers and pick it in the list.") from e
+    return downloads.pipeline_folder(source, on_progress)
 
