@@ -29,6 +29,8 @@ BAD_VALUES = {
     "TPU_DIFFUSERS_RECOMPILE_LIMIT": ("lots", "a whole number of at least 1"),
     "TPU_DIFFUSERS_COMPILE_CACHE": ("s3://bucket/cache", "a local folder or a gs:// location"),
     "TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL": ("fast", "one of O0, O1, O2, O3"),
+    "TPU_DIFFUSERS_WORKER_PROCESS": ("sometimes", "one of tpu, always, never"),
+    "TPU_DIFFUSERS_DOWNLOADS": ("no", "one of allow, forbid"),
 }
 
 

@@ -48,7 +48,7 @@ def root_cause(log_text: str) -> str:
         lines = [line.strip() for line in block.splitlines() if line.strip()]
         cause = lines[-1].removeprefix("traceback : ") if lines else ""
         entries.append((fields.get("exitcode", "").endswith("(SIGTERM)"),
-                        f"worker rank {fields.get('rank', '?')} failed (exit code {fields.get('exitcode', '?')}): "
+                        f"worker rank {fields.get('rank', '?').split(' ')[0]} failed (exit code {fields.get('exitcode', '?')}): "
                         f"{cause}"))
     if entries:
         return "; ".join(text for _, text in sorted(entries, key=lambda entry: entry[0]))
@@ -138,7 +138,7 @@ class WorkerGroup:
     def _hello(self) -> int:
         """Exchange versions; a group of another protocol is refused by name (protocol.mismatch)."""
         self.conn.send(protocol.hello())
-        message, _ = self._next_message(silence_timeout=30)
+        message, _ = self._next_message(silence_timeout=30, errors_raise=False)
         return protocol.check_hello_reply(message, self.address)["world_size"]
 
     # --- use
@@ -179,10 +179,10 @@ class WorkerGroup:
         self.conn.send({"op": "unload"})
         self._next_message(silence_timeout=60)
 
-    def _next_message(self, silence_timeout: float | None = None):
+    def _next_message(self, silence_timeout: float | None = None, errors_raise: bool = True):
         """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT). A
-        request that failed on every rank raises its error; a dead or silent group becomes a
-        WorkerGroupError, never a hang."""
+        request that failed on every rank raises its error (unless `errors_raise` is False); a dead or
+        silent group becomes a WorkerGroupError, never a hang."""
         if silence_timeout is None:
             silence_timeout = settings.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT")
         quiet_since = time.monotonic()
@@ -196,7 +196,7 @@ class WorkerGroup:
             except (EOFError, OSError):
                 raise WorkerGroupError(self._failure()) from None
             if received is not None:
-                if received[0]["op"] == "error":
+                if received[0]["op"] == "error" and errors_raise:
                     raise errors.from_wire(received[0]["kind"], received[0]["message"])
                 return received
             if self.process is not None and self.process.poll() is not None:

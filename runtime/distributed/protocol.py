@@ -145,20 +145,29 @@ def hello_reply(world_size: int, device: str) -> dict:
             "device": device, "has_payload": False}
 
 
-def mismatch(peer: dict, who: str) -> str | None:
-    """Why a hello from `who` (e.g. "the workers at host:port") cannot be served; None if it can."""
+def mismatch(peer: dict, who: str, me: str) -> str | None:
+    """Why a hello from `who` (e.g. "the workers at host:port") cannot be served by `me`; None if it can."""
     theirs = peer.get("protocol")
     if theirs == PROTOCOL_VERSION:
         return None
     described = (f"protocol {theirs} (pack {peer.get('pack', 'unknown')})" if theirs is not None
                  else "no protocol version (a pack from before protocol 1)")
-    return (f"protocol mismatch: {who} has {described}, this side has protocol {PROTOCOL_VERSION} (pack "
-            f"{PACK_VERSION}). Start the workers from the same version of TPU Diffusers as ComfyUI's (update the "
-            "older checkout, e.g. git pull in both, then restart the workers).")
+    return (f"protocol mismatch: {who}: {described}; {me}: protocol {PROTOCOL_VERSION} (pack {PACK_VERSION}). "
+            "Start the workers from the same version of TPU Diffusers as ComfyUI's (update the older checkout, "
+            "e.g. git pull in both, then restart the workers).")
+
+
+def refusal(problem: str, world_size: int, device: str) -> dict:
+    """The workers' answer to a hello of another protocol: an error (what any client shows) that also
+    carries their own versions, so a client of this protocol or later words the refusal itself."""
+    return {**hello_reply(world_size, device), "op": "error", "kind": "WorkerGroupError", "message": problem}
 
 
 def check_hello_reply(reply: dict, address: str) -> dict:
-    problem = mismatch(reply, f"the workers at {address}")
+    """The workers' hello (or refusal) as this side sees it; raises WorkerGroupError naming both versions."""
+    problem = mismatch(reply, f"the workers at {address}", "ComfyUI's pack here")
     if problem:
         raise WorkerGroupError(problem)
+    if reply["op"] == "error":  # refused for another reason than the protocol
+        raise WorkerGroupError(reply.get("message", "the workers refused the hello"))
     return reply

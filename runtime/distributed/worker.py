@@ -109,10 +109,10 @@ class ControlServer:
         return None
 
     def _hello(self, message: dict) -> None:
-        problem = protocol.mismatch(message, f"ComfyUI's pack at {self.conn.peer}")
+        problem = protocol.mismatch(message, f"ComfyUI's pack at {self.conn.peer}", "these workers")
         if problem:
             log_refusal(problem)
-            self.send({"op": "error", "kind": "WorkerGroupError", "message": problem, "has_payload": False})
+            self.send(protocol.refusal(problem, self.world_size, self.device_type))
             self.drop()
         else:
             self.send(protocol.hello_reply(self.world_size, self.device_type))

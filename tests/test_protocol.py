@@ -1,0 +1,91 @@
+"""The control channel's messages on a socket pair: framing, bounds, versions, the bounded handshake."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import pytest
+
+from tpu_diffusers_runtime.distributed import channel, protocol
+from tpu_diffusers_runtime.errors import WorkerGroupError
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_messages_carry_binary_payloads_in_order(pair):
+    a, b = pair
+    protocol.send(a, {"op": "result", "shape": [1, 2]}, [b"\x00\x01", b"", bytes(range(256))])
+    protocol.send(a, {"op": "progress"})
+    assert protocol.receive(b, timeout=5) == ({"op": "result", "shape": [1, 2]}, [b"\x00\x01", b"", bytes(range(256))])
+    assert protocol.receive(b, timeout=5) == ({"op": "progress"}, [])
+    assert protocol.receive(b, timeout=0.05) is None
+
+
+def test_the_frames_are_multiprocessing_connections_own(pair):
+    """A pack from before protocol 1 reads our hello with Connection.recv_bytes and finds its has_payload."""
+    a, b = pair
+    protocol.send(a, protocol.hello())
+    old_side = Connection(b.detach())
+    assert b'"has_payload": false' in old_side.recv_bytes()
+    old_side.close()
+
+
+@pytest.mark.parametrize("frame, why", [
+    (struct.pack("!i", 8) + b"not json", "is not JSON"),
+    (struct.pack("!i", 2) + b"[]", "not a JSON object with an 'op'"),
+    (struct.pack("!i", 30) + b'{"op": "x", "payloads": [9]}\x00a', r"announces payloads of \[9\] bytes but carries 1"),
+    (struct.pack("!i", protocol.MAX_JSON_BYTES + 10) + b"{" + b" " * (protocol.MAX_JSON_BYTES + 9),
+     "JSON part is over"),
+])
+def test_an_unusable_message_is_refused_and_the_stream_stays_in_step(pair, frame, why):
+    a, b = pair
+    threading.Thread(target=lambda: (a.sendall(frame), protocol.send(a, {"op": "next"})), daemon=True).start()
+    with pytest.raises(protocol.MessageRefused, match=why):
+        protocol.receive(b, timeout=5)
+    assert protocol.receive(b, timeout=5) == ({"op": "next"}, [])
+
+
+def test_a_message_over_the_bound_is_skipped_unread(pair, monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_MESSAGE_BYTES", 1000)
+    a, b = pair
+    protocol.send(a, {"op": "big"}, [b"x" * 5000])
+    protocol.send(a, {"op": "next"})
+    with pytest.raises(protocol.MessageRefused, match="over the bound of 1000 bytes"):
+        protocol.receive(b, timeout=5)
+    assert protocol.receive(b, timeout=5) == ({"op": "next"}, [])
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ({"op": "hello", "world_size": 2, "device": "cpu"}, "no protocol version (a pack from before protocol 1)"),
+    ({"op": "hello", "protocol": protocol.PROTOCOL_VERSION + 1, "pack": "7.0", "world_size": 2},
+     f"protocol {protocol.PROTOCOL_VERSION + 1} (pack 7.0)"),
+])
+def test_workers_of_another_protocol_are_refused_naming_both_versions(reply, expected):
+    with pytest.raises(WorkerGroupError, match="protocol mismatch") as error:
+        protocol.check_hello_reply(reply, "10.0.0.2:7777")
+    assert f"the workers at 10.0.0.2:7777: {expected}" in str(error.value)
+    assert f"protocol {protocol.PROTOCOL_VERSION} (pack {protocol.PACK_VERSION})" in str(error.value)
+
+
+def test_a_silent_peer_is_dropped_within_the_handshake_bound(monkeypatch):
+    monkeypatch.setattr(channel, "HANDSHAKE_SECONDS", 0.5)
+    server = channel.listen("127.0.0.1:0")
+    silent = socket.create_connection(server.getsockname())
+    started = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            channel.accept(server, channel.new_key())
+        assert time.monotonic() - started < 5
+    finally:
+        silent.close()
+        server.close()
