@@ -1,10 +1,11 @@
 """ComfyUI nodes of TPU Diffusers (V3 schema). Each node builds or refines a handle, or runs one."""
 
+import comfy.model_management
 from comfy_api.latest import ComfyExtension, io
 from server import PromptServer
 
 from tpu_diffusers_runtime.device import detect_device
-from . import unload_hook
+from . import comfy_memory
 from .compile_transformer import TPUCompileTransformer
 from .file_loader import TPUFileLoader
 from .loader import TPULoader
@@ -21,6 +22,6 @@ class TPUDiffusersExtension(ComfyExtension):
 
 async def comfy_entrypoint() -> TPUDiffusersExtension:
     # ComfyUI 0.3.75 never calls ComfyExtension.on_load, so set-up happens here.
-    detect_device()  # logs the device line (and why TPU was not used) at start-up
-    unload_hook.install(PromptServer.instance.prompt_queue)
+    device = detect_device()  # logs the device line (and why TPU was not used) at start-up
+    comfy_memory.install(PromptServer.instance.prompt_queue, comfy.model_management, device.type)
     return TPUDiffusersExtension()

@@ -154,3 +154,20 @@ def reset_peak_memory(info: DeviceInfo) -> None:
 
     if info.type != "cpu":
         torch.accelerator.reset_peak_memory_stats()
+
+
+# What TorchTPU's out-of-memory errors say: torch_tpu 0.2.0 has no exception type of its own for it (its
+# libraries export no OutOfMemoryError); HBM exhaustion reaches Python as a RuntimeError carrying XLA's
+# status name, or the glue's own "the TPU ran out of memory while awaiting the materialization of value".
+TPU_OUT_OF_MEMORY_MARKS = ("RESOURCE_EXHAUSTED", "the TPU ran out of memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is the accelerator running out of memory: torch's OutOfMemoryError (what CUDA raises;
+    torch.cuda.OutOfMemoryError is the same class) or TorchTPU's RuntimeError. Running out of host memory
+    (MemoryError) is not the device's."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(mark in str(error) for mark in TPU_OUT_OF_MEMORY_MARKS)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import traceback
 
 from . import single_file
-from .device import DeviceInfo, available_host_memory_bytes, peak_memory_bytes, reset_peak_memory, resolve_device
+from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, peak_memory_bytes, reset_peak_memory,
+                     resolve_device)
 from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, world_size
-from .errors import CompileError, LoraUnloadError, UserInputError, WorkerGroupError
+from .errors import CompileError, DeviceOutOfMemoryError, LoraUnloadError, UserInputError, WorkerGroupError
 from .families import Family, family_for
 from .features import compilation
 from .features.lora import LORA_WITH_MESH, apply_loras
@@ -118,6 +120,22 @@ class Engine:
 
     def generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None = None,
                  preview: PreviewSpec | None = None) -> Generation:
+        """Sample `request` (see _generate). While it runs, the pipelines stay on the device (the cache's
+        `running`). When the device runs out of memory, what the pack holds is freed and a
+        DeviceOutOfMemoryError says what to try, so the next run starts clean (docs/memory.md)."""
+        with self.cache.running():
+            try:
+                return self._generate(handle, request, on_progress, preview)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                log.warning("TPU Diffusers: %s", "".join(traceback.format_exception(error)).rstrip())
+                error.__traceback__ = None  # its frames hold the pipeline and the run's tensors: nothing is freed
+                self.cache.free_after_out_of_memory(resolve_device(handle.device))
+                raise DeviceOutOfMemoryError(out_of_memory_advice(error, handle, request)) from error
+
+    def _generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None,
+                  preview: PreviewSpec | None) -> Generation:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
         family = check_runnable(handle.model_class)
@@ -232,6 +250,25 @@ class Engine:
         except CompileError:
             entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
             raise
+
+
+def out_of_memory_advice(error: BaseException, handle: PipelineHandle, request: SampleRequest) -> str:
+    """What ran out of device memory (placement, batch, size), and what takes less of it."""
+    tries = []
+    if handle.placement is Placement.DEVICE:
+        tries.append("model CPU offload (the Mode Selector's placement 'model_cpu_offload': each model is on the "
+                     "device only while it runs)")
+    tries.append(f"a smaller batch_size (it was {request.batch_size}) or image size" if request.batch_size > 1
+                 else "a smaller image size")
+    if handle.mesh is not None and handle.mesh.chips != 1:
+        tries.append("a TP Mesh with more chips")
+    else:
+        tries.append("a TP Mesh (placement 'device'), which shards the model over several chips")
+    cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (f"{resolve_device(handle.device).type} ran out of memory running {handle.model_class} with placement "
+            f"'{handle.placement}', batch {request.batch_size} at {request.width}x{request.height} ({cause}). "
+            f"TPU Diffusers freed its loaded pipelines: the next run loads the model again. "
+            f"Try {', '.join(tries[:-1])}, or {tries[-1]}.")
 
 
 def shape_of(request: SampleRequest) -> tuple[int, int, int]:

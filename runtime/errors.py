@@ -30,6 +30,11 @@ class LoraUnloadError(TPUDiffusersError):
     """A LoRA failed and diffusers could not remove its layers either: the engine drops the pipeline."""
 
 
+class DeviceOutOfMemoryError(TPUDiffusersError):
+    """The accelerator ran out of memory in a run: the pack has freed its pipelines, and the message says
+    what ran (placement, batch, size) and what to try. Not a torch.OutOfMemoryError: see docs/memory.md."""
+
+
 class WorkerGroupError(TPUDiffusersError):
     """A worker failed; the message names the rank and the cause when torchrun reported them."""
 
@@ -40,7 +45,7 @@ class WorkerRequestError(TPUDiffusersError):
 
 # Errors a worker group's request can fail with on every rank, by the name in its error reply: the ComfyUI
 # side raises the same kind again (a UserInputError stays one, so ComfyUI shows it on the node).
-WIRE_ERRORS = {cls.__name__: cls for cls in (UserInputError, ModelLoadError, CompileError)}
+WIRE_ERRORS = {cls.__name__: cls for cls in (UserInputError, ModelLoadError, CompileError, DeviceOutOfMemoryError)}
 
 
 def from_wire(kind: str, message: str) -> Exception:

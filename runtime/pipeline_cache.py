@@ -1,16 +1,21 @@
 """Loaded pipelines kept for reuse, keyed by the handle's load key, and what has been done to each.
 
 The default capacity is one pipeline: accelerator memory is the scarce resource, and a second model is
-better loaded after the first is gone than beside it.
+better loaded after the first is gone than beside it. When the application around the runtime needs that
+memory (ComfyUI's own models, on CUDA), `move_to_host` parks idle pipelines in host memory and the next
+`get` moves them back; `make_room` is how the cache asks the application for memory in turn. See
+docs/memory.md.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import gc
 import logging
 import threading
+from typing import Callable
 
 from .device import DeviceInfo, empty_cache
 from .features import offload
@@ -18,7 +23,7 @@ from .features.compilation import CompileState
 from .features.lora import LoraState
 from .handle import PipelineHandle
 from .loading import load_pipeline
-from .specs import ProgressCallback
+from .specs import Placement, ProgressCallback
 
 log = logging.getLogger("tpu_diffusers")
 
@@ -28,9 +33,18 @@ class LoadedPipeline:
     """A loaded, placed pipeline and what has been done to it since (compiling, warm-up)."""
 
     pipe: object
+    device: DeviceInfo
+    placement: Placement
     compiled: CompileState | None = None  # while the denoiser is compiled
     lora: LoraState = dataclasses.field(default_factory=LoraState)  # the LoRAs fused into its weights now
-    notes: tuple[str, ...] = ()  # what loading found, for every run's info
+    load_notes: tuple[str, ...] = ()  # what loading found
+    on_host: str = ""  # why it was moved to host memory, while it waits there to be moved back
+    placed_note: str = ""  # set by each get(): how this realisation placed it, when it did anything
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """For this run's info: what loading found, and a move back from host memory."""
+        return self.load_notes + ((self.placed_note,) if self.placed_note else ())
 
 
 @dataclasses.dataclass
@@ -45,9 +59,13 @@ class PipelineCache:
     def __init__(self, capacity: int = 1, loader=load_pipeline):
         self.capacity = capacity
         self.loader = loader  # (handle, device, on_progress, notes=[]) -> pipeline; appends to notes
+        # make_room(bytes): asks the application to free that much device memory its own models hold, or all
+        # of it for None; set by the ComfyUI nodes on CUDA, None where nothing else manages device memory.
+        self.make_room: Callable[[int | None], None] | None = None
         self.stats = CacheStats()
         self._pipelines: collections.OrderedDict[tuple, LoadedPipeline] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the pipelines change (a load, a move, an eviction)
+        self._runs = 0  # runs in progress: their pipelines stay where they are
 
     def get(self, handle: PipelineHandle, device: DeviceInfo,
             on_progress: ProgressCallback | None = None) -> tuple[LoadedPipeline, bool]:
@@ -57,18 +75,97 @@ class PipelineCache:
             if key in self._pipelines:
                 self._pipelines.move_to_end(key)
                 self.stats.hits += 1
-                return self._pipelines[key], False
+                entry = self._pipelines[key]
+                entry.placed_note = self._move_back(entry) if entry.on_host else ""
+                return entry, False
             while len(self._pipelines) >= self.capacity:
                 self._evict_oldest(device)
             log.info("TPU Diffusers: loading %s on %s", handle.describe(), device.type)
             notes: list[str] = []
-            entry = LoadedPipeline(self.loader(handle, device, on_progress, notes=notes), notes=tuple(notes))
+            entry = LoadedPipeline(self.loader(handle, device, on_progress, notes=notes), device=device,
+                                   placement=handle.placement, load_notes=tuple(notes))
             self._pipelines[key] = entry
             self.stats.loads += 1
             return entry, True
 
+    def _move_back(self, entry: LoadedPipeline) -> str:
+        """Place a pipeline that waited in host memory on its device again (a host-to-device copy, no load
+        from disk; a compiled denoiser keeps its graphs: the same parameters come back to the same device).
+        The application is asked for the room first. Returns the note for the run's info."""
+        if self.make_room is not None:
+            self.make_room(offload.weight_bytes(entry.pipe))
+        offload.apply(entry.pipe, entry.placement, entry.device)
+        note = f"moved back to {entry.device.type} from host memory ({entry.on_host})"
+        entry.on_host = ""
+        log.info("TPU Diffusers: pipeline %s", note)
+        return note
+
+    def move_to_host(self, device_type: str, why: str) -> int:
+        """Move the idle pipelines on `device_type` to host memory, so that the application can use the device
+        memory they held; the next get() moves each back. Returns how many moved. Nothing moves while a run
+        or a load is in progress, on any thread: their pipelines are in use (the caller gets what the others
+        free), and a call from inside a run (the same thread) must not wait for that run."""
+        if not self._lock.acquire(blocking=False):
+            log.info("TPU Diffusers: a pipeline is loading or moving; it keeps its device memory (%s)", why)
+            return 0
+        try:
+            placed = [key for key, entry in self._pipelines.items()
+                      if entry.device.type == device_type and not entry.on_host]
+            if not placed:
+                return 0
+            if self._runs:
+                log.info("TPU Diffusers: a run is in progress; its pipeline keeps its device memory (%s)", why)
+                return 0
+            device = self._pipelines[placed[0]].device
+            moved, failed = 0, []
+            for key in placed:
+                try:
+                    moved += self._park(self._pipelines[key], why)
+                except Exception:  # e.g. host memory ran out half way: split between host and device, it cannot run
+                    log.exception("TPU Diffusers: moving a pipeline to host memory failed; dropping it instead")
+                    failed.append(key)
+            for key in failed:
+                self._drop(key, device)
+            empty_cache(device)
+            if moved:
+                log.info("TPU Diffusers: moved %d pipeline(s) to host memory (%s)", moved, why)
+            return moved
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _park(entry: LoadedPipeline, why: str) -> int:
+        """1 when the pipeline's weights moved to host memory and must move back before it runs again."""
+        if not offload.to_host(entry.pipe, entry.placement):
+            return 0
+        entry.on_host = why
+        return 1
+
+    @contextlib.contextmanager
+    def running(self):
+        """Marks a run in progress: move_to_host leaves the pipelines alone until it ends."""
+        with self._lock:
+            self._runs += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs -= 1
+
+    def free_after_out_of_memory(self, device: DeviceInfo) -> int:
+        """The device ran out of memory: drop every pipeline (a failed run may have left one half placed) and
+        ask the application to free what its own models hold, as ComfyUI does after its own out-of-memory
+        errors; returns how many pipelines were dropped."""
+        dropped = self.clear(device)
+        if self.make_room is not None:
+            self.make_room(None)
+        return dropped
+
     def _evict_oldest(self, device: DeviceInfo) -> None:
-        _, entry = self._pipelines.popitem(last=False)
+        self._drop(next(iter(self._pipelines)), device)
+
+    def _drop(self, key: tuple, device: DeviceInfo) -> None:
+        entry = self._pipelines.pop(key)
         offload.remove(entry.pipe)
         del entry
         gc.collect()
