@@ -13,22 +13,72 @@ import glob
 import importlib.util
 import logging
 import os
+import sys
 
 log = logging.getLogger("tpu_diffusers")
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
+# The PCI device ids of TPU chips (v4, v5p, v5e, v6e, v7), as torch_tpu 0.2.0 lists them; other Google PCI
+# devices (a gVNIC network card) are not chips.
+TPU_PCI_DEVICES = frozenset({"0x005e", "0x0062", "0x0063", "0x006f", "0x0076"})
+AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"  # torch loads TorchTPU at `import torch` unless it is 0
+# Set in ComfyUI's process when it keeps TorchTPU out (the TPU chips it found); never passed to workers.
+TPU_IN_WORKERS_ENV = "TPU_DIFFUSERS_TPU_IN_WORKERS"
+AUTOLOAD_WAS_ENV = "TPU_DIFFUSERS_AUTOLOAD_WAS"  # the user's own autoload value, given back to the workers
+
+
+def tpu_chip_count() -> int:
+    """TPU chips this host exposes, counted as torch_tpu's autoload counts them (a TPU PCI device
+    reachable through VFIO), without loading TorchTPU."""
+    count = 0
+    for device in glob.glob("/sys/bus/pci/devices/*"):
+        try:
+            with open(os.path.join(device, "vendor")) as f:
+                vendor = f.read().strip().lower()
+            with open(os.path.join(device, "device")) as f:
+                model = f.read().strip().lower()
+            if vendor == GOOGLE_PCI_VENDOR and model in TPU_PCI_DEVICES:
+                os.stat(os.path.join("/dev/vfio", os.path.basename(os.readlink(os.path.join(device, "iommu_group")))))
+                count += 1
+        except OSError:
+            continue
+    return count
 
 
 def tpu_on_pci_bus() -> bool:
     """True when a Google TPU chip is visible on this host's PCI bus (what torch_tpu's autoload checks)."""
-    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(path) as f:
-                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
-                    return True
-        except OSError:
-            continue
-    return False
+    return tpu_chip_count() > 0
+
+
+def keep_tpu_for_workers(worker_process: str) -> None:
+    """In ComfyUI's process, before torch is imported: when runs on a TPU go to worker processes
+    (TPU_DIFFUSERS_WORKER_PROCESS tpu or always), keep torch from loading TorchTPU here, so ComfyUI's
+    process never opens the chips and a libtpu abort can only end a worker. Workers get the user's
+    own setting back (worker_environment)."""
+    if worker_process == "never" or importlib.util.find_spec("torch_tpu") is None:
+        return
+    chips = tpu_chip_count()
+    if not chips:
+        return
+    if "torch" in sys.modules:
+        log.warning("TPU Diffusers: torch was imported before the pack's prestartup script (by another pack's), "
+                    "so TorchTPU may be loaded in ComfyUI's process; runs still go to worker processes.")
+        return
+    os.environ[AUTOLOAD_WAS_ENV] = os.environ.get(AUTOLOAD_ENV, "")
+    os.environ[AUTOLOAD_ENV] = "0"
+    os.environ[TPU_IN_WORKERS_ENV] = str(chips)
+
+
+def worker_environment(environ) -> dict:
+    """A copy of `environ` for worker processes: TorchTPU's autoload as the user had it."""
+    env = dict(environ)
+    if AUTOLOAD_WAS_ENV in env:
+        was = env.pop(AUTOLOAD_WAS_ENV)
+        env.pop(AUTOLOAD_ENV, None)
+        if was:
+            env[AUTOLOAD_ENV] = was
+    env.pop(TPU_IN_WORKERS_ENV, None)
+    return env
 
 
 def prepare_tpu_environment() -> None:
@@ -77,6 +127,12 @@ def device_info(device_type: str, reason: str = "") -> DeviceInfo:
 @functools.cache
 def detect_device() -> DeviceInfo:
     """tpu if TorchTPU registered a chip, else cuda, else cpu; logs one line saying which and why."""
+    kept_out = os.environ.get(TPU_IN_WORKERS_ENV)
+    if kept_out:  # ComfyUI's process, TorchTPU kept for the workers: nothing here may start it
+        info = device_info("tpu", f"{kept_out} TPU chip(s) on the PCI bus; TorchTPU runs in worker processes, "
+                                  "never in ComfyUI's (TPU_DIFFUSERS_WORKER_PROCESS)")
+        log.info("TPU Diffusers: running on tpu (%s).", info.reason)
+        return info
     import torch
 
     accelerator = torch.accelerator.current_accelerator(check_available=True)

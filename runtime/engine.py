@@ -13,11 +13,11 @@ import logging
 import time
 import traceback
 
-from . import single_file
+from . import settings, single_file
 from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, peak_memory_bytes, reset_peak_memory,
                      resolve_device)
 from .distributed.group import WorkerGroups
-from .distributed.mesh import check_mesh, world_size
+from .distributed.mesh import check_mesh, mesh_shape, world_size
 from .errors import CompileError, DeviceOutOfMemoryError, LoraUnloadError, UserInputError, WorkerGroupError
 from .families import Family, family_for
 from .features import compilation
@@ -26,10 +26,12 @@ from .features.preview import PreviewSpec
 from .handle import PipelineHandle
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
-from .specs import CompileSpec, ExecutionMode, Placement, ProgressCallback, Workers
+from .specs import CompileSpec, ExecutionMode, MeshSpec, Placement, ProgressCallback, Workers
 from .tasks import SampleRequest, Task, check_host_memory, check_runnable, task_for
 
 log = logging.getLogger("tpu_diffusers")
+
+SINGLE_CHIP = MeshSpec(chips=1, replicas=1)  # a single-chip run in a worker process: a group of one rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,7 @@ class RunInfo:
         lines = [f"device: {self.device}", f"task: {self.task} ({self.pipeline})", f"mode: {self.mode}",
                  f"placement: {self.placement}",
                  f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s ({self.grad_mode})", *self.notes]
-        if self.mesh_shape:
+        if self.mesh_shape and self.world_size > 1:
             lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {self.mesh_shape[1]} TP; " + ", ".join(
                 f"replica {i} ranks {list(ranks)}: {images} image(s), {step:.3f}s/step" for i, (ranks, images, step)
                 in enumerate(zip(self.replica_ranks, self.replica_images, self.replica_step_seconds))))
@@ -142,13 +144,12 @@ class Engine:
         task, pipeline_class = task_for(family, handle.model_class)
         task.validate(family, request)  # fail before loading anything
         check_host_memory(task, request, available_host_memory_bytes())
+        on_workers = self._worker_handle(handle)
+        if on_workers is not None:
+            return self._generate_on_workers(on_workers, request, on_progress, preview)
         notes = []
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
-        if handle.mesh is not None and handle.loras:
-            raise UserInputError(LORA_WITH_MESH)
-        if handle.mesh is not None and self.workers is not None:
-            return self._generate_on_workers(handle, request, notes, on_progress, preview)
         self._free_chips_for_this_process(handle)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
@@ -196,23 +197,39 @@ class Engine:
         returns how many were dropped."""
         return self.cache.clear(resolve_device("auto")) + (self.workers.stop() if self.workers else 0)
 
-    # --- tensor parallelism
-    def _generate_on_workers(self, handle: PipelineHandle, request: SampleRequest, notes: list[str],
+    # --- worker processes
+    def _worker_handle(self, handle: PipelineHandle) -> PipelineHandle | None:
+        """The handle to run on a worker group, or None to run in this process: a TP Mesh always goes
+        to workers; a single-chip run does as TPU_DIFFUSERS_WORKER_PROCESS says (tpu: on a TPU only),
+        as a group of one rank. Inside a worker (no groups of its own) everything runs here."""
+        if self.workers is None:
+            return None
+        if handle.mesh is not None:
+            return handle
+        where = settings.get("TPU_DIFFUSERS_WORKER_PROCESS")
+        if where == "always" or (where == "tpu" and resolve_device(handle.device).type == "tpu"):
+            return handle.replace(mesh=SINGLE_CHIP)
+        return None
+
+    def _generate_on_workers(self, handle: PipelineHandle, request: SampleRequest,
                              on_progress: ProgressCallback | None, preview: PreviewSpec | None) -> Generation:
         """One process per chip, replicas x tp of them: checked here, before anything launches; run by
         the worker group, which splits the batch over the replicas."""
         device = resolve_device(handle.device)
-        if handle.placement is not Placement.DEVICE:
+        shape = mesh_shape(handle.mesh, world_size(handle.mesh, device))
+        if shape[1] > 1 and handle.placement is not Placement.DEVICE:
             raise UserInputError("tensor parallelism keeps every shard on its chip; set the Mode Selector's "
                                  "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
+        if shape[1] > 1 and handle.loras:
+            raise UserInputError(LORA_WITH_MESH)
         # single files: the mesh is checked against their configs folder (local, or the hub's config files)
-        source = single_file.config_folder(handle.source) if handle.files else handle.source
-        notes += check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))
-        size = world_size(handle.mesh, device)
+        source = single_file.config_folder(handle.source) if handle.files and shape[1] > 1 else handle.source
+        notes = check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))
         if device.type != "cpu" and handle.mesh.workers is Workers.LAUNCH_LOCAL:
             self.cache.clear(device)  # the local ranks need every chip, this process's pipelines included
         start = time.perf_counter()
-        group, launched = self.workers.get(handle, device, size, on_progress)
+        use = self.workers.get(handle.mesh, shape, device, on_progress)
+        group, launched = use.group, use.started
         try:
             images, info = group.generate(handle, request, on_progress, preview)
         except WorkerGroupError:
@@ -228,8 +245,7 @@ class Engine:
                     else info["load_seconds"],
                     replica_ranks=tuple(map(tuple, info["replica_ranks"])),
                     worker_pids=(*group.pids(), *rank_pids),
-                    notes=(*notes, f"worker group of {group.world_size} ranks "
-                                   f"({'attached' if group.process is None else 'launched here'})", *info["notes"]))
+                    notes=(*notes, use.note, *info["notes"]))
         run = RunInfo(**info)
         log.info("TPU Diffusers: %s", run.summary().replace("\n", "; "))
         return Generation(images=images, info=run)

@@ -172,8 +172,8 @@ class WorkerGroup:
             elif op == "result":
                 if interrupted is not None:
                     raise interrupted
-                images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])
-                return torch.from_numpy(images.copy()), message["info"]
+                images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])  # no copy
+                return torch.from_numpy(images), message["info"]
 
     def unload(self) -> None:
         self.conn.send({"op": "unload"})

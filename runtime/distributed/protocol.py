@@ -66,9 +66,10 @@ def wait_readable(sock: socket.socket, timeout: float | None) -> bool:
     return bool(select.select([sock], [], [], timeout)[0])
 
 
-def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, list[bytes]] | None:
-    """The next message and its payloads; None if none began within `timeout` seconds. Raises EOFError
-    when the peer closed, OSError when it stalled inside a frame, MessageRefused for an unusable frame."""
+def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, list[memoryview]] | None:
+    """The next message and its payloads (views of one writable buffer, so images become arrays without a
+    copy); None if none began within `timeout` seconds. Raises EOFError when the peer closed, OSError
+    when it stalled inside a frame, MessageRefused for an unusable frame."""
     if not wait_readable(sock, timeout):
         return None
     sock.settimeout(FRAME_STALL_SECONDS)
@@ -83,11 +84,11 @@ def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, li
         if len(head) > MAX_JSON_BYTES:
             _discard(sock, size - len(head))
             raise MessageRefused(f"a message's JSON part is over {MAX_JSON_BYTES} bytes")
-        rest = _read(sock, size - len(head)) if size > len(head) else b""
+        rest = _read(sock, size - len(head)) if size > len(head) else bytearray()
     finally:
         sock.settimeout(None)
     try:
-        message = json.loads(head.rstrip(b"\0"))
+        message = json.loads(bytes(head).rstrip(b"\0"))
     except ValueError as e:
         raise MessageRefused(f"a message is not JSON ({e})") from None
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
@@ -95,14 +96,14 @@ def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, li
     sizes = message.pop("payloads", [])
     if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != len(rest):
         raise MessageRefused(f"a message announces payloads of {sizes} bytes but carries {len(rest)}")
-    payloads, start = [], 0
+    payloads, start, view = [], 0, memoryview(rest)
     for n in sizes:
-        payloads.append(rest[start:start + n])
+        payloads.append(view[start:start + n])
         start += n
     return message, payloads
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int) -> bytearray:
     buffer = bytearray(n)
     view, got = memoryview(buffer), 0
     while got < n:
@@ -110,7 +111,7 @@ def _read(sock: socket.socket, n: int) -> bytes:
         if not count:
             raise EOFError("the peer closed the connection")
         got += count
-    return bytes(buffer)
+    return buffer
 
 
 def _read_until_nul(sock: socket.socket, limit: int) -> bytes:

@@ -321,7 +321,7 @@ class RankWorker:
 
         leaders = gathered[::tp]  # one entry per replica, in replica order
         ran = [entry for entry in leaders if "images" in entry]
-        images = np.concatenate([entry["images"] for entry in ran])
+        images = ran[0]["images"] if len(ran) == 1 else np.concatenate([entry["images"] for entry in ran])
         counts = [count for _, count in slices]
         seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
                              for name in ("sample_seconds", "compile_seconds"))
