@@ -170,3 +170,48 @@ def test_comfyui_killed_with_sigkill_during_a_tp_run_leaves_no_worker(tiny_dir, 
     print(f"\n[fault] ComfyUI SIGKILLed during a TP run: workers {pids}, alive 10 s later {left}")
     assert left == [], "a worker outlived the killed ComfyUI by 10 s"
     count("faults survived")
+
+
+# Installed beside the pack for the OOM test: the real FLUX transformer raises the device's out-of-memory
+# error (torch.OutOfMemoryError, what CUDA raises) in its forward while the flag file exists.
+OOM_INJECTOR = '''
+import os
+
+import diffusers
+import torch
+
+FLAG = os.environ["TPU_DIFFUSERS_TEST_OOM_FLAG"]
+forward = diffusers.FluxTransformer2DModel.forward
+
+
+def out_of_memory_while_flagged(self, *args, **kwargs):
+    if os.path.exists(FLAG):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+    return forward(self, *args, **kwargs)
+
+
+diffusers.FluxTransformer2DModel.forward = out_of_memory_while_flagged
+NODE_CLASS_MAPPINGS = {}
+'''
+
+
+def test_a_device_out_of_memory_error_frees_the_pipeline_says_what_to_try_and_the_next_prompt_works(tiny_dir,
+                                                                                                    tmp_path):
+    flag = tmp_path / "oom"
+    injector = tmp_path / "base" / "custom_nodes" / "oom_injector"
+    injector.mkdir(parents=True)
+    (injector / "__init__.py").write_text(OOM_INJECTOR)
+    server = start_server(tmp_path / "base", tiny_dir, env={"TPU_DIFFUSERS_TEST_OOM_FLAG": str(flag)})
+    try:
+        run_ok(server, sampler_prompt())
+        flag.touch()
+        node, message = failure(server.wait(server.queue(sampler_prompt(batch_size=2)), timeout=300))
+        flag.unlink()
+        print(f"\n[fault] injected device OOM: {message.strip()[:300]}")
+        assert node == SAMPLER and "out of memory" in message.lower(), message
+        assert "offload" in message and "batch" in message, message
+        info = run_info(run_ok(server, sampler_prompt()))
+        assert info["loaded"] is True  # what the pack held was freed: the next prompt loads afresh
+        count("faults survived")
+    finally:
+        server.stop()
