@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 import subprocess
@@ -89,3 +90,41 @@ def test_with_torch_tpu_installed_and_no_chip_autograd_does_not_hang(torch_tpu):
                             timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "backward ok" in result.stdout
+
+
+KEEP_OUT = '''
+import json, os, sys
+sys.path.insert(0, {pack!r})
+import runtime_package
+runtime_package.load()
+from tpu_diffusers_runtime import device, process_env
+device.tpu_chip_count = lambda: 4  # this host has no TPU: the PCI scan's answer is what is given here
+process_env.keep_tpu_out_of_comfyui()  # what the prestartup script does, before torch
+import torch
+from tpu_diffusers_runtime.distributed.mesh import local_chips
+info = device.detect_device()
+print(json.dumps({{"torch_tpu_loaded": "torch_tpu" in sys.modules, "device": info.type, "reason": info.reason,
+                  "chips": local_chips(info) if info.type == "tpu" else None,
+                  "autoload": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD"),
+                  "workers_get": device.worker_environment(os.environ).get("TORCH_DEVICE_BACKEND_AUTOLOAD", "unset")}}))
+'''
+
+
+@pytest.mark.parametrize("setting, users_autoload", [("tpu", None), ("always", "1"), ("never", None)])
+def test_comfyuis_process_keeps_torch_tpu_out_when_runs_go_to_workers(torch_tpu, setting, users_autoload):
+    """With a TPU on the bus, ComfyUI's process never loads TorchTPU (so it never opens the chips), still
+    knows the device and its chips, and the workers get the user's own autoload setting back."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env.update({"TPU_DIFFUSERS_WORKER_PROCESS": setting, "TPU_SKIP_MDS_QUERY": "1"})
+    if users_autoload:
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = users_autoload
+    done = subprocess.run([sys.executable, "-c", KEEP_OUT.format(pack=ROOT)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    if setting == "never":
+        assert seen["torch_tpu_loaded"] and seen["autoload"] != "0"  # as before: TorchTPU loads with torch
+        return
+    assert not seen["torch_tpu_loaded"] and seen["autoload"] == "0"
+    assert seen["device"] == "tpu" and seen["chips"] == 4 and "worker processes" in seen["reason"]
+    assert seen["workers_get"] == (users_autoload or "unset")
