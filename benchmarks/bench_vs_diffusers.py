@@ -9,7 +9,12 @@ prompt: Sampler plus Save Image); plain is `pipe(...)` plus saving the PNG. Peak
 the process's peak RSS (VmHWM) for each arm, and peak accelerator memory where there is one.
 
     .venv/bin/python benchmarks/bench_vs_diffusers.py [--model DIR] [--device auto|tpu|cuda|cpu]
-        [--size 256] [--steps 4] [--runs 5]
+        [--size 256] [--steps 4] [--runs 5] [--ours comfyui|engine]
+
+--ours engine, for a machine where no ComfyUI server can start (only the pack's own packages are
+there): ours is the runtime's Engine in this process, called as the Sampler node calls it, plus the
+PNG saved as Save Image saves it. Both arms then share this process (and the device, each with its
+own pipeline loaded), so the memory columns are not measured.
 
 Without --model it builds a FLUX.1-schnell-shaped model with real layer widths (3072) and
 few layers, random weights (tools/tiny_models.py, size "bench"), so compute dominates a step.
@@ -71,6 +76,33 @@ class PlainDiffusers:
         return None if peak is None else peak / 2**20
 
 
+class OursEngine:
+    """Ours without a server: the runtime's Engine with the handle the demo workflow's nodes build
+    (eager, on the device), and the image saved as ComfyUI's Save Image saves it."""
+
+    def __init__(self, folder: Path, device: str):
+        from tpu_diffusers_runtime.engine import Engine
+        from tpu_diffusers_runtime.handle import PipelineHandle
+        from tpu_diffusers_runtime.loading import inspect_source
+
+        self.engine = Engine()
+        self.handle = PipelineHandle.of(source=str(folder), model_class=inspect_source(str(folder)), device=device)
+
+    def run(self, size: int, steps: int, seed: int, out: Path) -> tuple[float, dict]:
+        """Seconds for one image, and its run info."""
+        import numpy as np
+        from PIL import Image
+
+        from tpu_diffusers_runtime.tasks import SampleRequest
+
+        start = time.perf_counter()
+        generation = self.engine.generate(self.handle, SampleRequest(prompt=PROMPT, width=size, height=size,
+                                                                     steps=steps, guidance=0.0, seed=seed))
+        pixels = np.clip(255.0 * generation.images[0].cpu().numpy(), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(out / f"ours_{seed}.png")
+        return time.perf_counter() - start, generation.info.as_dict()
+
+
 def ours_workflow(model_name: str, device: str, size: int, steps: int, seed: int) -> dict:
     workflow = json.loads((ROOT / "workflows" / "api" / "tpu_demo_tiny_flux.json").read_text())
     workflow["1"]["inputs"].update(model=model_name, device=device)
@@ -90,6 +122,8 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--ours", choices=("comfyui", "engine"), default="comfyui",
+                        help="ours through a real ComfyUI server, or through the runtime's Engine here (no ComfyUI)")
     args = parser.parse_args(argv)
 
     from tpu_diffusers_runtime.device import resolve_device
@@ -107,6 +141,12 @@ def main(argv=None) -> int:
         print(f"plain, seed {seed}: {times['plain'][-1]:.3f}s", flush=True)
 
     def run_ours(seed: int) -> None:
+        if args.ours == "engine":
+            seconds, info = ours.run(args.size, args.steps, seed, work)
+            infos.append(info)
+            times["ours"].append(seconds)
+            print(f"ours (Engine, no server), seed {seed}: {seconds:.3f}s", flush=True)
+            return
         entry = server.run(ours_workflow(model.name, args.device, args.size, args.steps, seed), timeout=3600)
         error = execution_error(entry)
         if error:
@@ -115,25 +155,34 @@ def main(argv=None) -> int:
         times["ours"].append(prompt_seconds(entry))
         print(f"ours, seed {seed}: {times['ours'][-1]:.3f}s", flush=True)
 
-    server = ComfyServer(prepare_comfyui(), base_dir=work)
-    server.start()
-    try:
-        if alternate:
-            plain = PlainDiffusers(model, args.device)
+    if args.ours == "engine":  # one process holds the device for both arms: they alternate everywhere
+        ours, plain, alternate = OursEngine(model, args.device), PlainDiffusers(model, args.device), True
         for seed in seeds:
-            if alternate:
-                run_plain(seed)
+            run_plain(seed)
             run_ours(seed)
-        ours_rss = peak_rss_mb(server.process.pid)
-    finally:
-        server.stop()
+        ours_rss = None
+    else:
+        server = ComfyServer(prepare_comfyui(), base_dir=work)
+        server.start()
+        try:
+            if alternate:
+                plain = PlainDiffusers(model, args.device)
+            for seed in seeds:
+                if alternate:
+                    run_plain(seed)
+                run_ours(seed)
+            ours_rss = peak_rss_mb(server.process.pid)
+        finally:
+            server.stop()
     if not alternate:
         plain = PlainDiffusers(model, args.device)
         for seed in seeds:
             run_plain(seed)
     times = {arm: runs[1:] for arm, runs in times.items()}
-    rss = {"plain": peak_rss_mb(), "ours": ours_rss}
-    plain_peak_device, ours_peak_device = plain.peak_device_mb(), infos[0]["peak_device_memory_mb"]
+    shared = args.ours == "engine"
+    rss = {"plain": None if shared else peak_rss_mb(), "ours": ours_rss}
+    plain_peak_device = None if shared else plain.peak_device_mb()
+    ours_peak_device = None if shared else infos[0]["peak_device_memory_mb"]
     loads_after_first = sum(info["loaded"] for info in infos[1:])
 
     def fmt(value):
@@ -143,10 +192,11 @@ def main(argv=None) -> int:
     print()
     print(f"model {model.name}, device {plain.device.type}, {args.size}x{args.size}, {args.steps} steps, "
           f"{args.runs} runs per arm ({'alternating' if alternate else 'one arm after the other'}, "
-          f"after one warm-up each)")
+          f"after one warm-up each)" + ("; ours through the Engine in this process, no ComfyUI server: memory "
+                                        "not compared" if shared else ""))
     print(f"{'arm':<8}{'median s/image':>16}{'min s/image':>14}{'peak RSS MiB':>14}{'peak device MiB':>17}")
     for arm, device_peak in (("plain", plain_peak_device), ("ours", ours_peak_device)):
-        print(f"{arm:<8}{med[arm]:>16.3f}{min(times[arm]):>14.3f}{rss[arm]:>14.0f}{fmt(device_peak):>17}")
+        print(f"{arm:<8}{med[arm]:>16.3f}{min(times[arm]):>14.3f}{fmt(rss[arm]):>14}{fmt(device_peak):>17}")
     print(f"ratio ours/plain (median per image): {med['ours'] / med['plain']:.3f}")
     print(f"pipeline loads after the first run: {loads_after_first}")
     return 0

@@ -1,9 +1,16 @@
 """tools/verify_device.py, the one command that proves the pack on a device: each matrix cell says
 what it did (a fallback or a refusal is not a pass), a child process that dies fails the cells it
-never reported, and the report fills every cell. The whole quick run (`bash scripts/verify_device.sh
---device cpu --quick`) takes too long for this suite on 2 cores; CI runs it as its own step."""
+never reported, and the report fills every cell; --budget bounds the run; --python-here refuses an
+interpreter that lacks what the pack needs, naming it. The whole quick run (`bash
+scripts/verify_device.sh --device cpu --quick`) takes too long for this suite on 2 cores; CI runs it
+as its own step."""
 
+import os
 import re
+import subprocess
+import sys
+import time
+import zipfile
 
 import pytest
 import verify_device
@@ -45,11 +52,11 @@ def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(ce
     like = {"eager": "eager", "fused_eager": "fused_eager", "tp": "tp"}  # the other columns take the failure
     matrix = [{**cells[like.get(cell, "died")], "family": family, "cell": cell}
               for family in verify_device.FAMILIES for cell in verify_device.CELLS]
-    suite = {"scope": "contract", "exit_code": 0, "summary": "12 passed", "failed": []}
-    cache = {"cold": matrix[0], "warm": None, "reused": False}
+    suite = {"scope": "contract", "ran": True, "exit_code": 0, "summary": "12 passed", "failed": []}
+    cache = {"size": "tiny", "cold": matrix[0], "warm": None, "reused": False}
     ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path)
     report = tmp_path / "report.md"
-    verify_device.write_report(report, ctx, {"torch": "x"}, suite, matrix, ["tiny"], cache, [], 60.0, "cmd")
+    verify_device.write_report(report, ctx, {"torch": "x"}, suite, matrix, ["tiny"], cache, [], 60.0, "cmd", "here")
     text = report.read_text()
 
     rows = re.findall(r"^\| (FLUX\.1|SD3\/SD3\.5|FLUX\.2|QwenImage) \|(.*)\|$", text, re.M)
@@ -61,4 +68,60 @@ def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(ce
         assert cell_texts[2:5] == ["**FAIL**"] * 3 and cell_texts[5] == "refused"
     failed = len(verify_device.FAMILIES) * 3
     assert f"**{failed + 1} failure(s)**:" in text  # the failed cells, and the compile cache never reused
-    assert "### bench models: not run (--quick)" in text
+    assert "### bench models: not run (--sizes tiny)" in text
+
+
+def test_the_budget_skips_what_would_start_after_it_and_stops_what_runs_with_its_children(tmp_path):
+    ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path, budget_minutes=0.05,
+                                deadline=time.perf_counter() + 3)
+    # the child starts a grandchild that would outlive it: both must be gone when the budget ends
+    pid_file = tmp_path / "grandchild.pid"
+    code = (f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    start = time.perf_counter()
+    stopped = verify_device.run_logged(ctx, "sleeper", [sys.executable, "-c", code])
+    assert time.perf_counter() - start < 10 and stopped.code is None
+    assert stopped.budget.startswith("stopped after") and "--budget of 0.05 min ran out" in stopped.budget
+    grandchild = int(pid_file.read_text())
+    time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{grandchild}") or "Z" in open(f"/proc/{grandchild}/stat").read().split()[2]
+    never = verify_device.run_logged(ctx, "late", [sys.executable, "-c", "pass"])
+    assert never.budget == "not run: the --budget of 0.05 min was spent"
+    assert [how for _, _, how in ctx.spent] == [stopped.budget, never.budget]
+
+
+def test_without_comfyui_or_a_second_chip_the_benchmarks_say_what_does_not_run():
+    model = verify_device.ROOT / ".comfyui" / "tiny-models" / "tiny-flux1-schnell"  # named, not read
+    plan = verify_device.benchmark_plan(False, model, 1, has_comfyui=False)
+    assert plan["bench_vs_diffusers.py"] == ["--ours", "engine"]
+    assert "no ComfyUI is importable" in plan["bench_native.py"]
+    assert plan["bench_tp.py"] == plan["bench_dp.py"] == "not run: it needs 2 chips, this host has 1"
+    assert plan["bench_compile.py"] == plan["bench_lora.py"] == plan["bench_single_file.py"] == []
+    on_cpu = verify_device.benchmark_plan(True, model, None, has_comfyui=True)
+    assert all(isinstance(args, list) and "--ours" not in args for args in on_cpu.values())
+
+
+def test_python_here_refuses_an_interpreter_without_the_packs_packages_and_names_them(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    carried = tmp_path / "wheels"  # one pure wheel, so the run does not depend on the pack's own wheels/
+    carried.mkdir()
+    with zipfile.ZipFile(carried / "tpu_test_dummy-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("tpu_test_dummy/__init__.py", "")
+    script = verify_device.ROOT / "scripts" / "verify_device.sh"
+    env = {**os.environ, "PYTHON": str(tmp_path / "bare" / "bin" / "python")}
+
+    def verify(*args):
+        return subprocess.run(["bash", str(script), "--python-here", "--wheels", str(carried), *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    ran = verify("--device", "cpu")
+    assert ran.returncode == 1, ran.stderr
+    assert "unpacked into" in ran.stdout and "tpu_test_dummy-1.0-py3-none-any.whl" in ran.stdout
+    for requirement in ("diffusers>=0.42.1", "transformers>=4.57", "torch", "sentencepiece", "protobuf"):
+        assert f"  - {requirement}: `import " in ran.stderr
+    assert "bash scripts/device_wheels.sh wheels" in ran.stderr and "docs/device_check.md" in ran.stderr
+    assert "[verify]" not in ran.stdout  # it stopped before the run
+    other = "cp39" if sys.version_info[:2] != (3, 9) else "cp38"
+    (carried / f"sentencepiece-0.2.3-{other}-{other}-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    ran = verify()
+    assert ran.returncode == 1 and "built for another Python" in ran.stderr and "PYTHON_VERSION=" in ran.stderr

