@@ -48,3 +48,60 @@ def launched_workers(parent: int | None = None) -> list[int]:
 def children(parent: int) -> list[int]:
     """Live child processes of `parent` (e.g. the ranks under a torchrun launcher)."""
     return [pid for pid, ppid, _ in _processes() if ppid == parent and pid_alive(pid)]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_staying_workers(worker_script, log, ranks: int = 1):
+    """Workers as the README's attach section starts them (torchrun ... worker.py --control ... --stay), on
+    loopback, once they answer; returns (torchrun process, address, key). Stop them with stop_workers."""
+    import subprocess
+    import sys
+    import time
+
+    from tpu_diffusers_runtime.distributed import channel
+
+    key, address = channel.new_key(), f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                f"--nproc_per_node={ranks}", str(worker_script), "--control", address, "--stay"],
+                               env={**os.environ, channel.KEY_ENV: key}, stdout=open(log, "w"),
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            channel.connect(address, key, timeout=5).close()
+            return process, address, key
+        except ConnectionError:
+            assert process.poll() is None and time.monotonic() < deadline, open(log).read()
+            time.sleep(0.5)
+
+
+def stop_workers(process) -> None:
+    import signal
+
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(30)
+
+
+def other_version_checkout(pack, folder, pack_version: str):
+    """A copy of this checkout that speaks the next protocol and calls itself `pack_version` (workers
+    started from another checkout); returns its worker.py."""
+    import shutil
+
+    from tpu_diffusers_runtime.distributed import protocol
+
+    shutil.copytree(pack, folder, ignore=shutil.ignore_patterns(".venv", ".comfyui", ".git", "tests", "docs",
+                                                                 "wheels", "__pycache__"))
+    protocol_file = folder / "runtime" / "distributed" / "protocol.py"
+    protocol_file.write_text(protocol_file.read_text().replace(
+        f"PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION}", f"PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION + 1}"))
+    pyproject = folder / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(f'version = "{protocol.PACK_VERSION}"',
+                                                       f'version = "{pack_version}"'))
+    return folder / "runtime" / "distributed" / "worker.py"

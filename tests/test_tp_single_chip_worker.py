@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,34 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from processes import alive_after
+from processes import alive_after, free_port, other_version_checkout, start_staying_workers, stop_workers
+from test_tensor_parallel import engine, handle_for, request  # noqa: F401  (engine: the fixture)
 from tpu_diffusers_runtime.distributed import channel, protocol
 from tpu_diffusers_runtime.distributed.group import WORKER_SCRIPT
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import WorkerGroupError
-from tpu_diffusers_runtime.handle import PipelineHandle
-from tpu_diffusers_runtime.loading import inspect_source
 from tpu_diffusers_runtime.specs import MeshSpec, Workers
-from tpu_diffusers_runtime.tasks import SampleRequest
 
 PACK = Path(__file__).resolve().parents[1]
-
-
-def request(**overrides):
-    values = dict(prompt="a cat sitting on a red chair", width=64, height=64, steps=2, guidance=2.0, seed=5)
-    return SampleRequest(**{**values, **overrides})
-
-
-def handle_for(tiny, name, **fields):
-    source = tiny(name)
-    return PipelineHandle.of(source=source, model_class=inspect_source(source), **fields)
-
-
-@pytest.fixture
-def engine():
-    engine = Engine()
-    yield engine
-    engine.unload()
 
 
 def test_a_single_chip_run_in_a_worker_equals_this_process_and_stays_warm(tiny, engine, monkeypatch):
@@ -85,32 +65,10 @@ def test_a_killed_single_chip_worker_fails_the_run_clearly_and_the_next_run_rela
 
 @pytest.fixture
 def staying_group(tmp_path):
-    """A 1-rank `--stay` group started as the README's attach section says, with its key and address."""
-    key, port = channel.new_key(), _free_port()
-    log = open(tmp_path / "workers.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                                str(WORKER_SCRIPT), "--control", f"127.0.0.1:{port}", "--stay"],
-                               env={**os.environ, channel.KEY_ENV: key}, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            channel.connect(address, key, timeout=5).close()
-            break
-        except ConnectionError:
-            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "workers.log").read_text()
-            time.sleep(0.5)
+    """A 1-rank `--stay` group started as the README's attach section says: (address, key, its log)."""
+    process, address, key = start_staying_workers(WORKER_SCRIPT, tmp_path / "workers.log")
     yield address, key, tmp_path / "workers.log"
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(30)
-    log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    stop_workers(process)
 
 
 def test_probes_silent_peers_garbage_and_bad_messages_do_not_stop_a_staying_group(tiny, engine, staying_group):
@@ -159,21 +117,13 @@ def test_a_client_of_another_protocol_is_refused_by_name_and_the_group_stays_up(
 
 def test_workers_of_another_pack_version_are_refused_with_both_versions(tiny, engine, tmp_path):
     """Workers started from another checkout (here: a copy of this one with the next protocol)."""
-    other = tmp_path / "other_checkout"
-    shutil.copytree(PACK, other, ignore=shutil.ignore_patterns(".venv", ".comfyui", ".git", "tests", "docs",
-                                                                "__pycache__", "*.safetensors"))
-    protocol_file = other / "runtime" / "distributed" / "protocol.py"
-    protocol_file.write_text(protocol_file.read_text().replace(
-        f"PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION}", f"PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION + 1}"))
-    pyproject = other / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace(f'version = "{protocol.PACK_VERSION}"', 'version = "9.0.0"'))
-    key, port = channel.new_key(), _free_port()
+    worker_script = other_version_checkout(PACK, tmp_path / "other_checkout", "9.0.0")
+    key, port = channel.new_key(), free_port()
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                                str(other / "runtime" / "distributed" / "worker.py"), "--control",
-                                f"127.0.0.1:{port}", "--stay"],
+                                str(worker_script), "--control", f"127.0.0.1:{port}", "--stay"],
                                env={**os.environ, channel.KEY_ENV: key}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    try:  # not start_staying_workers: it would wait for a hello these workers refuse
         mesh = MeshSpec(workers=Workers.ATTACH, address=f"127.0.0.1:{port}", key=key)
         deadline = time.monotonic() + 180
         while True:

@@ -34,7 +34,14 @@ def main(argv=None) -> int:
         import torch
 
         ranks = next(int(a.split("=", 1)[1]) for a in torchrun_args if a.startswith("--nproc_per_node="))
-        torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=ranks)
+        try:
+            torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=ranks)
+        except RuntimeError as e:
+            if ranks != 1:
+                raise
+            # One rank where TorchTPU knows no one-chip topology (a v7 chip is two devices): the rank
+            # then sees the chips as a single process would, as ComfyUI's own process did before.
+            print(f"[worker] one rank without TorchTPU's launch environment ({e})", file=sys.stderr, flush=True)
     os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())
     from torch.distributed.run import main as torchrun
 

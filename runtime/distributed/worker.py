@@ -99,10 +99,12 @@ class ControlServer:
             conn = channel.accept(self.listener, self.key)
         except channel.AuthenticationError:
             log_refusal("a client with a wrong key")
-        except EOFError:
+        except (EOFError, ConnectionError):
             log_refusal("a client that closed the connection during the handshake (a port probe?)")
+        except (BlockingIOError, TimeoutError):  # the kernel's receive timeout: a silent peer
+            log_refusal(f"a client that did not complete the handshake within {channel.HANDSHAKE_SECONDS:.0f}s")
         except OSError as e:
-            log_refusal(f"a client that did not complete the handshake within {channel.HANDSHAKE_SECONDS:.0f}s ({e})")
+            log_refusal(f"a client whose handshake failed ({e})")
         else:
             self.had_client = True
             return conn
@@ -249,8 +251,6 @@ class RankWorker:
 
     def run(self, command: dict) -> tuple[dict, list[bytes]] | None:
         """Run one command on this rank; returns the reply rank 0 sends (None on other ranks, or none due)."""
-        import torch.distributed as dist
-
         op = command["op"]
         if op == "generate":
             return self.generate(command)

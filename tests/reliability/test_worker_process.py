@@ -11,11 +11,8 @@ Counted in the report: "faults survived", "worker prompts compared", "soak alter
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +21,8 @@ import pytest
 from PIL import Image
 
 from harness import REPORT, count, start_server
-from processes import alive_after, children, launched_workers
+from processes import (alive_after, children, launched_workers, other_version_checkout, start_staying_workers,
+                       stop_workers)
 from serving import (MESH, SAMPLER, clear_error, failure, run_info, run_ok, sampler_prompt, with_mesh)
 from tpu_diffusers_runtime.distributed import channel, protocol
 from tpu_diffusers_runtime.distributed.group import WORKER_SCRIPT
@@ -123,34 +121,6 @@ def test_a_sigkilled_comfyui_leaves_no_worker_in_any_phase(tiny_dir, tmp_path, p
     count("faults survived")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_staying_workers(worker_script: Path, log: Path, ranks: int = 1) -> tuple[subprocess.Popen, str, str]:
-    """Workers as the README's attach section starts them (`--stay`), on loopback; returns (process, address, key)."""
-    key, address = channel.new_key(), f"127.0.0.1:{_free_port()}"
-    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                f"--nproc_per_node={ranks}", str(worker_script), "--control", address, "--stay"],
-                               env={**os.environ, channel.KEY_ENV: key}, stdout=log.open("w"),
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            channel.connect(address, key, timeout=5).close()
-            return process, address, key
-        except (ConnectionError, OSError):
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
-
-
-def stop_workers(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(30)
-
-
 def test_probes_silent_and_garbage_clients_on_the_control_port_do_not_stop_a_running_prompt(server, tmp_path):
     process, address, key = start_staying_workers(WORKER_SCRIPT, tmp_path / "workers.log", ranks=2)
     try:
@@ -181,14 +151,8 @@ def test_probes_silent_and_garbage_clients_on_the_control_port_do_not_stop_a_run
 
 
 def test_workers_of_another_protocol_version_are_refused_on_the_node(server, tmp_path):
-    other = tmp_path / "other_checkout"
-    shutil.copytree(PACK, other, ignore=shutil.ignore_patterns(".venv", ".comfyui", ".git", "tests", "docs",
-                                                                "wheels", "__pycache__"))
-    protocol_file = other / "runtime" / "distributed" / "protocol.py"
-    protocol_file.write_text(protocol_file.read_text().replace(
-        f"PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION}", f"PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION + 1}"))
-    process, address, key = start_staying_workers(other / "runtime" / "distributed" / "worker.py",
-                                                  tmp_path / "workers.log")
+    worker_script = other_version_checkout(PACK, tmp_path / "other_checkout", "9.0.0")
+    process, address, key = start_staying_workers(worker_script, tmp_path / "workers.log")
     try:
         prompt = with_mesh(sampler_prompt(), workers="attach", address=address, key=key)
         message = clear_error(server, prompt, (SAMPLER, MESH), "protocol mismatch",
