@@ -244,6 +244,9 @@ def test_cancel_stops_the_transfer_and_the_next_download_completes_and_loads(hub
     # The bounds are against hangs on a busy host, not measurements (those are in the closing notes);
     # that the transfer stopped is `sent < BIG_SIZE`: at SLOW, BIG takes seconds to send in full.
     assert out["folder"]["at"] - cancelled < 5
+    deadline = time.monotonic() + 30  # the server sees the closed connection at its next write
+    while BIG not in hub.stopped and time.monotonic() < deadline:
+        time.sleep(0.1)
     sent, stopped = hub.stopped[BIG]
     assert sent < BIG_SIZE and stopped - cancelled < 30, "the transfer went on after Cancel"
     assert out["transfer_ended"] - cancelled < 60

@@ -180,7 +180,7 @@ def test_an_exception_on_one_rank_is_reported_with_its_rank_and_message(tmp_path
                            str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     cause = root_cause(done.stdout + done.stderr)
-    assert cause.startswith("worker rank 1 (local_rank: 1) failed (exit code 1"), cause
+    assert cause.startswith("worker rank 1 failed (exit code 1"), cause
     assert "ValueError: out of memory on rank 1, as an example" in cause
 
 
