@@ -1,6 +1,8 @@
-"""TPU Sampler: realises the pipeline (load once, reuse after) and generates images."""
+"""TPU Sampler: realises the pipeline (load once, reuse after) and generates images, from text alone or from
+images (image to image, inpaint, edit: the task follows from the model and the connected inputs)."""
 
 from comfy_api.latest import io
+from comfy_execution.validation import validate_node_input
 
 from tpu_diffusers_runtime.engine import ENGINE
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest, size_problem
@@ -8,6 +10,11 @@ from .comfy_progress import ComfyProgress, preview_spec
 from .types import CATEGORY, TPUPipeline
 
 MAX_SIZE = 8192
+IMAGE_INPUTS = ("image", "image_2", "image_3")
+# What each input takes when linked: ComfyUI leaves link types to a node that reads input_types (this one).
+LINK_TYPES = {"pipeline": TPUPipeline.io_type, "prompt": "STRING", "negative_prompt": "STRING", "width": "INT",
+              "height": "INT", "steps": "INT", "guidance": "FLOAT", "seed": "INT", "batch_size": "INT",
+              "denoise": "FLOAT", "image": "IMAGE", "image_2": "IMAGE", "image_3": "IMAGE", "mask": "MASK"}
 
 
 class TPUSampler(io.ComfyNode):
@@ -17,19 +24,21 @@ class TPUSampler(io.ComfyNode):
             node_id="TPUSampler",
             display_name="TPU Sampler",
             category=CATEGORY,
-            description="Loads the pipeline on first use (later runs reuse it) and generates images. "
-                        "Shows progress and a preview per step (ComfyUI's --preview-method); "
-                        "Cancel stops it within one step.",
+            description="Loads the pipeline on first use (later runs reuse it) and generates images. No image: text "
+                        "to image. An image: image to image, or an edit on an edit model (FLUX.1 Kontext, "
+                        "Qwen-Image-Edit, FLUX.2 references). Image + mask: inpaint. Shows progress and a preview "
+                        "per step (ComfyUI's --preview-method); Cancel stops it within one step.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader or Mode Selector."),
                 io.String.Input("prompt", multiline=True, default="a golden retriever surfing a wave, photorealistic",
-                                tooltip="What to generate. Required."),
+                                tooltip="What to generate, or for an edit model what to change. Required."),
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="What to avoid. Used by SD3/SD3.5 and QwenImage; FLUX.1 and FLUX.2 take none."),
-                io.Int.Input("width", default=1024, min=16, max=MAX_SIZE, step=16,
-                             tooltip="Image width in pixels; a multiple of 16."),
-                io.Int.Input("height", default=1024, min=16, max=MAX_SIZE, step=16,
-                             tooltip="Image height in pixels; a multiple of 16."),
+                io.Int.Input("width", default=1024, min=0, max=MAX_SIZE, step=16,
+                             tooltip="Image width in pixels; a multiple of 16. 0 = the image's width (rounded to "
+                                     "16); otherwise the image is resized to width x height."),
+                io.Int.Input("height", default=1024, min=0, max=MAX_SIZE, step=16,
+                             tooltip="Image height in pixels; a multiple of 16. 0 = the image's height."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
                              tooltip="Denoising steps (FLUX.1-schnell 4, SD3.5 40, FLUX.2-dev 28)."),
                 io.Float.Input("guidance", default=3.5, min=0.0, max=100.0, step=0.1,
@@ -38,39 +47,75 @@ class TPUSampler(io.ComfyNode):
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed; the same seed gives the same image on TPU, GPU and CPU."),
                 io.Int.Input("batch_size", default=1, min=1, max=64,
-                             tooltip="Images per run; image i uses seed + i."),
+                             tooltip="Images per run; image i uses seed + i (and item i of an image batch)."),
+                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+                               tooltip="Image to image and inpaint: how much of the image is replaced (diffusers' "
+                                       "strength). The last steps x denoise steps run: 20 steps at 0.6 run 12. "
+                                       "1.0 without an image; edit models take only 1.0."),
+                io.Image.Input("image", optional=True,
+                               tooltip="The image to start from, repaint or edit (Load Image). Its batch pairs with "
+                                       "the output batch: image i uses item i % N."),
+                io.Image.Input("image_2", optional=True,
+                               tooltip="A second reference image (Qwen-Image-Edit-2509/2511, FLUX.2; FLUX.1 Kontext "
+                                       "inpaint's reference)."),
+                io.Image.Input("image_3", optional=True,
+                               tooltip="A third reference image (Qwen-Image-Edit-2509/2511, FLUX.2)."),
+                io.Mask.Input("mask", optional=True,
+                              tooltip="Inpaint: 1 (white) = repaint, 0 = keep, as Load Image's mask. Resized to the "
+                                      "image when its size differs."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="Connect to Save Image or Preview Image."),
                 io.String.Output(display_name="info",
-                                 tooltip="Device, the mode that actually ran, load and sampling times."),
+                                 tooltip="Device, the task and diffusers class that ran, the mode, load and "
+                                         "sampling times."),
             ],
         )
 
     @classmethod
-    def validate_inputs(cls, prompt: str | None = None, width: int | None = None,
-                        height: int | None = None) -> bool | str:
-        """Checked when the prompt is queued, so a bad request is refused on this node before any node
-        runs: what every supported family needs (each family's own rules are checked when it runs).
-        ComfyUI skips its min/max check for the inputs named here, so the largest size is checked
-        too. An input fed by a link arrives as None and is checked when the node runs; a value that is
-        not a number has already been reported by ComfyUI's own conversion, which runs first."""
+    def validate_inputs(cls, input_types: dict, prompt: str | None = None, width: int | None = None,
+                        height: int | None = None, denoise: float | None = None) -> bool | str:
+        """Checked when the prompt is queued, so a bad request is refused on this node before any node runs:
+        what every supported family needs, and which inputs are connected (each model's own rules are checked
+        when it runs, before it loads). ComfyUI skips its min/max check for the inputs named here, and its
+        link type check for a node that reads input_types, so both are done here. An input fed by a link
+        arrives as None; a value that is not a number has already been reported by ComfyUI's own conversion."""
+        for name, received in input_types.items():
+            if name in LINK_TYPES and not validate_node_input(received, LINK_TYPES[name]):
+                return f"{name} takes {LINK_TYPES[name]}, but a {received} output is connected to it."
+        linked = set(input_types)
+        if "mask" in linked and "image" not in linked:
+            return "a mask is connected but no image: connect the image to repaint to 'image' (Load Image gives both)."
+        for name, before in (("image_2", "image"), ("image_3", "image_2")):
+            if name in linked and before not in linked:
+                return f"{name} is connected but {before} is not: connect the references in order, {before} first."
         if prompt is not None and not prompt.strip():
             return "prompt is empty: describe the image to generate."
+        if isinstance(denoise, (int, float)):
+            if not 0 < denoise <= 1:
+                return f"denoise {denoise:g} is outside 0..1 (0 would change nothing); use a value above 0, at most 1."
+            if denoise < 1 and "image" not in linked:
+                return f"denoise {denoise:g} needs an image to start from: connect an image, or set denoise to 1."
         for name, value in (("width", width), ("height", height)):
             if not isinstance(value, int):
                 continue
             if value > MAX_SIZE:
                 return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
-            if problem := size_problem(name, value):
+            if value == 0:
+                if "image" not in linked:
+                    return f"{name} 0 means the image's {name}, but no image is connected: connect one or set {name}."
+            elif problem := size_problem(name, value):
                 return problem
         return True
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, steps: int,
-                guidance: float, seed: int, batch_size: int) -> io.NodeOutput:
+                guidance: float, seed: int, batch_size: int, denoise: float = 1.0, image=None, image_2=None,
+                image_3=None, mask=None) -> io.NodeOutput:
+        images = tuple(i.detach().cpu() for i in (image, image_2, image_3) if i is not None)
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
-                                steps=steps, guidance=guidance, seed=seed, batch_size=batch_size)
+                                steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, denoise=denoise,
+                                images=images, mask=None if mask is None else mask.detach().cpu())
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
                                      preview=preview_spec(pipeline.model_class))
         info = generation.info

@@ -19,7 +19,7 @@ from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, 
 from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, mesh_shape, world_size
 from .errors import CompileError, DeviceOutOfMemoryError, LoraUnloadError, UserInputError, WorkerGroupError
-from .families import Family, family_for
+from .families import Family, TaskPipeline, family_for
 from .features import compilation
 from .features.lora import LORA_WITH_MESH, apply_loras
 from .features.preview import PreviewSpec
@@ -27,7 +27,8 @@ from .handle import PipelineHandle
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
 from .specs import CompileSpec, ExecutionMode, MeshSpec, Placement, ProgressCallback, Workers
-from .tasks import SampleRequest, Task, check_host_memory, check_runnable, task_for
+from .tasks import SampleRequest, Task, check_host_memory, resolve_size, task_for
+from .tasks import images as image_inputs
 
 log = logging.getLogger("tpu_diffusers")
 
@@ -140,19 +141,21 @@ class Engine:
                   preview: PreviewSpec | None) -> Generation:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
-        family = check_runnable(handle.model_class)
-        task, pipeline_class = task_for(family, handle.model_class)
-        task.validate(family, request)  # fail before loading anything
+        family = family_for(handle.model_class)
+        request = resolve_size(family, request)
+        task, pipeline = task_for(family, handle.model_class, request)
+        task.validate(family, pipeline, request)  # fail before loading anything
         check_host_memory(task, request, available_host_memory_bytes())
         on_workers = self._worker_handle(handle)
         if on_workers is not None:
             return self._generate_on_workers(on_workers, request, on_progress, preview)
-        notes = []
+        notes = image_inputs.notes(request)
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
         self._free_chips_for_this_process(handle)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
+        pipe = entry.pipeline(pipeline.cls)
         load_seconds = time.perf_counter() - start
         notes += entry.notes + entry.lora.notes
 
@@ -166,23 +169,25 @@ class Engine:
         denoiser = self.denoiser(entry, handle)
 
         def run_at(width: int, height: int, on_warm_step) -> compilation.CompileActivity:
-            warm_request = dataclasses.replace(request, width=width, height=height, steps=compilation.WARMUP_STEPS)
-            task.validate(family, warm_request)
-            return self._run(entry, denoiser, task, family, warm_request, on_warm_step)[1]
+            # the request's own inputs at that size (diffusers resizes the images), all steps from the image
+            warm_request = dataclasses.replace(request, width=width, height=height, steps=compilation.WARMUP_STEPS,
+                                               denoise=1.0, batch_size=task.call_batch(request))
+            task.validate(family, pipeline, warm_request)
+            return self._run(entry, pipe, denoiser, task, family, pipeline, warm_request, on_warm_step)[1]
 
         lookups_before = compilation.cache_lookups(device)
         with execution_mode(handle.mode, device) as mode_ran:
-            warmup = compilation.warm_up(entry.compiled, request.batch_size, run_at, on_progress)
+            warmup = compilation.warm_up(entry.compiled, task.call_batch(request), run_at, on_progress)
             reset_peak_memory(device)
             start = time.perf_counter()
-            images, activity = self._run(entry, denoiser, task, family, request, on_step, preview)
+            output, activity = self._run(entry, pipe, denoiser, task, family, pipeline, request, on_step, preview)
             sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
         lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
         if entry.compiled:
             notes += warmup.notes
-            notes.append("compile: " + compilation.describe(entry.compiled, shape_of(request), activity))
-        info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=pipeline_class,
+            notes.append("compile: " + compilation.describe(entry.compiled, shape_of(task, request), activity))
+        info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=pipeline.cls,
                        placement=handle.placement.value, loaded=loaded,
                        load_seconds=load_seconds, sample_seconds=sample_seconds,
                        peak_device_memory_mb=None if peak is None else peak / 2**20,
@@ -190,7 +195,7 @@ class Engine:
                        compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
                        compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
-        return Generation(images=images, info=info)
+        return Generation(images=output, info=info)
 
     def unload(self) -> int:
         """Drop all loaded pipelines and stop the worker group (ComfyUI's "Unload Models");
@@ -257,12 +262,13 @@ class Engine:
             self.workers.stop()
 
     @staticmethod
-    def _run(entry: LoadedPipeline, denoiser, task: Task, family: Family, request: SampleRequest, on_step,
-             preview: PreviewSpec | None = None):
-        """One pipeline call; with a compiled denoiser, its compiles are counted and explained."""
+    def _run(entry: LoadedPipeline, pipe, denoiser, task: Task, family: Family, pipeline: TaskPipeline,
+             request: SampleRequest, on_step, preview: PreviewSpec | None = None):
+        """One task run on `pipe` (entry's pipeline of the task's class); with a compiled denoiser, its
+        compiles are counted and explained."""
         try:
-            return compilation.counted_run(entry.compiled, denoiser, shape_of(request),
-                                           lambda: task.run(entry.pipe, family, request, on_step, preview))
+            return compilation.counted_run(entry.compiled, denoiser, shape_of(task, request),
+                                           lambda: task.run(pipe, family, pipeline, request, on_step, preview))
         except CompileError:
             entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
             raise
@@ -287,8 +293,9 @@ def out_of_memory_advice(error: BaseException, handle: PipelineHandle, request: 
             f"Try {', '.join(tries[:-1])}, or {tries[-1]}.")
 
 
-def shape_of(request: SampleRequest) -> tuple[int, int, int]:
-    return request.width, request.height, request.batch_size
+def shape_of(task: Task, request: SampleRequest) -> tuple[int, int, int]:
+    """(width, height, batch) as one pipeline call's denoiser input sees it."""
+    return request.width, request.height, task.call_batch(request)
 
 
 ENGINE = Engine()

@@ -13,7 +13,7 @@ import os
 from .errors import UserInputError
 from .families import Family, supported
 from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
-                          config_folder, default_config_repo, family_of_file)
+                          config_folder, default_config_repo, family_of_file, model_class_of)
 from .sources import has_weights, list_model_folders, read_model_index, resolve_model_folder
 
 AUTO_CONFIGS = "auto"
@@ -27,14 +27,15 @@ def plan(model: str, picked: dict[str, str], configs: str, diffusers_roots: list
     model_header = HeaderView(model)
     picked_headers = {component: HeaderView(path) for component, path in picked.items()}
     family = family_of_file(model_header)
+    model_class = model_class_of(model_header)
     if configs == AUTO_CONFIGS:
         source = auto_configs(default_config_repo(model_header), diffusers_roots)
     else:
         source = resolve_model_folder(configs, diffusers_roots)
     if os.path.isabs(source):
-        check_configs_class(source, family.base_class, model_header.name)
+        check_configs_class(source, model_class, model_header.name)
     with_weights = components_with_weights(source) if os.path.isabs(source) else set()  # a hub id: configs only
-    return source, family.base_class, choose_files(model_header, family, picked_headers, with_weights)
+    return source, model_class, choose_files(model_header, family, picked_headers, with_weights)
 
 
 def check_against_configs(source: str, model_class: str, files, model_name: str) -> None:
@@ -78,9 +79,10 @@ def check_configs_class(folder: str, model_class: str, model_name: str) -> None:
     """The configs are of the model's class: not another family's, nor e.g. FLUX.1 Fill's."""
     held = read_model_index(folder, is_folder=True)["_class_name"]
     if held != model_class:
-        raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model_name}' is a "
-                             f"{model_class}; pick a diffusers folder of the same model (or auto). TPU Diffusers "
-                             f"runs these from single files: {supported()}.")
+        raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model_name}' loads as a "
+                             f"{model_class}; pick a diffusers folder of the same model (or auto). FLUX.1 Kontext and "
+                             "Qwen-Image-Edit files are told by their names ('kontext', 'edit', 'edit_2509', "
+                             f"'edit_2511'). TPU Diffusers runs these from single files: {supported()}.")
 
 
 def auto_configs(repo: str, diffusers_roots: list[str]) -> str:

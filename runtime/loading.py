@@ -20,7 +20,6 @@ from .features import offload
 from .handle import PipelineHandle
 from .sources import check_source, components, has_weights, local_folder, read_model_index
 from .specs import ProgressCallback
-from .tasks import check_runnable
 
 # model_index.json names the library of each component; importing anything else from a
 # shared workflow's model folder would let a JSON file choose which module runs.
@@ -45,7 +44,7 @@ def check_index(source: str, index: dict, folder: str | None, from_files: frozen
     also a missing component folder or a truncated or corrupt safetensors file. Components named in
     `from_files` load from single files: their folder only needs its config; every other model component
     then must have weights in the folder (a config-only folder says which file to pick)."""
-    check_runnable(index["_class_name"], where=f"'{source}'")
+    family_for(index["_class_name"], where=f"'{source}'")
     for name, (library, cls) in components(index).items():
         if library not in ALLOWED_LIBRARIES:
             raise UserInputError(f"component '{name}' of '{source}' comes from library '{library}'; "

@@ -40,6 +40,26 @@ class LoadedPipeline:
     load_notes: tuple[str, ...] = ()  # what loading found
     on_host: str = ""  # why it was moved to host memory, while it waits there to be moved back
     placed_note: str = ""  # set by each get(): how this realisation placed it, when it did anything
+    task_pipes: dict = dataclasses.field(default_factory=dict)  # diffusers class -> pipeline from_pipe made of `pipe`
+    hooked: object = None  # under model CPU offload, the pipeline whose offload hooks the shared models carry now
+
+    def pipeline(self, cls: str):
+        """The pipeline of diffusers class `cls` on this entry's models: `pipe` itself, or one that `from_pipe`
+        made of its components once (nothing loads; the same modules, so a compiled denoiser stays compiled and
+        fused LoRAs stay fused). Under model CPU offload the hooks move to the pipeline that runs: diffusers
+        re-arms them at the end of each call through the pipeline that installed them."""
+        import diffusers
+
+        if cls == type(self.pipe).__name__:
+            pipe = self.pipe
+        elif cls in self.task_pipes:
+            pipe = self.task_pipes[cls]
+        else:
+            pipe = self.task_pipes[cls] = getattr(diffusers, cls).from_pipe(self.pipe)
+        if self.placement is Placement.MODEL_CPU_OFFLOAD and (self.hooked or self.pipe) is not pipe:
+            offload.apply(pipe, self.placement, self.device)
+            self.hooked = pipe
+        return pipe
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -136,7 +156,7 @@ class PipelineCache:
     @staticmethod
     def _park(entry: LoadedPipeline, why: str) -> int:
         """1 when the pipeline's weights moved to host memory and must move back before it runs again."""
-        if not offload.to_host(entry.pipe, entry.placement):
+        if not offload.to_host(entry.hooked or entry.pipe, entry.placement):
             return 0
         entry.on_host = why
         return 1

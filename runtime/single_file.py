@@ -209,8 +209,22 @@ def family_of_file(path) -> Family:
 
 
 def model_class_of(path) -> str:
-    """The model class a diffusion-model file loads as: its family's base model (text to image)."""
-    return family_of_file(path).base_class
+    """The model class a diffusion-model file loads as: the variant its name or keys tell (FLUX.1 Kontext and
+    Fill, Qwen-Image-Edit), else its family's base model (text to image)."""
+    header = _header(path)
+    family = family_of_file(header)
+    variant = family.variant_of_file(header.name, _model_type(header))
+    return variant.model_class if variant else family.base_class
+
+
+def _model_type(header: HeaderView) -> str | None:
+    """diffusers' own name for the model a file holds (flux-dev, flux-fill, sd35_large, ...), or None."""
+    from diffusers.loaders.single_file_utils import infer_diffusers_model_type
+
+    try:
+        return infer_diffusers_model_type(header)
+    except (KeyError, ValueError, AttributeError, TypeError):
+        return None
 
 
 def components_in_checkpoint(path, family: Family | None = None) -> dict[str, str]:
@@ -262,16 +276,17 @@ def check_file_for_slot(path, component: str, model_class: str) -> str:
 
 
 def default_config_repo(path) -> str:
-    """diffusers' own default repo (DIFFUSERS_DEFAULT_PIPELINE_PATHS) for the model a file holds, where
-    configs and tokenizers can come from; the family's main repo when diffusers cannot tell."""
-    from diffusers.loaders.single_file_utils import DIFFUSERS_DEFAULT_PIPELINE_PATHS, infer_diffusers_model_type
+    """Where configs and tokenizers for the model a file holds come from: its variant's repo (FLUX.1 Kontext,
+    Qwen-Image-Edit-2509, ...), else diffusers' own default repo (DIFFUSERS_DEFAULT_PIPELINE_PATHS), else the
+    family's main repo when diffusers cannot tell."""
+    from diffusers.loaders.single_file_utils import DIFFUSERS_DEFAULT_PIPELINE_PATHS
 
     header = _header(path)
     family = family_of_file(header)
-    try:
-        model_type = infer_diffusers_model_type(header)
-    except (KeyError, ValueError, AttributeError, TypeError):
-        model_type = None
+    model_type = _model_type(header)
+    variant = family.variant_of_file(header.name, model_type)
+    if variant:
+        return variant.config_repo
     if model_type in family.diffusers_model_types:
         return DIFFUSERS_DEFAULT_PIPELINE_PATHS[model_type]["pretrained_model_name_or_path"]
     return family.default_config_repo

@@ -153,8 +153,9 @@ class WorkerGroup:
         import numpy as np
         import torch
 
-        self.conn.send({"op": "generate", "handle": handle.to_wire(), "request": dataclasses.asdict(request),
-                        "preview": preview and preview.to_wire()})
+        request_data, arrays = request.to_wire()  # images and masks travel as binary payloads
+        self.conn.send({"op": "generate", "handle": handle.to_wire(), "request": request_data,
+                        "preview": preview and preview.to_wire()}, arrays)
         interrupted = None
         while True:
             message, payloads = self._next_message()

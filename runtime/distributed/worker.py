@@ -92,7 +92,7 @@ class ControlServer:
             if message["op"] == "hello":
                 self._hello(message)
                 continue
-            return {**message, "payloads": payloads}
+            return {**message, "payloads": [bytes(p) for p in payloads]}  # bytes: the command is broadcast to every rank
 
     def _accept(self) -> channel.Channel | None:
         try:
@@ -271,15 +271,16 @@ class RankWorker:
         from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.features.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
-        from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest, check_runnable, task_for
+        from tpu_diffusers_runtime.families import family_for
+        from tpu_diffusers_runtime.tasks import SampleRequest, resolve_size, task_for
 
         handle = PipelineHandle.from_wire(command["handle"])
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
-        request = SampleRequest(**command["request"])
-        family = check_runnable(handle.model_class)
-        task, _ = task_for(family, handle.model_class)
-        task.validate(family, request)  # on every rank, even one with no image
+        family = family_for(handle.model_class)
+        request = resolve_size(family, SampleRequest.from_wire(command["request"], command["payloads"]))
+        task, pipeline = task_for(family, handle.model_class, request)
+        task.validate(family, pipeline, request)  # on every rank, even one with no image
         mesh = self.device_mesh(handle.mesh)
         replicas, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
@@ -288,12 +289,13 @@ class RankWorker:
         self.runs += 1
         self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * tp,
                              tp_group=mesh.get_group("tp"), tp=tp,
-                             group_steps=request.steps * sum(1 for _, n in slices if n))
+                             group_steps=sum(task.progress_steps(pipeline, request.batch_slice(first, n))
+                                             for first, n in slices if n))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
         try:
             if count:
-                sliced = dataclasses.replace(request, seed=(request.seed + start) % (MAX_SEED + 1), batch_size=count)
-                generation = self.engine.generate(handle, sliced, on_progress=self.progress, preview=preview)
+                generation = self.engine.generate(handle, request.batch_slice(start, count), on_progress=self.progress,
+                                                  preview=preview)
                 mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
                 if self.server:
                     self.wait_for_replicas()
@@ -312,11 +314,13 @@ class RankWorker:
             self.store.delete_key(self.run_state.prefix + name)
         if any(entry["cancelled"] for entry in gathered):
             raise Cancelled
-        return self.result(gathered, slices, tp, request.steps)
+        return self.result(gathered, slices, tp, [task.progress_steps(pipeline, request.batch_slice(first, n))
+                                                  for first, n in slices])
 
     @staticmethod
-    def result(gathered: list[dict], slices: list[tuple[int, int]], tp: int, steps: int):
-        """Rank 0's reply: the images in batch order, and run info for the whole mesh."""
+    def result(gathered: list[dict], slices: list[tuple[int, int]], tp: int, replica_steps: list[int]):
+        """Rank 0's reply: the images in batch order, and run info for the whole mesh (replica_steps: the
+        denoising steps each replica ran, every pipeline call's)."""
         import numpy as np
 
         leaders = gathered[::tp]  # one entry per replica, in replica order
@@ -339,7 +343,7 @@ class RankWorker:
                     transformer_bytes_per_rank=[entry["bytes"] for entry in gathered],
                     sharded_fraction_per_rank=[entry["fraction"] for entry in gathered],
                     rank_pids=[entry["pid"] for entry in gathered], replica_images=counts,
-                    replica_sample_seconds=seconds, replica_step_seconds=[s / steps for s in seconds],
+                    replica_sample_seconds=seconds, replica_step_seconds=[s / max(steps, 1) for s, steps in zip(seconds, replica_steps)],
                     replica_compile_seconds=compiles,
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],

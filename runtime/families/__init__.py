@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..errors import UserInputError
 from . import flux1, flux2, qwenimage, sd3
-from .base import TEXT2IMAGE, Family, FileKind, FileSlot  # noqa: F401  (re-exported)
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, VIDEO, Family, FileKind, FileSlot, FileVariant,  # noqa: F401
+                   TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY)

@@ -5,12 +5,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping
 
-# Task names (runtime/tasks has the tasks that run today; a family lists its classes for the others already).
+# Task names (runtime/tasks has what each one checks and passes; a family names the class that runs it).
 TEXT2IMAGE = "text2image"
 IMAGE2IMAGE = "image2image"
 INPAINT = "inpaint"
 EDIT = "edit"
 VIDEO = "video"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPipeline:
+    """The diffusers class that runs one task of a model class, and how it takes the Sampler's images."""
+
+    cls: str
+    images: int = 0  # image inputs it takes (image, image_2, image_3); 0: none (text to image)
+    image_list: bool = False  # its `image` is a list of references (QwenImageEditPlus, FLUX.2), else one image
+    reference_kwarg: str = ""  # where image_2 goes beside the edited image (FLUX.1 Kontext inpaint: image_reference)
+    strength: bool = False  # it takes the Sampler's denoise as diffusers' `strength`
+    max_area: bool = False  # FLUX.1 Kontext: it returns ~1 MP whatever was asked unless max_area is width x height
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +48,24 @@ class FileSlot:
 
 
 @dataclasses.dataclass(frozen=True)
+class FileVariant:
+    """A model class of a family whose diffusion-model files are told apart from the base model's by their
+    name (same keys: FLUX.1 Kontext, Qwen-Image-Edit) or by diffusers' model type (FLUX.1 Fill's wider input),
+    with the hub repository its configs and tokenizers come from."""
+
+    model_class: str
+    config_repo: str
+    name_contains: tuple[str, ...] = ()  # lower-case parts of the file name, e.g. "kontext"
+    model_types: tuple[str, ...] = ()  # diffusers' single_file_utils.infer_diffusers_model_type values
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str  # shown to users
-    # model_index.json `_class_name`s of this family -> {task: the diffusers pipeline class that runs it}.
-    # The first is the base model, what a diffusion-model file of this family loads as.
-    model_classes: Mapping[str, Mapping[str, str]]
+    # model_index.json `_class_name`s of this family -> {task: the diffusers pipeline that runs it}, built with
+    # `from_pipe` on the loaded model's components. The first is the base model, what a diffusion-model file
+    # of this family loads as unless its name says otherwise (`file_variants`).
+    model_classes: Mapping[str, Mapping[str, TaskPipeline]]
     takes_negative_prompt: bool
     guidance_kwarg: str  # the __call__ argument the node's "guidance" feeds
     size_multiple: int  # height and width must be multiples of this (VAE factor x patch size)
@@ -57,6 +82,7 @@ class Family:
     default_config_repo: str  # configs and tokenizers for single files when diffusers cannot tell the variant
     diffusers_model_types: tuple[str, ...] = ()  # single_file_utils.infer_diffusers_model_type values of it
     denoiser: str = "transformer"  # the pipeline component that denoises (SDXL's is a "unet")
+    file_variants: tuple[FileVariant, ...] = ()  # checked in order; a file that matches none is the base model
 
     @property
     def base_class(self) -> str:
@@ -69,7 +95,13 @@ class Family:
     def slot(self, component: str) -> FileSlot | None:
         return next((slot for slot in self.file_slots if slot.component == component), None)
 
-    def pipeline_for(self, model_class: str, task: str) -> str | None:
-        """The diffusers class that runs `task` on a model of `model_class`, or None if it has none."""
+    def variant_of_file(self, file_name: str, model_type: str | None) -> FileVariant | None:
+        """The model class (and configs repo) a diffusion-model file of this family loads as, when not the base."""
+        name = file_name.lower()
+        return next((variant for variant in self.file_variants if model_type in variant.model_types
+                     or any(part in name for part in variant.name_contains)), None)
+
+    def pipeline_for(self, model_class: str, task: str) -> TaskPipeline | None:
+        """The diffusers pipeline that runs `task` on a model of `model_class`, or None if it has none."""
         return self.model_classes[model_class].get(task)
 

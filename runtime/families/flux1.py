@@ -1,6 +1,7 @@
-"""FLUX.1 (Black Forest Labs): schnell and dev text-to-image; Kontext (edit) and Fill (inpaint) share it."""
+"""FLUX.1 (Black Forest Labs): schnell and dev (text, image to image, inpaint); Kontext (edit, and inpaint with a
+reference) and Fill (inpaint) share its components."""
 
-from .base import EDIT, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot
+from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, TaskPipeline
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
 
 TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
@@ -15,9 +16,18 @@ def packed_2x2_latents(pipe, latents, height, width):
 FAMILY = Family(
     name="FLUX.1",
     model_classes={
-        "FluxPipeline": {TEXT2IMAGE: "FluxPipeline"},
-        "FluxKontextPipeline": {EDIT: "FluxKontextPipeline"},
-        "FluxFillPipeline": {INPAINT: "FluxFillPipeline"},
+        "FluxPipeline": {
+            TEXT2IMAGE: TaskPipeline("FluxPipeline"),
+            IMAGE2IMAGE: TaskPipeline("FluxImg2ImgPipeline", images=1, strength=True),
+            INPAINT: TaskPipeline("FluxInpaintPipeline", images=1, strength=True),
+        },
+        "FluxKontextPipeline": {
+            TEXT2IMAGE: TaskPipeline("FluxKontextPipeline", max_area=True),
+            EDIT: TaskPipeline("FluxKontextPipeline", images=1, max_area=True),
+            INPAINT: TaskPipeline("FluxKontextInpaintPipeline", images=2, reference_kwarg="image_reference",
+                                  strength=True, max_area=True),
+        },
+        "FluxFillPipeline": {INPAINT: TaskPipeline("FluxFillPipeline", images=1, strength=True)},
     },
     takes_negative_prompt=False,
     guidance_kwarg="guidance_scale",
@@ -26,7 +36,8 @@ FAMILY = Family(
     latent_grid=packed_2x2_latents,
     comfy_latent_format="Flux",
     denoiser_kind=TRANSFORMER,
-    denoiser_files=("flux1-dev.safetensors", "flux1-schnell.safetensors", "flux1-dev-kontext_fp8_scaled.safetensors"),
+    denoiser_files=("flux1-dev.safetensors", "flux1-schnell.safetensors", "flux1-dev-kontext_fp8_scaled.safetensors",
+                    "flux1-fill-dev.safetensors"),
     file_slots=(
         FileSlot("text_encoder", CLIP, "clip_l.safetensors", "text_encoders.clip_l.transformer."),
         FileSlot("text_encoder_2", T5, "t5xxl_fp16.safetensors", "text_encoders.t5xxl.transformer."),
@@ -34,4 +45,8 @@ FAMILY = Family(
     ),
     default_config_repo="black-forest-labs/FLUX.1-dev",
     diffusers_model_types=("flux-dev", "flux-schnell", "flux-fill", "flux-depth"),
+    file_variants=(
+        FileVariant("FluxFillPipeline", "black-forest-labs/FLUX.1-Fill-dev", model_types=("flux-fill",)),
+        FileVariant("FluxKontextPipeline", "black-forest-labs/FLUX.1-Kontext-dev", name_contains=("kontext",)),
+    ),
 )

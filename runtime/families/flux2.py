@@ -1,6 +1,6 @@
-"""FLUX.2 [dev] (Black Forest Labs): text-to-image (reference images come with the image-input tasks)."""
+"""FLUX.2 [dev] (Black Forest Labs): text to image, and edits from up to three reference images (`image=` list)."""
 
-from .base import TEXT2IMAGE, Family, FileKind, FileSlot
+from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
 from .components import diffusers_detection_keys
 
 TRANSFORMER = FileKind("flux2_transformer", "a FLUX.2 diffusion model",
@@ -23,7 +23,10 @@ def patchified_latents(pipe, latents, height, width):
 
 FAMILY = Family(
     name="FLUX.2",
-    model_classes={"Flux2Pipeline": {TEXT2IMAGE: "Flux2Pipeline"}},
+    model_classes={"Flux2Pipeline": {
+        TEXT2IMAGE: TaskPipeline("Flux2Pipeline"),
+        EDIT: TaskPipeline("Flux2Pipeline", images=3, image_list=True),
+    }},
     takes_negative_prompt=False,
     guidance_kwarg="guidance_scale",
     size_multiple=16,

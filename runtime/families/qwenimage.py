@@ -1,10 +1,11 @@
-"""Qwen-Image (Alibaba Qwen): text-to-image and 2512; the Edit models (2509/2511) share the family.
+"""Qwen-Image (Alibaba Qwen): text to image (and 2512), image to image, inpaint; the Edit models share the family:
+Qwen-Image-Edit (one image, or inpaint) and Edit-2509/2511 (QwenImageEditPlusPipeline, one to three images).
 
 Its CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is Wan 2.1's, so ComfyUI
 previews it with the Wan21 latent format, one frame.
 """
 
-from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot
+from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, TaskPipeline
 from .components import WAN_VAE
 
 TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",
@@ -21,9 +22,16 @@ def one_frame_latents(pipe, latents, height, width):
 FAMILY = Family(
     name="QwenImage",
     model_classes={
-        "QwenImagePipeline": {TEXT2IMAGE: "QwenImagePipeline"},
-        "QwenImageEditPipeline": {EDIT: "QwenImageEditPipeline"},
-        "QwenImageEditPlusPipeline": {EDIT: "QwenImageEditPlusPipeline"},
+        "QwenImagePipeline": {
+            TEXT2IMAGE: TaskPipeline("QwenImagePipeline"),
+            IMAGE2IMAGE: TaskPipeline("QwenImageImg2ImgPipeline", images=1, strength=True),
+            INPAINT: TaskPipeline("QwenImageInpaintPipeline", images=1, strength=True),
+        },
+        "QwenImageEditPipeline": {
+            EDIT: TaskPipeline("QwenImageEditPipeline", images=1),
+            INPAINT: TaskPipeline("QwenImageEditInpaintPipeline", images=1, strength=True),
+        },
+        "QwenImageEditPlusPipeline": {EDIT: TaskPipeline("QwenImageEditPlusPipeline", images=3, image_list=True)},
     },
     takes_negative_prompt=True,
     guidance_kwarg="true_cfg_scale",
@@ -33,10 +41,16 @@ FAMILY = Family(
     comfy_latent_format="Wan21",
     denoiser_kind=TRANSFORMER,
     denoiser_files=("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_2512_fp8_e4m3fn.safetensors",
-                    "qwen_image_edit_2509_fp8_e4m3fn.safetensors"),
+                    "qwen_image_edit_fp8_e4m3fn.safetensors", "qwen_image_edit_2509_fp8_e4m3fn.safetensors",
+                    "qwen_image_edit_2511_bf16.safetensors"),
     file_slots=(
         FileSlot("text_encoder", QWEN25VL, "qwen_2.5_vl_7b_fp8_scaled.safetensors"),
         FileSlot("vae", WAN_VAE, "qwen_image_vae.safetensors"),
     ),
     default_config_repo="Qwen/Qwen-Image",
+    file_variants=(  # Comfy-Org's names: qwen_image_edit_2509_fp8_e4m3fn, qwen_image_edit_2511_bf16, qwen_image_edit_...
+        FileVariant("QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2511", name_contains=("edit_2511", "edit-2511")),
+        FileVariant("QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2509", name_contains=("edit_2509", "edit-2509")),
+        FileVariant("QwenImageEditPipeline", "Qwen/Qwen-Image-Edit", name_contains=("edit",)),
+    ),
 )

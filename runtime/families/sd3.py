@@ -1,11 +1,10 @@
 """Stable Diffusion 3 and 3.5 (Stability AI): Medium, Large, Large Turbo; T5 is optional."""
 
-from .base import TEXT2IMAGE, Family, FileKind, FileSlot
+from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
 
 TRANSFORMER = FileKind("sd3_transformer", "an SD3/SD3.5 diffusion model",
                        lambda: diffusers_detection_keys("sd3") + ("pos_embed.proj.weight",))
-
 
 
 def spatial_latents(_pipe, latents, _height, _width):
@@ -15,7 +14,11 @@ def spatial_latents(_pipe, latents, _height, _width):
 
 FAMILY = Family(
     name="SD3/SD3.5",
-    model_classes={"StableDiffusion3Pipeline": {TEXT2IMAGE: "StableDiffusion3Pipeline"}},
+    model_classes={"StableDiffusion3Pipeline": {
+        TEXT2IMAGE: TaskPipeline("StableDiffusion3Pipeline"),
+        IMAGE2IMAGE: TaskPipeline("StableDiffusion3Img2ImgPipeline", images=1, strength=True),
+        INPAINT: TaskPipeline("StableDiffusion3InpaintPipeline", images=1, strength=True),
+    }},
     takes_negative_prompt=True,
     guidance_kwarg="guidance_scale",
     size_multiple=16,

@@ -1,41 +1,53 @@
 """The tasks a Sampler runs, and which one runs for a model and a request.
 
-A family names the diffusers class of each task for each of its model classes; a task knows the
-request's checks, the pipeline's call arguments and its output. Only text-to-image runs today: image
-inputs (image to image, inpaint, edit) and video add tasks here, and their classes in the families.
+A family names, for each of its model classes, the diffusers pipeline of each task it has; the task follows
+from the inputs (no image: text to image; an image: edit on an edit model, else image to image; image and
+mask: inpaint), as diffusers' AutoPipeline maps a model to its task classes. A task knows the request's
+checks and the pipeline's call arguments.
 """
 
 from __future__ import annotations
 
 from ..errors import UserInputError
-from ..families import Family, family_for
-from .base import MAX_SEED, SampleRequest, Task, nearest_sizes, size_problem, validate_size  # noqa: F401
+from ..families import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, TaskPipeline
+from .base import (MAX_SEED, SampleRequest, Task, nearest_sizes, resolve_size, size_problem,  # noqa: F401
+                   validate_size)
+from .edit import Edit
+from .image2image import Image2Image
+from .inpaint import Inpaint
 from .text2image import Text2Image
 
-TASKS: dict[str, Task] = {task.name: task for task in (Text2Image(),)}
+TASKS: dict[str, Task] = {task.name: task for task in (Text2Image(), Image2Image(), Inpaint(), Edit())}
 
 
-def runnable_tasks(family: Family, model_class: str) -> list[str]:
-    return [task for task in family.model_classes[model_class] if task in TASKS]
+def wanted_task(tasks, request: SampleRequest) -> str:
+    if request.mask is not None:
+        return INPAINT
+    if request.images:
+        return EDIT if EDIT in tasks else IMAGE2IMAGE
+    return TEXT2IMAGE
 
 
-def check_runnable(model_class, where: str = "") -> Family:
-    """The model's family, refused unless some task it runs is one TPU Diffusers runs."""
-    family = family_for(model_class, where)
-    if not runnable_tasks(family, model_class):
-        tasks = ", ".join(family.model_classes[model_class])
-        raise UserInputError(
-            f"{where or 'this model'} is a {family.name} {model_class}, which runs {tasks}: that needs image inputs, "
-            f"which TPU Diffusers does not take yet. Pick a text-to-image model of {family.name} "
-            f"({family.base_class}).")
-    return family
+def _needs(task: str, pipeline: TaskPipeline) -> str:
+    if task == TEXT2IMAGE:
+        return "no image"
+    if task == INPAINT:
+        return "image + mask" + (" (+ image_2 as reference)" if pipeline.reference_kwarg else "")
+    return f"1 to {pipeline.images} images" if pipeline.images > 1 else "an image"
 
 
-def task_for(family: Family, model_class: str) -> tuple[Task, str]:
-    """The task a model of `model_class` (checked with check_runnable) runs, and the diffusers class that
-    runs it. Without image inputs that is text to image; image inputs will choose among several here."""
-    task = TASKS[runnable_tasks(family, model_class)[0]]
-    return task, family.pipeline_for(model_class, task.name)
+def task_for(family: Family, model_class: str, request: SampleRequest) -> tuple[Task, TaskPipeline]:
+    """The task a model of `model_class` runs for the request's inputs, and the diffusers pipeline that runs
+    it; refused, saying what the model takes, when it has none for these inputs."""
+    tasks = family.model_classes[model_class]
+    wanted = wanted_task(tasks, request)
+    if wanted not in tasks:
+        given = {TEXT2IMAGE: "no image is connected", INPAINT: "a mask is connected",
+                 IMAGE2IMAGE: "an image without a mask is connected"}[wanted]
+        runs = "; ".join(f"{task} with {_needs(task, pipeline)} ({pipeline.cls})" for task, pipeline in tasks.items())
+        raise UserInputError(f"{family.name} {model_class} has no {wanted} pipeline, and {given}. It runs: {runs}. "
+                             "Connect or disconnect the Sampler's image and mask inputs to match.")
+    return TASKS[wanted], tasks[wanted]
 
 
 def check_host_memory(task: Task, request: SampleRequest, available: int | None) -> None:
@@ -49,6 +61,6 @@ def check_host_memory(task: Task, request: SampleRequest, available: int | None)
 
 
 def run_pipeline(pipe, family: Family, request: SampleRequest, on_step=None, preview=None):
-    """Sample `request` with a loaded pipeline of `family`, as the task its class runs."""
-    task, _ = task_for(family, type(pipe).__name__)
-    return task.run(pipe, family, request, on_step, preview)
+    """Sample `request` with a loaded pipeline of one of `family`'s model classes, as its inputs say."""
+    task, pipeline = task_for(family, type(pipe).__name__, request)
+    return task.run(pipe, family, pipeline, request, on_step, preview)

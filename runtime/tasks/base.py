@@ -1,7 +1,10 @@
-"""What every task shares: the request, its checks, and the call into a diffusers pipeline.
+"""What every task shares: the request, its checks, and the calls into a diffusers pipeline.
 
 Seeds go through one CPU `torch.Generator` per image (seed, seed+1, ...), as the guide does, so a seed
-gives the same image on every device and in every batch position.
+gives the same image on every device and in every batch position. A task whose inputs include images makes
+one pipeline call per output image: diffusers' batched image-to-image and inpaint calls encode the image with
+the first generator only (and SD3's image to image fails with a list of them), so a batch there would not be
+what batches of one with seed + i give.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import math
 from typing import Callable
 
 from ..errors import UserInputError
-from ..families import FAMILIES, Family
+from ..families import FAMILIES, Family, TaskPipeline
 from ..features.preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
+from . import images
 
 # on_step(done, total[, preview]): called after each denoising step; it may raise to cancel the run.
 # With a PreviewSpec it also gets the step's preview (an RGB uint8 array, or None).
@@ -24,24 +28,70 @@ MAX_SEED = 2**64 - 1  # ComfyUI's seed widgets go up to here; torch.Generator ta
 
 @dataclasses.dataclass(frozen=True)
 class SampleRequest:
+    """One Sampler run. The images are the connected image inputs in order (image, image_2, image_3), each a
+    float32 [N, H, W, C] array in 0..1 (ComfyUI's IMAGE); the mask is float32 [M, H, W], 1 = repaint. Output
+    image i takes item i % N of each (and of the mask): a batch of N images gives N results at batch size N."""
+
     prompt: str
     negative_prompt: str = ""
-    width: int = 1024
+    width: int = 1024  # 0: the first image's width, rounded to the family's multiple (resolve_size)
     height: int = 1024
     steps: int = 4
     guidance: float = 0.0
     seed: int = 0
     batch_size: int = 1
+    denoise: float = 1.0  # diffusers' strength: how much of the image is replaced; the last steps x denoise run
+    first_image: int = 0  # image 0 here is image first_image of the Sampler's batch (a replica's share): pairing
+    images: tuple = dataclasses.field(default=(), compare=False)
+    mask: object = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        import numpy as np
+
+        def batch(array, dims: int):
+            array = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
+            return array[None] if array.ndim == dims - 1 else array
+
+        object.__setattr__(self, "images", tuple(batch(image, 4) for image in self.images))
+        if self.mask is not None:
+            object.__setattr__(self, "mask", batch(self.mask, 3))
+
+    def to_wire(self) -> tuple[dict, list]:
+        """Plain JSON data and the arrays' bytes, for worker processes (images travel as binary payloads)."""
+        arrays = [*self.images, *(() if self.mask is None else (self.mask,))]
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("images", "mask")}
+        data.update(image_shapes=[list(image.shape) for image in self.images],
+                    mask_shape=None if self.mask is None else list(self.mask.shape))
+        return data, [memoryview(array).cast("B") for array in arrays]
+
+    @classmethod
+    def from_wire(cls, data: dict, payloads: list) -> "SampleRequest":
+        import numpy as np
+
+        fields = {k: v for k, v in data.items() if k not in ("image_shapes", "mask_shape")}
+        shapes = [*data.get("image_shapes", ()), *([data["mask_shape"]] if data.get("mask_shape") else [])]
+        if len(shapes) != len(payloads):
+            raise UserInputError(f"the request names {len(shapes)} image arrays but carries {len(payloads)}")
+        arrays = [np.frombuffer(payload, dtype=np.float32).reshape(shape) for payload, shape in zip(payloads, shapes)]
+        images = arrays[:len(data.get("image_shapes", ()))]
+        return cls(**fields, images=tuple(images), mask=arrays[len(images)] if data.get("mask_shape") else None)
+
+    def batch_slice(self, start: int, count: int) -> "SampleRequest":
+        """Images start .. start + count - 1 of this request's batch as a request of their own (a replica's
+        share): seed + start, and each output image keeps the input images it pairs with."""
+        return dataclasses.replace(self, seed=(self.seed + start) % (MAX_SEED + 1), batch_size=count,
+                                   first_image=self.first_image + start)
 
 
 class Task:
     """One kind of generation (text to image, ...): what it checks, what it passes to the pipeline's
-    __call__, how the pipeline's output becomes the node's output, and the host memory that output needs."""
+    __call__ (one call per output image when images go in), and the host memory its output needs."""
 
     name: str
+    per_image = True  # one pipeline call per output image (see the module docstring)
 
-    def validate(self, family: Family, request: SampleRequest) -> None:
-        """Reject what the family cannot take, with a message that says what to change."""
+    def validate(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
+        """Reject what the family and its pipeline cannot take, with a message that says what to change."""
         if not request.prompt.strip():
             raise UserInputError(f"{family.name} needs a prompt: the prompt is empty. Describe the image to generate.")
         if request.steps < 1:
@@ -52,35 +102,74 @@ class Task:
         if not 0 <= request.seed <= MAX_SEED:
             raise UserInputError(f"seed {request.seed} is outside 0..{MAX_SEED}.")
         validate_size(family, request.width, request.height)
+        images.validate(pipeline, request)
 
-    def pipeline_kwargs(self, family: Family, request: SampleRequest) -> dict:
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        """The image arguments of the call for image `index` of the Sampler's batch (none for text to image)."""
         raise NotImplementedError
 
-    def output(self, pipeline_output):
-        """The node's output from the pipeline's (called with output_type="pt")."""
-        raise NotImplementedError
+    @staticmethod
+    def steps_run(pipeline: TaskPipeline, request: SampleRequest) -> int:
+        """Denoising steps one pipeline call runs: with denoise < 1 diffusers skips the first steps and runs
+        the last steps x denoise (its get_timesteps: int() of the skipped share, so at least one runs)."""
+        return request.steps - int(request.steps - request.steps * request.denoise) if pipeline.strength \
+            else request.steps
+
+    def calls(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> list[dict]:
+        """The keyword arguments of each pipeline call, in batch order."""
+        kwargs = dict(prompt=request.prompt, height=request.height, width=request.width,
+                      num_inference_steps=request.steps, output_type="pt")
+        kwargs[family.guidance_kwarg] = request.guidance
+        if family.takes_negative_prompt:
+            # diffusers runs QwenImage's true CFG only when a negative prompt is given; " " is its own default.
+            kwargs["negative_prompt"] = request.negative_prompt or " "
+        if pipeline.max_area:
+            kwargs["max_area"] = request.width * request.height
+        if pipeline.strength:
+            kwargs["strength"] = request.denoise
+        every = generators(request)
+        if not self.per_image:
+            return [dict(kwargs, generator=every, num_images_per_prompt=request.batch_size)]
+        return [dict(kwargs, generator=generator, num_images_per_prompt=1,
+                     **self.image_kwargs(pipeline, request, request.first_image + i)) for i, generator in enumerate(every)]
+
+    def call_batch(self, request: SampleRequest) -> int:
+        """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""
+        return 1 if self.per_image else request.batch_size
+
+    def progress_steps(self, pipeline: TaskPipeline, request: SampleRequest) -> int:
+        """Steps the whole request reports (every call's)."""
+        return self.steps_run(pipeline, request) * (request.batch_size if self.per_image else 1)
 
     def host_bytes(self, request: SampleRequest) -> int:
-        """Host memory the output alone needs, checked before anything is allocated."""
-        raise NotImplementedError
+        """Host memory the output alone needs, checked before anything is allocated: the pipeline's float32
+        output and the IMAGE tensor made from it, 2 x 4 bytes per value."""
+        return 2 * 4 * 3 * request.width * request.height * request.batch_size
 
-    def run(self, pipe, family: Family, request: SampleRequest, on_step: StepCallback | None = None,
-            preview: PreviewSpec | None = None):
-        """Sample with `pipe` (a loaded pipeline of this task's class). Without a preview spec the step
-        callback never touches the latents, so previews cost nothing when off."""
-        self.validate(family, request)
-        previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
+    def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
+            on_step: StepCallback | None = None, preview: PreviewSpec | None = None):
+        """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): a float32 CPU tensor [B, H, W, C] in
+        0..1 (ComfyUI's IMAGE). Without a preview spec the step callback never touches the latents, so
+        previews cost nothing when off."""
+        import torch
 
-        def step_end(_pipe, step, _timestep, callback_kwargs):
-            if previewer:
-                on_step(step + 1, request.steps, previewer(callback_kwargs["latents"]))
-            elif on_step:
-                on_step(step + 1, request.steps)
-            return callback_kwargs
+        self.validate(family, pipeline, request)
+        steps, total = self.steps_run(pipeline, request), self.progress_steps(pipeline, request)
+        results = []
+        for call, kwargs in enumerate(self.calls(family, pipeline, request)):
+            previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
 
-        with outside_inference_mode():
-            output = pipe(**self.pipeline_kwargs(family, request), callback_on_step_end=step_end)
-        return self.output(output)
+            def step_end(_pipe, step, _timestep, callback_kwargs, done_before=call * steps, previewer=previewer):
+                if previewer:
+                    on_step(done_before + step + 1, total, previewer(callback_kwargs["latents"]))
+                elif on_step:
+                    on_step(done_before + step + 1, total)
+                return callback_kwargs
+
+            with outside_inference_mode():
+                images = pipe(**kwargs, callback_on_step_end=step_end).images  # [B, C, H, W]
+            results.append(images.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
+        return (results[0] if len(results) == 1 else torch.cat(results)).contiguous()
 
 
 def generators(request: SampleRequest) -> list:
@@ -93,6 +182,19 @@ def generators(request: SampleRequest) -> list:
 def nearest_sizes(value: int, multiple: int) -> tuple[int, int]:
     lower = max(multiple, value // multiple * multiple)
     return lower, lower + multiple
+
+
+def resolve_size(family: Family, request: SampleRequest) -> SampleRequest:
+    """Width or height 0: the first image's, rounded to the nearest multiple of the family's size step."""
+    if request.width and request.height:
+        return request
+    if not request.images:
+        raise UserInputError("width or height is 0, which means 'the image's size', but no image is connected: "
+                             "connect an image or set the size.")
+    _, height, width, _ = request.images[0].shape
+    step = family.size_multiple
+    size = {name: max(step, round(value / step) * step) for name, value in (("width", width), ("height", height))}
+    return dataclasses.replace(request, width=request.width or size["width"], height=request.height or size["height"])
 
 
 def validate_size(family: Family, width: int, height: int) -> None:

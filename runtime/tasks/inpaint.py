@@ -1,0 +1,19 @@
+"""Inpaint: the image's masked part (mask 1) is repainted, the rest kept. FLUX.1 Kontext's inpaint pipeline
+also takes image_2 as its reference image (`image_reference`)."""
+
+from __future__ import annotations
+
+from ..families import INPAINT, TaskPipeline
+from .base import SampleRequest, Task
+from .images import pil_image, pil_mask
+
+
+class Inpaint(Task):
+    name = INPAINT
+
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        image = pil_image(request.images[0], index)
+        kwargs = {"image": image, "mask_image": pil_mask(request.mask, index, image.size)}
+        if pipeline.reference_kwarg and len(request.images) > 1:
+            kwargs[pipeline.reference_kwarg] = pil_image(request.images[1], index)
+        return kwargs

@@ -1,0 +1,142 @@
+"""Image inputs (image to image, inpaint, edit): the task each model and input set runs, equal to plain diffusers
+for the same inputs and seed (seed + i per image), on one loaded pipeline (from_pipe: nothing loads again)."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.specs import Placement
+from tpu_diffusers_runtime.tasks import SampleRequest, resolve_size, task_for
+
+PROMPT = "a cat sitting on a red chair"
+RNG = np.random.default_rng(0)
+PIXELS = [(RNG.random((80, 64, 3)) * 255).astype(np.uint8) for _ in range(3)]  # 8-bit images, as Load Image reads
+MASK = np.zeros((80, 64), np.uint8)
+MASK[20:60, 8:48] = 255
+
+
+def comfy_image(*pixels):
+    """ComfyUI's IMAGE from 8-bit pixels: float32 [N, H, W, 3] in 0..1."""
+    return np.stack(pixels).astype(np.float32) / 255.0
+
+
+def comfy_mask(mask=MASK):
+    return (mask[None] / 255.0).astype(np.float32)
+
+
+def reference(folder, cls, family, calls):
+    """Plain diffusers: `cls` from the folder, one call per image (kwargs), as a [B, H, W, C] tensor."""
+    import diffusers
+
+    pipe = getattr(diffusers, cls).from_pretrained(folder, local_files_only=True)
+    images = []
+    for kwargs in calls:
+        kwargs = {family.guidance_kwarg: 2.0, **kwargs}
+        if family.takes_negative_prompt:
+            kwargs["negative_prompt"] = " "
+        images.append(pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=4, output_type="pt",
+                           **kwargs).images.permute(0, 2, 3, 1))
+    return torch.cat(images)
+
+
+def generator(seed):
+    return torch.Generator("cpu").manual_seed(seed)
+
+
+CASES = [  # (tiny model, diffusers class that runs, request inputs, the reference's image arguments per image i)
+    ("flux1-schnell", "FluxImg2ImgPipeline", dict(images=(comfy_image(*PIXELS[:2]),), denoise=0.75),
+     lambda i: dict(image=Image.fromarray(PIXELS[i]), strength=0.75)),
+    ("flux1-dev", "FluxInpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask(), denoise=0.9),
+     lambda i: dict(image=Image.fromarray(PIXELS[0]), mask_image=Image.fromarray(MASK, "L"), strength=0.9)),
+    ("sd3", "StableDiffusion3Img2ImgPipeline", dict(images=(comfy_image(PIXELS[0]),), denoise=0.5),
+     lambda i: dict(image=Image.fromarray(PIXELS[0]), strength=0.5)),
+    ("sd3", "StableDiffusion3InpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask()),
+     lambda i: dict(image=Image.fromarray(PIXELS[0]), mask_image=Image.fromarray(MASK, "L"), strength=1.0)),
+    ("qwenimage", "QwenImageImg2ImgPipeline", dict(images=(comfy_image(PIXELS[1]),), denoise=0.6),
+     lambda i: dict(image=Image.fromarray(PIXELS[1]), strength=0.6)),
+    ("qwenimage", "QwenImageInpaintPipeline", dict(images=(comfy_image(PIXELS[1]),), mask=comfy_mask(), denoise=0.8),
+     lambda i: dict(image=Image.fromarray(PIXELS[1]), mask_image=Image.fromarray(MASK, "L"), strength=0.8)),
+    ("flux2", "Flux2Pipeline", dict(images=(comfy_image(PIXELS[0]), comfy_image(PIXELS[2]))),
+     lambda i: dict(image=[Image.fromarray(PIXELS[0]), Image.fromarray(PIXELS[2])])),
+]
+
+
+@pytest.mark.parametrize("name, cls, inputs, image_args", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_each_task_equals_plain_diffusers_per_image_seed(tiny, name, cls, inputs, image_args):
+    folder = tiny(name)
+    handle = PipelineHandle.of(source=folder, model_class=inspect_source(folder))
+    engine = Engine(distribute=False)
+    result = engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, guidance=2.0, seed=11,
+                                                   batch_size=2, **inputs))
+    assert result.info.pipeline == cls
+    family = family_for(handle.model_class)
+    expected = reference(folder, cls, family, [dict(generator=generator(11 + i), **image_args(i)) for i in range(2)])
+    assert torch.equal(result.images, expected)
+
+
+def test_a_task_switch_on_a_loaded_model_loads_nothing_and_offload_follows_the_running_pipeline(tiny):
+    folder = tiny("flux1-schnell")
+    handle = PipelineHandle.of(source=folder, model_class="FluxPipeline", placement=Placement.MODEL_CPU_OFFLOAD)
+    engine = Engine(distribute=False)
+    ran = []
+    for inputs in (dict(), dict(images=(comfy_image(PIXELS[0]),), denoise=0.5),
+                   dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask()), dict()):
+        info = engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, **inputs)).info
+        ran.append((info.task, info.pipeline, info.loaded))
+    assert ran == [("text2image", "FluxPipeline", True), ("image2image", "FluxImg2ImgPipeline", False),
+                   ("inpaint", "FluxInpaintPipeline", False), ("text2image", "FluxPipeline", False)]
+    assert engine.cache.stats.loads == 1
+    entry = engine.realise(handle)[0]
+    assert entry.hooked is entry.pipe  # the offload hooks went back with the text-to-image run
+    assert all(not any(p.device.type != "cpu" for p in m.parameters())
+               for m in entry.pipe.components.values() if isinstance(m, torch.nn.Module))
+
+
+def test_size_zero_takes_the_image_size_rounded_to_the_family_multiple():
+    family = family_for("FluxPipeline")
+    request = resolve_size(family, SampleRequest(prompt=PROMPT, width=0, height=0,
+                                                 images=(np.zeros((1, 70, 99, 3), np.float32),)))
+    assert (request.width, request.height) == (96, 64)
+    with pytest.raises(UserInputError, match="no image is connected"):
+        resolve_size(family, SampleRequest(prompt=PROMPT, width=0, height=64))
+
+
+def test_the_request_travels_with_its_arrays_as_payloads_and_slices_keep_the_pairing():
+    images = (comfy_image(*PIXELS), comfy_image(PIXELS[0]))
+    request = SampleRequest(prompt=PROMPT, batch_size=5, seed=3, images=images, mask=comfy_mask(), denoise=0.5)
+    data, payloads = request.to_wire()
+    assert "images" not in data and len(payloads) == 3
+    back = SampleRequest.from_wire(data, [bytes(p) for p in payloads])
+    assert back == request and all(np.array_equal(a, b) for a, b in zip(back.images, images))
+    assert np.array_equal(back.mask, request.mask)
+    share = back.batch_slice(2, 2)
+    assert (share.seed, share.batch_size, share.first_image) == (5, 2, 2)
+
+
+@pytest.mark.parametrize("model_class, inputs, message", [
+    ("FluxPipeline", dict(mask=comfy_mask()), "a mask is connected but no image"),
+    ("FluxPipeline", dict(denoise=0.5), "needs an image to start from"),
+    ("FluxPipeline", dict(denoise=0.0, images=(comfy_image(PIXELS[0]),)), "above 0"),
+    ("FluxPipeline", dict(images=(comfy_image(PIXELS[0]), comfy_image(PIXELS[1]))), "at most 1 image"),
+    ("Flux2Pipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask()), "no inpaint pipeline"),
+    ("Flux2Pipeline", dict(images=(comfy_image(PIXELS[0]),), denoise=0.5), "always denoises fully"),
+    ("FluxFillPipeline", dict(), "has no text2image pipeline"),
+    ("FluxFillPipeline", dict(images=(comfy_image(PIXELS[0]),)), "has no image2image pipeline"),
+    ("QwenImageEditPipeline", dict(), "has no text2image pipeline"),
+    ("QwenImageEditPlusPipeline", dict(images=(comfy_image(PIXELS[0]),) * 3 + (comfy_image(PIXELS[1]),)),
+     "at most 3 image"),
+    ("FluxPipeline", dict(images=(np.zeros((1, 8, 8, 2), np.float32),)), "3 channels"),
+    ("FluxPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=np.zeros((1, 1, 8, 8), np.float32)), "MASK is"),
+])
+def test_inputs_a_model_cannot_take_are_refused_before_anything_loads(model_class, inputs, message):
+    family = family_for(model_class)
+    request = SampleRequest(**{**dict(prompt=PROMPT, width=64, height=64), **inputs})
+    with pytest.raises(UserInputError, match=message):
+        task, pipeline = task_for(family, model_class, request)
+        task.validate(family, pipeline, request)
