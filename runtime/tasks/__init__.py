@@ -64,3 +64,31 @@ def run_pipeline(pipe, family: Family, request: SampleRequest, on_step=None, pre
     """Sample `request` with a loaded pipeline of one of `family`'s model classes, as its inputs say."""
     task, pipeline = task_for(family, type(pipe).__name__, request)
     return task.run(pipe, family, pipeline, request, on_step, preview)
+
+
+def markdown_matrix() -> str:
+    """README's and docs/image_inputs.md's task matrix: each model class's tasks and the diffusers class of each."""
+    names = {TEXT2IMAGE: "text to image", IMAGE2IMAGE: "image to image", EDIT: "edit (references)",
+             INPAINT: "inpaint"}
+    from ..families import FAMILIES
+
+    rows = ["| family | model (model_index / file) | " + " | ".join(names.values()) + " |",
+            "|---|---|" + "---|" * len(names)]
+    for family in FAMILIES:
+        for model_class, tasks in family.model_classes.items():
+            cells = []
+            for task in names:
+                pipeline = tasks.get(task)
+                if pipeline is None:
+                    cells.append("—")
+                    continue
+                detail = [f"`{pipeline.cls}`"]
+                if task == INPAINT:
+                    detail.append("image + mask" + (", image_2 = reference" if pipeline.reference_kwarg else ""))
+                elif task != TEXT2IMAGE:
+                    detail.append(f"1-{pipeline.images} images" if pipeline.images > 1 else "1 image")
+                if pipeline.strength:
+                    detail.append("denoise")
+                cells.append(", ".join(detail))
+            rows.append(f"| {family.name} | {model_class} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
