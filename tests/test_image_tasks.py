@@ -140,3 +140,13 @@ def test_inputs_a_model_cannot_take_are_refused_before_anything_loads(model_clas
     with pytest.raises(UserInputError, match=message):
         task, pipeline = task_for(family, model_class, request)
         task.validate(family, pipeline, request)
+
+
+def test_readme_and_the_image_inputs_page_show_the_task_matrix_of_the_families():
+    from pathlib import Path
+
+    from tpu_diffusers_runtime.tasks import markdown_matrix
+
+    root = Path(__file__).resolve().parent.parent
+    for page in ("README.md", "docs/image_inputs.md"):
+        assert markdown_matrix() in (root / page).read_text(), f"{page}'s task matrix differs from:\n{markdown_matrix()}"
