@@ -20,11 +20,12 @@ from tpu_diffusers_runtime.engine import Engine
 
 @pytest.fixture(scope="module")
 def cells(tiny_dir, tmp_path_factory):
-    """Real records: three cells run here, and two in a child process that dies after the first."""
+    """Real records: four cells run here, and two in a child process that dies after the first."""
     models = {"tiny": {family: str(tiny_dir / f"tiny-{family}") for family in verify_device.FAMILIES}}
     engine = Engine()
     records = {cell: verify_device.run_cell(engine, family, cell, "tiny", models["tiny"][family], "cpu")
-               for family, cell in (("flux1-schnell", "eager"), ("flux1-schnell", "fused_eager"), ("sd3", "tp"))}
+               for family, cell in (("flux1-schnell", "eager"), ("flux1-schnell", "fused_eager"), ("sd3", "tp"),
+                                    ("flux2", "image_task"))}
     engine.unload()
     ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path_factory.mktemp("verify"))
     # the model table lacks sd3: the child raises KeyError on its second cell and exits
@@ -39,6 +40,8 @@ def test_a_cell_records_what_ran_not_what_was_asked(cells):
     assert eager["compiled_now"] == [None, None] and verify_device.cache_word(eager) == "no cache lookups"
     assert fused["status"] == "fallback" and fused["mode"].startswith("eager (fused eager needs TorchTPU")
     assert tp["status"] == "refused" and "has no tensor-parallel plan" in tp["error"]
+    image = cells["image_task"]  # FLUX.2: the first run's image as the reference of an edit, on the loaded pipeline
+    assert image["status"] == "pass" and image["loaded"] is True, image
 
 
 def test_cells_a_dead_child_never_reported_fail_with_its_last_words(cells):
@@ -49,7 +52,7 @@ def test_cells_a_dead_child_never_reported_fail_with_its_last_words(cells):
 
 
 def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(cells, tmp_path):
-    like = {"eager": "eager", "fused_eager": "fused_eager", "tp": "tp"}  # the other columns take the failure
+    like = {"eager": "eager", "fused_eager": "fused_eager", "tp": "tp", "image_task": "image_task"}  # others: the failure
     matrix = [{**cells[like.get(cell, "died")], "family": family, "cell": cell}
               for family in verify_device.FAMILIES for cell in verify_device.CELLS]
     suite = {"scope": "contract", "ran": True, "exit_code": 0, "summary": "12 passed", "failed": []}
@@ -65,7 +68,7 @@ def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(ce
         cell_texts = [c.strip() for c in row.split("|")]
         assert len(cell_texts) == len(verify_device.CELLS) and all(cell_texts), row
         assert cell_texts[0].startswith("pass ") and cell_texts[1].startswith("fallback ")
-        assert cell_texts[2:5] == ["**FAIL**"] * 3 and cell_texts[5] == "refused"
+        assert cell_texts[2:5] == ["**FAIL**"] * 3 and cell_texts[5] == "refused" and cell_texts[6].startswith("pass")
     failed = len(verify_device.FAMILIES) * 3
     assert f"**{failed + 1} failure(s)**:" in text  # the failed cells, and the compile cache never reused
     assert "### bench models: not run (--sizes tiny)" in text

@@ -70,9 +70,11 @@ FAMILIES = one_model_per_family()
 CELLS = {  # the README's support-matrix columns, in its order
     "eager": "eager", "fused_eager": "fused eager", "model_cpu_offload": "model CPU offload",
     "compile_whole": "compile whole", "compile_repeated_blocks": "compile repeated blocks", "tp": "TP",
+    "image_task": "image input (from_pipe)",
 }
 # Run order inside one process: cells sharing a loaded pipeline run back to back.
-SINGLE_PROCESS_CELLS = ("eager", "fused_eager", "compile_whole", "model_cpu_offload", "compile_repeated_blocks")
+SINGLE_PROCESS_CELLS = ("eager", "image_task", "fused_eager", "compile_whole", "model_cpu_offload",
+                        "compile_repeated_blocks")
 TP_RANKS = 2  # every tiny and bench model's attention heads divide by 2; more chips need other models
 
 
@@ -112,6 +114,7 @@ def cell_handle(source: str, cell: str, device: str):
         "compile_repeated_blocks": dict(mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
                                         compile=CompileSpec(scope="auto", fullgraph=has_blocks)),
         "tp": dict(mesh=MeshSpec(chips=TP_RANKS)),
+        "image_task": {},
     }[cell]
     return PipelineHandle.of(source=source, model_class=inspect_source(source), device=device, **fields)
 
@@ -137,7 +140,8 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
         start = time.perf_counter()
         first = engine.generate(handle, requests[0])
         record["first_seconds"] = time.perf_counter() - start
-        warm = engine.generate(handle, requests[1])
+        warm = engine.generate(handle, with_image(handle.model_class, requests[1], first.images)
+                               if cell == "image_task" else requests[1])
     except UserInputError as e:
         return {**record, "status": "refused", "error": first_line(e)}
     except Exception as e:  # noqa: BLE001  (any failure is a measured result here)
@@ -158,12 +162,24 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
     if handle.compile is not None and record["compiled_now"] != [True, False]:
         problems.append(f"compiled now on the first and second run: {record['compiled_now']} (expected "
                         "[True, False]: compile once, then reuse)")
+    if cell == "image_task" and (warm.info.loaded or warm.info.task == "text2image"):
+        problems.append(f"the image run ran {warm.info.task} ({warm.info.pipeline}), loaded {warm.info.loaded} "
+                        "(expected the model's image task on the loaded pipeline)")
     if handle.mesh is not None and info.world_size != TP_RANKS:
         problems.append(f"ran on {info.world_size} rank(s), not {TP_RANKS}")
     if problems:
         return {**record, "status": "fail", "error": "; ".join(problems)}
     asked = handle.mode.value
     return {**record, "status": "pass" if info.mode.startswith(asked) else "fallback"}
+
+
+def with_image(model_class: str, request, images):
+    """The request with the first run's image as the Sampler's image input: image to image at denoise 0.6 on a
+    text-to-image model, an edit with it as the reference on an edit model (from_pipe on the loaded model)."""
+    from tpu_diffusers_runtime.families import IMAGE2IMAGE
+
+    takes_strength = IMAGE2IMAGE in family_for(model_class).model_classes[model_class]
+    return dataclasses.replace(request, images=(images.numpy(),), denoise=0.6 if takes_strength else 1.0)
 
 
 def run_child(spec: dict, out: Path) -> int:
