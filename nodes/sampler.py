@@ -48,7 +48,8 @@ class TPUSampler(io.ComfyNode):
                              tooltip="Random seed; the same seed gives the same image on TPU, GPU and CPU."),
                 io.Int.Input("batch_size", default=1, min=1, max=64,
                              tooltip="Images per run; image i uses seed + i (and item i of an image batch)."),
-                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+                # optional: an API-format prompt saved before this input existed has no denoise and still runs
+                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01, optional=True,
                                tooltip="Image to image and inpaint: how much of the image is replaced (diffusers' "
                                        "strength). The last steps x denoise steps run: 20 steps at 0.6 run 12. "
                                        "1.0 without an image; edit models take only 1.0."),
@@ -73,13 +74,15 @@ class TPUSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, input_types: dict, prompt: str | None = None, width: int | None = None,
+    def validate_inputs(cls, input_types: dict | None = None, prompt: str | None = None, width: int | None = None,
                         height: int | None = None, denoise: float | None = None) -> bool | str:
         """Checked when the prompt is queued, so a bad request is refused on this node before any node runs:
         what every supported family needs, and which inputs are connected (each model's own rules are checked
         when it runs, before it loads). ComfyUI skips its min/max check for the inputs named here, and its
         link type check for a node that reads input_types, so both are done here. An input fed by a link
-        arrives as None; a value that is not a number has already been reported by ComfyUI's own conversion."""
+        arrives as None; a value that is not a number has already been reported by ComfyUI's own conversion.
+        (A ComfyUI that passes no input_types leaves the link checks to the run, which makes them again.)"""
+        input_types = input_types or {}
         for name, received in input_types.items():
             if name in LINK_TYPES and not validate_node_input(received, LINK_TYPES[name]):
                 return f"{name} takes {LINK_TYPES[name]}, but a {received} output is connected to it."
