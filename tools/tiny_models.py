@@ -11,6 +11,10 @@ size="bench": the transformer has the real layer widths but only one or two bloc
               compute dominates a step while it stays about 1.5 GB in float32. Text encoders and VAEs stay
               small; only their output widths match what the transformer expects.
 
+The edit/fill models (flux1-kontext, flux1-fill, qwenimage-edit, qwenimage-edit-plus) reuse their base model's
+components: Kontext is FLUX.1-dev's, Fill widens the transformer's input to 384 channels, the Qwen edit models add
+a Qwen2-VL processor (the text encoder's vision tower then runs on the input images).
+
 Every VAE uses 4 down blocks, so vae_scale_factor is 8 as in the real models: image sizes must be
 multiples of 16.
 Every component is built right after torch.manual_seed(...), so a given set of versions of torch,
@@ -33,7 +37,9 @@ import torch
 # Each tiny model and the model class (model_index.json's _class_name) it is: its family is
 # runtime/families' family of that class.
 MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
-                 "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline"}
+                 "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline", "flux1-kontext": "FluxKontextPipeline",
+                 "flux1-fill": "FluxFillPipeline", "qwenimage-edit": "QwenImageEditPipeline",
+                 "qwenimage-edit-plus": "QwenImageEditPlusPipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -182,23 +188,29 @@ def mistral_tokenizer(vocab_size: int = 512):
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
-# QwenImagePipeline's prompt template up to the user's text.
+# QwenImagePipeline's prompt template up to the user's text, and the Edit pipelines' (Edit and Edit Plus).
 QWEN_TEMPLATE_PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
                         "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
                         "<|im_start|>user\n")
+QWEN_EDIT_TEMPLATE_PREFIX = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
+                             "texture, objects, background), then explain how the user's text instruction should "
+                             "alter or modify the image. Generate a new image that meets the user's requirements "
+                             "while maintaining consistency with the original input where appropriate.<|im_end|>\n"
+                             "<|im_start|>user\n")
 QWEN_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def qwen_tokenizer(vocab_size: int = 700):
-    """Byte-level BPE with Qwen2's split regex and special tokens. QwenImagePipeline drops the first 34
-    tokens of the encoded prompt (its template prefix); the prefix is trained into the vocabulary often
-    enough that it also encodes to 34 tokens here."""
+    """Byte-level BPE with Qwen2's split regex and special tokens (the vision ones included, which the Edit
+    pipelines' templates and the processor use). QwenImagePipeline drops the first 34 tokens of the encoded
+    prompt (its template prefix), the Edit pipelines the first 64 (theirs); both prefixes are trained into the
+    vocabulary often enough that they also encode to 34 and 64 tokens here."""
     from tokenizers import Regex, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    prefix_text = re.sub(r"<\|im_(start|end)\|>", "", QWEN_TEMPLATE_PREFIX)
-    tk = _byte_level_bpe(vocab_size, QWEN_SPECIALS, CORPUS * 10 + [prefix_text] * 50, pre_tokenizers.Sequence([
+    prefixes = [re.sub(r"<\|im_(start|end)\|>", "", p) for p in (QWEN_TEMPLATE_PREFIX, QWEN_EDIT_TEMPLATE_PREFIX)]
+    tk = _byte_level_bpe(vocab_size, QWEN_SPECIALS, CORPUS * 10 + prefixes * 50, pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ]))
@@ -253,13 +265,15 @@ def flux_sd3_vae(scaling_factor: float, shift_factor: float):
 # Each builder returns (pipeline, {tokenizer_subfolder: raw_files}).
 
 
-def flux1(size: str, dev: bool):
+def flux1(size: str, dev: bool, in_channels: int = 64):
     """FLUX.1-schnell / FLUX.1-dev (dev adds the guidance embedding and dynamic shifting).
     bench: the real width (24 heads x 128 = 3072, T5 width 4096, CLIP pooled width 768) with one double
-    block and no single block (~394M parameters, 1.6 GB; one more single block would add 141M)."""
+    block and no single block (~394M parameters, 1.6 GB; one more single block would add 141M).
+    in_channels: the transformer's packed input channels (FLUX.1-Fill: 384); its output stays 64."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
     bench = size == "bench"
+    out_channels = None if in_channels == 64 else 64  # None: as in_channels (the real FLUX.1-dev config)
     tok, tok_raw = clip_tokenizer()
     tok2, tok2_raw = t5_tokenizer()
     te = clip_text_model(tok, hidden=768 if bench else 32, with_projection=False)
@@ -267,15 +281,15 @@ def flux1(size: str, dev: bool):
     torch.manual_seed(0)
     if bench:
         transformer = FluxTransformer2DModel(
-            patch_size=1, in_channels=64, num_layers=1, num_single_layers=0, attention_head_dim=128,
-            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=dev,
-            axes_dims_rope=(16, 56, 56),
+            patch_size=1, in_channels=in_channels, out_channels=out_channels, num_layers=1, num_single_layers=0,
+            attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+            guidance_embeds=dev, axes_dims_rope=(16, 56, 56),
         )
     else:
         transformer = FluxTransformer2DModel(
-            patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=dev,
-            axes_dims_rope=(4, 6, 6),
+            patch_size=1, in_channels=in_channels, out_channels=out_channels, num_layers=1, num_single_layers=1,
+            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+            guidance_embeds=dev, axes_dims_rope=(4, 6, 6),
         )
     vae = flux_sd3_vae(scaling_factor=0.3611, shift_factor=0.1159)
     # The real scheduler configs: schnell has a fixed shift of 1, dev shifts with the image size.
@@ -286,6 +300,26 @@ def flux1(size: str, dev: bool):
     pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, text_encoder_2=te2,
                         tokenizer_2=tok2, transformer=transformer)
     return pipe, {"tokenizer": tok_raw, "tokenizer_2": tok2_raw}
+
+
+def flux1_kontext(size: str):
+    """FLUX.1 Kontext (image editing): FLUX.1-dev's architecture and components (guidance embedding, dynamic
+    shifting); the pipeline appends the input image's latents to the transformer's image tokens."""
+    from diffusers import FluxKontextPipeline
+
+    pipe, raw = flux1(size, dev=True)
+    return FluxKontextPipeline(**pipe.components), raw
+
+
+def flux1_fill(size: str):
+    """FLUX.1 Fill (inpainting/outpainting): FLUX.1-dev whose transformer takes 384 packed channels, as
+    FLUX.1-Fill-dev: 64 of the noisy latents, 64 of the masked image's latents and 256 of the mask (the
+    8x8 pixel mask under each latent, packed 2x2), and outputs 64."""
+    from diffusers import FluxFillPipeline
+
+    pipe, raw = flux1(size, dev=True, in_channels=384)
+    components = {k: v for k, v in pipe.components.items() if k not in ("image_encoder", "feature_extractor")}
+    return FluxFillPipeline(**components), raw
 
 
 def sd3(size: str):
@@ -437,12 +471,49 @@ def qwenimage(size: str):
     return pipe, {}
 
 
+# Qwen2-VL's image processor (Qwen-Image-Edit's processor/preprocessor_config.json): 14-px patches, two
+# frames per temporal patch, 2x2 merged into one <|image_pad|> token; CLIP's mean and std.
+QWEN_VL_IMAGE_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "merge_size": 2, "patch_size": 14, "resample": 3, "rescale_factor": 1 / 255, "temporal_patch_size": 2,
+}
+
+
+def qwen_vl_processor(tok):
+    """Qwen2VLProcessor from the tiny Qwen tokenizer and Qwen2-VL's image and video processors with their
+    real settings (min_pixels 56x56, max_pixels 12845056 as in Qwen-Image-Edit): it expands each
+    <|image_pad|> of the text to one token per 2x2 merged patch of its image."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    image_processor = Qwen2VLImageProcessor(**QWEN_VL_IMAGE_PROCESSOR, min_pixels=3136, max_pixels=12845056)
+    video_processor = Qwen2VLVideoProcessor(**QWEN_VL_IMAGE_PROCESSOR, min_pixels=3136, max_pixels=12845056)
+    return Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok, video_processor=video_processor)
+
+
+def qwenimage_edit(size: str, plus: bool):
+    """Qwen-Image-Edit (one input image) / Qwen-Image-Edit-2509 and 2511 (Plus: several): the Qwen-Image
+    components plus the Qwen2-VL processor. The text encoder runs its vision tower on the input images
+    (Plus resizes them to ~384x384 first, Edit to ~1 MP); diffusers has the VAE encode each at ~1 MP
+    whatever the output size, so on CPU a 64x64 edit with 2 steps takes ~5 s per input image (the VAE
+    encode and the transformer over the image's 4096 latent tokens; the vision tower is negligible)."""
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+
+    pipe, raw = qwenimage(size)
+    cls = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
+    return cls(**pipe.components, processor=qwen_vl_processor(pipe.tokenizer)), raw
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
     "sd3": sd3,
     "flux2": flux2,
     "qwenimage": qwenimage,
+    "flux1-kontext": flux1_kontext,
+    "flux1-fill": flux1_fill,
+    "qwenimage-edit": lambda size: qwenimage_edit(size, plus=False),
+    "qwenimage-edit-plus": lambda size: qwenimage_edit(size, plus=True),
 }
 
 
@@ -462,6 +533,29 @@ def _fix_model_index(pipe_dir: Path) -> None:
     path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
+def _fix_processor(pipe_dir: Path) -> None:
+    """Write a saved Qwen2VLProcessor in the layout of the real repositories, which transformers 4 and 5
+    both read: transformers 5 saves the image and video processors inside processor_config.json, which
+    transformers 4 reads as the processor's own arguments; they go to preprocessor_config.json and
+    video_preprocessor_config.json instead. Its tokenizer is named as in model_index.json."""
+    folder = pipe_dir / "processor"
+    combined = folder / "processor_config.json"
+    if not combined.is_file():
+        return
+    config = json.loads(combined.read_text())
+    for key, filename in (("image_processor", "preprocessor_config.json"),
+                          ("video_processor", "video_preprocessor_config.json")):
+        part = {**config.pop(key), "processor_class": config["processor_class"]}
+        (folder / filename).write_text(json.dumps(part, indent=2, sort_keys=True) + "\n")
+    if set(config) - {"processor_class"}:
+        raise ValueError(f"unexpected processor settings {sorted(config)} in {combined}")
+    combined.unlink()
+    tokenizer_config = folder / "tokenizer_config.json"
+    config = json.loads(tokenizer_config.read_text())
+    config["tokenizer_class"] = _TOKENIZER_CLASS_RENAMES.get(config["tokenizer_class"], config["tokenizer_class"])
+    tokenizer_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def build(name: str, out_dir, size: str = "tiny") -> Path:
     """Build pipeline family `name` at `size` ("tiny" or "bench") and save it into out_dir in the
     diffusers layout; returns out_dir as a Path."""
@@ -469,8 +563,14 @@ def build(name: str, out_dir, size: str = "tiny") -> Path:
         raise ValueError(f"unknown family {name!r}; expected one of {FAMILIES}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
-    out = Path(out_dir)
     pipe, raw_tokenizer_files = _BUILDERS[name](size)
+    return save(pipe, raw_tokenizer_files, out_dir)
+
+
+def save(pipe, raw_tokenizer_files: dict, out_dir) -> Path:
+    """Save a pipeline built here (with its builder's raw tokenizer files) in the diffusers layout that
+    transformers 4 and 5 both load; returns out_dir as a Path."""
+    out = Path(out_dir)
     pipe.save_pretrained(out)
     for subfolder, files in raw_tokenizer_files.items():
         for filename, data in files.items():
@@ -478,6 +578,7 @@ def build(name: str, out_dir, size: str = "tiny") -> Path:
             if not target.exists():
                 target.write_bytes(data)
     _fix_model_index(out)
+    _fix_processor(out)
     return out
 
 
