@@ -48,6 +48,9 @@ CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "token
 IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight")
 UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
 VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
+# Components whose presence in model_index.json means the pipeline feeds images to its text encoder, so its
+# vision tower runs (QwenImageEditPipeline, QwenImageEditPlusPipeline: the Qwen2-VL processor).
+IMAGE_TO_TEXT_ENCODER = ("processor",)
 
 
 # -------------------------------------------------------------------------------------------- reading
@@ -407,15 +410,22 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     import torch
 
     with open(os.path.join(config_folder, "model_index.json")) as f:
-        model_class = json.load(f)["_class_name"]
+        index = json.load(f)
+    model_class = index["_class_name"]
     family = family_for(model_class)
     prefix = check_file_for_slot(path, name, model_class)
+    file = os.path.basename(path)
+    runs_vision = cls.__module__.startswith("transformers") and any(p in index for p in IMAGE_TO_TEXT_ENCODER)
+    if runs_vision:  # refused from the header, before a 7B text encoder is read for nothing
+        header = _header(path)
+        if not any(k[len(prefix):].removeprefix("model.").startswith(VISION_PARTS)
+                   for k in header if k.startswith(prefix)):
+            _refuse_without_vision(name, file, model_class, family, "")
     if path not in weights_cache:
         weights_cache[path] = read_weights(path, dtype)
     weights = weights_cache[path]
     if prefix:
         weights = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-    file = os.path.basename(path)
     want = slot_kind(family, name).words
     loader = _load_transformers if cls.__module__.startswith("transformers") else _load_diffusers
     try:
@@ -429,6 +439,9 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
         detail = "; ".join(f"{len(keys)} {what} (e.g. {sorted(keys)[0]})" for what, keys in problems)
         raise ModelLoadError(f"'{file}' is not {want} for {family.name} as "
                              f"'{os.path.basename(config_folder)}' describes it: weights {detail}.")
+    if random_vision and runs_vision:
+        _refuse_without_vision(name, file, model_class, family,
+                               f" ({len(random_vision)} vision tensors missing, e.g. {random_vision[0]})")
     if random_vision:
         notes.append(f"{name}: '{file}' has no vision weights ({len(random_vision)} tensors, e.g. "
                      f"{random_vision[0]}); text to image never runs them, so they stay random. Image-input "
@@ -436,6 +449,14 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     if isinstance(model, torch.nn.Module):
         model.eval().requires_grad_(False)
     return model
+
+
+def _refuse_without_vision(name: str, file: str, model_class: str, family: Family, detail: str):
+    """A text encoder file without (all of) its vision tower, for a pipeline that runs it on the input images."""
+    slot = family.slot(name)  # there is one: check_file_for_slot accepted the file for it
+    raise ModelLoadError(f"'{file}' has no vision part{detail}, but {model_class} feeds the input images to the "
+                         f"vision tower of its {name}, so this edit model needs it. Pick {slot.kind.words} file "
+                         f"with its vision tower: ComfyUI's {slot.comfy_file} carries it.")
 
 
 def meta_model(config_folder: str, component: str, library: str, cls_name: str):

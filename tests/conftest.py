@@ -129,15 +129,26 @@ def tiny(tiny_dir):
 def single_files(tiny_dir, tmp_path_factory) -> dict:
     """ComfyUI-style single files (tools/tiny_single_files.py) of every family, written once:
     {family: (configs folder, {kind: path})}. FLUX.1's transformer file needs FLUX's real width (diffusers'
-    BFL converter hard-codes it), so FLUX.1 comes from a real-width folder with one block of each kind."""
+    BFL converter hard-codes it), so FLUX.1 comes from a real-width folder with one block of each kind; its
+    Kontext folder shares those weights (hard links), its Fill folder only adds a 384-channel input layer
+    (together ~7 s more than FLUX.1-dev's ~18 s). The Qwen-Image-Edit-2509/2511 folders are the tiny
+    qwenimage-edit-plus one (2511: zero_cond_t)."""
     import tiny_single_files as tsf
 
     root = tmp_path_factory.mktemp("single_files")
     wide = tsf.flux1_wide(root / "flux1-wide")
     qwenimage = Path(shutil.copytree(tiny_dir / "tiny-qwenimage", root / "qwenimage"))
     tsf.wan_sized_vae(qwenimage)  # diffusers' Wan VAE converter (QwenImage's VAE files) needs Wan's block structure
+    edit_2509 = Path(shutil.copytree(tiny_dir / "tiny-qwenimage-edit-plus", root / "qwenimage-edit-2509"))
+    tsf.wan_sized_vae(edit_2509)
+    edit_2511 = Path(shutil.copytree(edit_2509, root / "qwenimage-edit-2511"))
+    tsf.qwen_edit_2511_configs(edit_2511)
     writers = {"flux1-wide": (wide, tsf.flux1_files), "flux1-dev": (tiny_dir / "tiny-flux1-dev", tsf.flux1_files),
+               "flux1-kontext-wide": (tsf.flux1_kontext_wide(wide, root / "flux1-kontext-wide"), tsf.flux1_kontext_files),
+               "flux1-fill-wide": (tsf.flux1_fill_wide(wide, root / "flux1-fill-wide"), tsf.flux1_fill_files),
                "sd3": (tiny_dir / "tiny-sd3", tsf.sd3_files), "flux2": (tiny_dir / "tiny-flux2", tsf.flux2_files),
-               "qwenimage": (qwenimage, tsf.qwenimage_files)}
+               "qwenimage": (qwenimage, tsf.qwenimage_files),
+               "qwenimage-edit-2509": (edit_2509, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2509")),
+               "qwenimage-edit-2511": (edit_2511, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2511"))}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

@@ -105,6 +105,105 @@ def test_qwenimage_from_files_matches_the_folder(sf_dir):
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
 
 
+# ------------------------------------------------------------------- edit models: the text encoder's vision
+EDIT_PLUS = "QwenImageEditPlusPipeline"
+
+
+def test_the_qwen_text_encoder_file_has_comfy_orgs_vision_layout(sf_dir):
+    """ComfyUI's Qwen25_7BVLI (comfy/text_encoders/llama.py) keeps the language model under 'model.' and the
+    vision tower under 'visual.' (qwen_vl.py: patch_embed, blocks.N, merger)."""
+    keys = single_file.HeaderView(files(sf_dir, "qwenimage-edit-2509")["text_encoder"]).keys()
+    for key in ("visual.patch_embed.proj.weight", "visual.blocks.0.attn.qkv.weight", "visual.blocks.0.mlp.gate_proj.weight",
+                "visual.merger.ln_q.weight", "visual.merger.mlp.0.weight", "visual.merger.mlp.2.weight",
+                "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.bias"):
+        assert key in keys, key
+    assert not any(k.startswith(("model.visual.", "model.language_model.")) for k in keys)
+
+
+def test_the_vision_tower_of_a_qwen_file_loads_equal_to_the_folder_for_an_edit_model(sf_dir):
+    source, f = folder(sf_dir, "qwenimage-edit-2509"), files(sf_dir, "qwenimage-edit-2509")
+    notes = []
+    got = load_pipeline(PipelineHandle.of(source=source, model_class=EDIT_PLUS, files=[("text_encoder", f["text_encoder"])]),
+                        CPU, notes=notes).text_encoder.state_dict()
+    want = load_pipeline(PipelineHandle.of(source=source, model_class=EDIT_PLUS), CPU).text_encoder.state_dict()
+    assert sorted(got) == sorted(want) and all(torch.equal(want[k], got[k]) for k in want)
+    assert len([k for k in want if "visual." in k]) > 10 and not notes
+
+
+def test_a_text_only_qwen_file_is_refused_for_an_edit_model_and_noted_for_text_to_image(sf_dir):
+    text_only = files(sf_dir, "qwenimage")["text_encoder_text_only"]
+    assert not any("visual." in k for k in single_file.HeaderView(text_only).keys())
+    cache = PipelineCache()
+    with pytest.raises(ModelLoadError, match=r"'qwen_2.5_vl_7b_text_only.safetensors' has no vision part, but "
+                                             r"QwenImageEditPlusPipeline feeds the input images .* edit model needs it"
+                                             r".*ComfyUI's qwen_2.5_vl_7b_fp8_scaled.safetensors carries it"):
+        cache.get(PipelineHandle.of(source=folder(sf_dir, "qwenimage-edit-2509"), model_class=EDIT_PLUS,
+                                    files=[("text_encoder", text_only)]), CPU)
+    assert len(cache) == 0
+    notes = []
+    pipe = load_pipeline(PipelineHandle.of(source=folder(sf_dir, "qwenimage"), model_class="QwenImagePipeline",
+                                           files=[("text_encoder", text_only)]), CPU, notes=notes)
+    assert any("has no vision weights" in n and "stay random" in n for n in notes), notes
+    assert image(pipe).shape == (1, 64, 64, 3)
+
+
+def test_a_qwen_file_missing_part_of_its_vision_tower_is_refused_for_an_edit_model(sf_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    weights = load_file(files(sf_dir, "qwenimage-edit-2509")["text_encoder"])
+    del weights["visual.merger.mlp.2.weight"]
+    path = tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors"
+    save_file(weights, str(path))
+    with pytest.raises(ModelLoadError, match=r"has no vision part \(1 vision tensors missing, e.g. "
+                                             r"model.visual.merger.mlp.2.weight\)"):
+        load_pipeline(PipelineHandle.of(source=folder(sf_dir, "qwenimage-edit-2509"), model_class=EDIT_PLUS,
+                                        files=[("text_encoder", str(path))]), CPU)
+
+
+@pytest.mark.parametrize("version", ["2509", "2511"])
+def test_qwen_image_edit_files_match_the_folder(sf_dir, version):
+    """2509 is plain fp8 (e4m3fn: 3 mantissa bits), 2511 bf16; 2511's folder sets zero_cond_t."""
+    name = f"qwenimage-edit-{version}"
+    source, f = folder(sf_dir, name), files(sf_dir, name)
+    assert single_file.model_class_of(f["transformer"]) == EDIT_PLUS
+    picked = [("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])]
+    from_files = load_pipeline(PipelineHandle.of(source=source, model_class=EDIT_PLUS, files=picked), CPU)
+    from_folder = load_pipeline(PipelineHandle.of(source=source, model_class=EDIT_PLUS), CPU)
+    assert from_files.transformer.config.zero_cond_t == (version == "2511")
+    for component, _ in picked:
+        want, got = from_folder.components[component].state_dict(), from_files.components[component].state_dict()
+        assert sorted(want) == sorted(got), component
+        for k in want:
+            if component == "transformer":  # the file's precision; unscaled e4m3fn's subnormal step is 2^-9
+                assert torch.allclose(got[k], want[k], rtol=0.07, atol=2 ** -10), k
+            else:
+                assert torch.equal(got[k], want[k]), k
+
+
+def test_flux1_fill_file_matches_the_folder(sf_dir):
+    """BFL's Fill file: BFL layout, bf16, 384 input channels (diffusers tells it by that width: flux-fill)."""
+    source, path = folder(sf_dir, "flux1-fill-wide"), files(sf_dir, "flux1-fill-wide")["transformer"]
+    assert single_file.model_class_of(path) == "FluxFillPipeline"
+    got = load_pipeline(PipelineHandle.of(source=source, model_class="FluxFillPipeline", files=[("transformer", path)]),
+                        CPU).transformer.state_dict()
+    want = load_pipeline(PipelineHandle.of(source=source, model_class="FluxFillPipeline"), CPU).transformer.state_dict()
+    assert sorted(got) == sorted(want) and got["x_embedder.weight"].shape[1] == 384
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_flux1_kontext_file_is_flux1_devs_transformer_in_comfyuis_older_scaled_fp8(sf_dir):
+    """From the headers only: reading and de-scaling ~0.5B fp8 weights costs ~20 s here, and what it would
+    check is covered (the older scaled fp8 by the T5 file, the BFL converter by flux1-dev.safetensors, whose
+    weights the Kontext folder shares)."""
+    kontext = single_file.HeaderView(files(sf_dir, "flux1-kontext-wide")["transformer"])
+    dev = single_file.HeaderView(files(sf_dir, "flux1-wide")["transformer"])
+    assert single_file.model_class_of(kontext) == "FluxKontextPipeline"
+    weights = [k for k in kontext if k != "scaled_fp8" and not k.endswith(".scale_weight")]
+    assert "scaled_fp8" in kontext and sorted(weights) == sorted(dev)
+    assert all(kontext[k].shape == dev[k].shape for k in weights)
+    assert sum(k.endswith(".scale_weight") for k in kontext) == sum(len(dev[k].shape) == 2 for k in dev)
+
+
 def test_one_read_of_a_checkpoint_serves_all_its_components(sf_dir, monkeypatch):
     reads = []
     read_weights = single_file.read_weights

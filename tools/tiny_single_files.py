@@ -8,8 +8,15 @@ The files use the real layouts and the usual names, so the loader meets what use
                       clip_l.safetensors, clip_g.safetensors, t5xxl_fp16.safetensors
   FLUX.2 (Comfy-Org): flux2_dev.safetensors (BFL layout), mistral_3_small_flux2.safetensors, flux2-vae.safetensors
   QwenImage:          qwen_image.safetensors, qwen_2.5_vl_7b_fp8_scaled.safetensors (both already in diffusers' /
-                      transformers' key layout, as Comfy-Org ships them), qwen_image_vae.safetensors (Wan 2.1
-                      layout; the folder needs `wan_sized_vae` first)
+                      transformers' key layout, as Comfy-Org ships them; the text encoder with its vision tower,
+                      "visual.*" beside "model.*" as ComfyUI's Qwen25_7BVLI names them), qwen_image_vae.safetensors
+                      (Wan 2.1 layout; the folder needs `wan_sized_vae` first), and for tests a text-only Qwen2.5-VL
+                      file without the vision tower
+  FLUX.1 Kontext/Fill: flux1-dev-kontext_fp8_scaled.safetensors (Comfy-Org, BFL layout, ComfyUI's older scaled
+                      fp8), flux1-fill-dev.safetensors (BFL's, bf16, 384 input channels); text encoders and VAE
+                      are FLUX.1-dev's (`flux1_files` of the wide folder)
+  Qwen-Image-Edit:    qwen_image_edit_2509_fp8_e4m3fn.safetensors (plain fp8), qwen_image_edit_2511_bf16.safetensors,
+                      with Qwen-Image's text encoder (vision tower included) and VAE files
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -17,11 +24,14 @@ weights. Text encoders are stored as transformers saves them (ComfyUI's files us
 
 diffusers' FLUX.1 BFL converter hard-codes FLUX's width (3072), so `flux1_wide(out)` builds a FLUX.1-dev
 folder whose transformer has the real width with one double and one single block (bf16, ~1 GB), and tiny
-text encoders and VAE.
+text encoders and VAE. `flux1_kontext_wide` and `flux1_fill_wide` derive the Kontext and Fill folders from it
+(Kontext: the same weight files, hard-linked; Fill: a new 384-channel input layer, the rest of its weights).
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -295,6 +305,13 @@ def scaled_fp8(sd: dict, new_format: bool = False) -> dict:
     return out
 
 
+def plain_fp8(sd: dict) -> dict:
+    """Comfy-Org's plain fp8 files (qwen_image_edit_2509_fp8_e4m3fn): every 2-D weight cast to
+    float8_e4m3fn without a scale; norms and biases stay as they are."""
+    return {k: v.to(torch.float8_e4m3fn) if k.endswith(".weight") and v.dim() == 2 and v.is_floating_point() else v
+            for k, v in sd.items()}
+
+
 # ---------------------------------------------------------------------------------------- writers
 def clip_file_layout(sd: dict) -> dict:
     """ComfyUI's (and OpenAI's HF) CLIP files name the text model 'text_model.'; transformers 5 saves a
@@ -369,14 +386,79 @@ def flux2_files(folder, out) -> dict[str, Path]:
     }
 
 
+# The parts of a Qwen2.5-VL file that only image inputs run: ComfyUI's Qwen25_7BVLI names its vision tower
+# "visual." (visual.patch_embed.proj, visual.blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.*_proj},
+# visual.merger.{ln_q,mlp.0,mlp.2}) beside the language model's "model." (comfy/text_encoders/llama.py, qwen_vl.py).
+QWEN_VISION_PREFIX = "visual."
+
+
+def qwen_text_only(sd: dict) -> dict:
+    """A Qwen2.5-VL text encoder file without its vision tower: what text to image runs."""
+    return {k: v for k, v in sd.items() if not k.startswith(QWEN_VISION_PREFIX)}
+
+
+def _qwen_text_encoder_and_vae(folder, out: Path) -> dict[str, Path]:
+    """Qwen-Image's text encoder (vision tower included: transformers saves Qwen2.5-VL in the original
+    "model." / "visual." layout, the one Comfy-Org's file has) and VAE files."""
+    return {
+        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen_2.5_vl_7b_fp8_scaled.safetensors"),
+        "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
+    }
+
+
 def qwenimage_files(folder, out) -> dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     return {
         "transformer": _save(folder_weights(folder, "transformer"), out / "qwen_image.safetensors"),
-        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen_2.5_vl_7b_fp8_scaled.safetensors"),
-        "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
+        **_qwen_text_encoder_and_vae(folder, out),
+        "text_encoder_text_only": _save(qwen_text_only(folder_weights(folder, "text_encoder")),
+                                        out / "qwen_2.5_vl_7b_text_only.safetensors"),
     }
+
+
+# Comfy-Org's Qwen-Image-Edit-2509 / 2511 diffusion models: (file name, how its weights are stored).
+QWEN_EDIT_FILES = {"2509": ("qwen_image_edit_2509_fp8_e4m3fn.safetensors", plain_fp8),
+                   "2511": ("qwen_image_edit_2511_bf16.safetensors",
+                            lambda sd: {k: v.to(torch.bfloat16) for k, v in sd.items()})}
+
+
+def qwenimage_edit_files(folder, out, version: str) -> dict[str, Path]:
+    """The Qwen-Image-Edit-`version` (2509 or 2511) diffusion model file of a QwenImageEditPlus folder, in the
+    key layout of qwen_image.safetensors, with the text encoder (vision tower included) and VAE files."""
+    name, store = QWEN_EDIT_FILES[version]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {"transformer": _save(store(folder_weights(folder, "transformer")), out / name),
+            **_qwen_text_encoder_and_vae(folder, out)}
+
+
+def qwen_edit_2511_configs(folder) -> None:
+    """Make a QwenImageEditPlus folder Qwen-Image-Edit-2511's: its transformer config sets zero_cond_t (the
+    input images' tokens are modulated with timestep 0); the weights are the same as 2509's."""
+    import json
+
+    path = Path(folder, "transformer", "config.json")
+    config = json.loads(path.read_text())
+    config["zero_cond_t"] = True
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def flux1_kontext_files(folder, out) -> dict[str, Path]:
+    """Comfy-Org's FLUX.1 Kontext diffusion model (BFL layout, ComfyUI's older scaled fp8) of a real-width
+    folder (`flux1_kontext_wide`); its text encoders and VAE are FLUX.1-dev's."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    bfl = flux_to_bfl(folder_weights(folder, "transformer"))
+    return {"transformer": _save(scaled_fp8(bfl), out / "flux1-dev-kontext_fp8_scaled.safetensors")}
+
+
+def flux1_fill_files(folder, out) -> dict[str, Path]:
+    """BFL's FLUX.1 Fill diffusion model (BFL layout, bf16, 384 input channels) of `flux1_fill_wide`'s folder;
+    its text encoders and VAE are FLUX.1-dev's."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {"transformer": _save(flux_to_bfl(folder_weights(folder, "transformer")), out / "flux1-fill-dev.safetensors")}
 
 
 def flux1_wide(out) -> Path:
@@ -393,11 +475,48 @@ def flux1_wide(out) -> Path:
         num_attention_heads=24, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
         axes_dims_rope=(16, 56, 56)).to(torch.bfloat16)
     pipe.register_modules(transformer=pipe.transformer)
+    return tiny_models.save(pipe, raw, out)
+
+
+def _link_weights(src, dst):
+    """copytree's copy function: weight files hard-linked (no second GB on disk), the rest copied (so that
+    rewriting a config never changes the source folder's)."""
+    if str(src).endswith(".safetensors"):
+        try:
+            return os.link(src, dst)
+        except OSError:  # another file system
+            pass
+    return shutil.copy2(src, dst)
+
+
+def flux1_kontext_wide(wide, out) -> Path:
+    """A FLUX.1 Kontext folder from `flux1_wide`'s: Kontext has FLUX.1-dev's architecture, so the weights are
+    the wide folder's (hard-linked); model_index.json is the one FluxKontextPipeline saves."""
+    import tiny_models
+
     out = Path(out)
-    pipe.save_pretrained(out)
-    for subfolder, files in raw.items():
-        for filename, data in files.items():
-            if not (out / subfolder / filename).exists():
-                (out / subfolder / filename).write_bytes(data)
+    shutil.copytree(wide, out, copy_function=_link_weights)
+    (out / "model_index.json").unlink()
+    pipe, _ = tiny_models.flux1_kontext("tiny")  # the wide folder's component classes
+    pipe.save_config(out)
     tiny_models._fix_model_index(out)
     return out
+
+
+def flux1_fill_wide(wide, out) -> Path:
+    """A FLUX.1 Fill folder from `flux1_wide`'s: its transformer takes 384 input channels (a new input layer)
+    and outputs 64, with the wide transformer's other weights; tiny text encoders and VAE as there."""
+    import tiny_models
+    from accelerate import init_empty_weights
+    from diffusers import FluxTransformer2DModel
+
+    pipe, raw = tiny_models.flux1_fill("tiny")  # tiny components as the wide folder's (same seeds)
+    config = {**FluxTransformer2DModel.load_config(Path(wide, "transformer")), "in_channels": 384, "out_channels": 64}
+    weights = folder_weights(wide, "transformer")
+    torch.manual_seed(0)
+    weights["x_embedder.weight"] = torch.nn.Linear(384, 3072, bias=False).weight.detach().to(torch.bfloat16)
+    with init_empty_weights():
+        transformer = FluxTransformer2DModel.from_config(config)
+    transformer.load_state_dict(weights, strict=True, assign=True)
+    pipe.register_modules(transformer=transformer)
+    return tiny_models.save(pipe, raw, out)
