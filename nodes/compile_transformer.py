@@ -37,7 +37,9 @@ class TPUCompileTransformer(io.ComfyNode):
                                          "cannot be traced). Turn off to let torch fall back around such code."),
                 io.String.Input("warmup_sizes", default="",
                                 tooltip="Sizes to compile ahead the first time the pipeline is used, e.g. "
-                                        "'1024x1024, 768x1344' (WIDTHxHEIGHT, comma separated). Empty: none."),
+                                        "'1024x1024, 768x1344' (WIDTHxHEIGHT, comma separated). Edit models: "
+                                        "'1024x1024@1024x768' also resizes the Sampler's images to 1024x768 for "
+                                        "that warm-up (reference sizes change the compiled shape). Empty: none."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, in compiled mode.")],
         )
@@ -53,7 +55,7 @@ class TPUCompileTransformer(io.ComfyNode):
             sizes = parse_sizes(warmup_sizes)
         except UserInputError as e:
             return f"warmup_sizes: {e}"
-        for width, height in sizes:
+        for width, height, *_ in sizes:
             if problem := size_problem("width", width) or size_problem("height", height):
                 return f"warmup_sizes: {width}x{height}: {problem}"
         return True
@@ -62,7 +64,7 @@ class TPUCompileTransformer(io.ComfyNode):
     def execute(cls, pipeline, scope: str, fullgraph: bool, warmup_sizes: str) -> io.NodeOutput:
         sizes = parse_sizes(warmup_sizes)
         family = family_for(pipeline.model_class)
-        for width, height in sizes:
+        for width, height, *_ in sizes:
             validate_size(family, width, height)
         spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes)
         return io.NodeOutput(pipeline.replace(mode=ExecutionMode.COMPILED, compile=spec))

@@ -168,10 +168,12 @@ class Engine:
 
         denoiser = self.denoiser(entry, handle)
 
-        def run_at(width: int, height: int, on_warm_step) -> compilation.CompileActivity:
-            # the request's own inputs at that size (diffusers resizes the images), all steps from the image
-            warm_request = dataclasses.replace(request, width=width, height=height, steps=compilation.WARMUP_STEPS,
-                                               denoise=1.0, batch_size=task.call_batch(request))
+        def run_at(width: int, height: int, image_size, on_warm_step) -> compilation.CompileActivity:
+            # the request's own inputs at that size (diffusers resizes them, or image_size says), all steps
+            warm_request = dataclasses.replace(
+                request, width=width, height=height, steps=compilation.WARMUP_STEPS, denoise=1.0,
+                batch_size=task.call_batch(request),
+                images=tuple(image_inputs.resized(image, image_size) for image in request.images))
             task.validate(family, pipeline, warm_request)
             return self._run(entry, pipe, denoiser, task, family, pipeline, warm_request, on_warm_step)[1]
 

@@ -66,7 +66,8 @@ class Workers(Choice):
 class CompileSpec:
     scope: CompileScope = CompileScope.AUTO
     fullgraph: bool = True
-    warmup_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) compiled ahead, at first realisation
+    # (width, height[, image width, image height]) compiled ahead, at first realisation
+    warmup_sizes: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):  # also accepts the plain values a workflow or the wire carries
         object.__setattr__(self, "scope", CompileScope(self.scope))

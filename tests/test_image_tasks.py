@@ -150,3 +150,32 @@ def test_readme_and_the_image_inputs_page_show_the_task_matrix_of_the_families()
     root = Path(__file__).resolve().parent.parent
     for page in ("README.md", "docs/image_inputs.md"):
         assert markdown_matrix() in (root / page).read_text(), f"{page}'s task matrix differs from:\n{markdown_matrix()}"
+
+
+def test_warm_up_sizes_can_name_the_size_of_the_images():
+    from tpu_diffusers_runtime.features.compilation import parse_sizes
+    from tpu_diffusers_runtime.tasks.images import resized
+
+    assert parse_sizes("64x64, 96x64@128x96") == ((64, 64), (96, 64, 128, 96))
+    with pytest.raises(UserInputError, match="IMAGEWIDTHxIMAGEHEIGHT"):
+        parse_sizes("64x64@128")
+    image = comfy_image(PIXELS[0])
+    assert resized(image, (32, 40)).shape == (1, 40, 32, 3) and resized(image, None) is image
+
+
+def test_an_edit_model_compiled_with_a_warm_up_at_its_reference_size_compiles_nothing_when_it_runs(tiny):
+    from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode
+
+    folder = tiny("flux2")
+    handle = PipelineHandle.of(source=folder, model_class="Flux2Pipeline", mode=ExecutionMode.COMPILED,
+                               compile=CompileSpec(scope="whole", warmup_sizes=((64, 64, 64, 80),)))
+    engine = Engine(distribute=False)
+    reference = RNG.random((1, 96, 64, 3), dtype=np.float32)  # 64x96: the warm-up resizes it to 64x80
+    info = engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=1,
+                                                 images=(reference,))).info
+    assert info.task == "edit" and any(n.startswith("warm-up: compiled now for 64x64") and n.endswith("images at 64x80")
+                                       for n in info.notes), info.notes
+    assert info.compiled_now is True  # the reference at its own size (64x96) is another transformer input shape
+    again = engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=2,
+                                                  images=(comfy_image(PIXELS[1]),))).info  # 64x80, as warmed up
+    assert again.compiled_now is False, again.notes

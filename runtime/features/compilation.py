@@ -27,14 +27,17 @@ log = logging.getLogger("tpu_diffusers")
 WARMUP_STEPS = 2  # the step count does not change the compiled graph; two steps exercise the whole loop
 
 
-def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
-    """'1024x1024, 768x1344' -> ((1024, 1024), (768, 1344)); an unparsable entry is a clear error."""
+def parse_sizes(text: str) -> tuple[tuple[int, ...], ...]:
+    """'1024x1024, 768x1344, 1024x1024@1024x768' -> ((1024, 1024), (768, 1344), (1024, 1024, 1024, 768)): an
+    output size, optionally with the size the request's images are resized to for that warm-up (an edit
+    model's references change the transformer's input shape); an unparsable entry is a clear error."""
     sizes = []
     for item in filter(None, (part.strip() for part in re.split(r"[,;\s]+", text))):
-        match = re.fullmatch(r"(\d+)\s*[xX*]\s*(\d+)", item)
+        match = re.fullmatch(r"(\d+)[xX*](\d+)(?:@(\d+)[xX*](\d+))?", item)
         if not match:
-            raise UserInputError(f"warmup size '{item}' is not WIDTHxHEIGHT; write e.g. '1024x1024, 768x1344'.")
-        sizes.append((int(match[1]), int(match[2])))
+            raise UserInputError(f"warmup size '{item}' is not WIDTHxHEIGHT or WIDTHxHEIGHT@IMAGEWIDTHxIMAGEHEIGHT; "
+                                 "write e.g. '1024x1024, 768x1344, 1024x1024@1024x768'.")
+        sizes.append(tuple(int(group) for group in match.groups() if group is not None))
     return tuple(dict.fromkeys(sizes))
 
 
@@ -124,9 +127,9 @@ class CompileState:
 
     request: CompileRequest
     scope: CompileScope  # what was compiled: WHOLE or REPEATED_BLOCKS
-    warmup_sizes: tuple[tuple[int, int], ...] = ()
+    warmup_sizes: tuple[tuple[int, ...], ...] = ()  # (width, height[, image width, image height])
     shapes: dict[tuple[int, int, int], ShapeRecord] = dataclasses.field(default_factory=dict)
-    warmed: set[tuple[int, int, int]] = dataclasses.field(default_factory=set)
+    warmed: set[tuple] = dataclasses.field(default_factory=set)  # (warm-up size, batch) done
 
     def matches(self, request: CompileRequest) -> bool:
         return self.request == request
@@ -285,20 +288,23 @@ class Warmup:
 
 def warm_up(state: CompileState | None, batch_size: int, run_size, on_progress=None) -> Warmup:
     """Compile the warm-up sizes ahead, once per loaded pipeline, with progress (and so cancel) per size.
-    run_size(width, height, on_step) runs WARMUP_STEPS steps at that size; returns its CompileActivity."""
+    run_size(width, height, image_size, on_step) runs WARMUP_STEPS steps at that size, the request's images
+    resized to image_size ((width, height), or None: as they are); returns its CompileActivity."""
     result = Warmup()
     if state is None:
         return result
-    pending = [(w, h) for w, h in state.warmup_sizes if (w, h, batch_size) not in state.warmed]
-    for index, (width, height) in enumerate(pending):
+    pending = [size for size in state.warmup_sizes if (size, batch_size) not in state.warmed]
+    for index, size in enumerate(pending):
+        width, height, image_size = size[0], size[1], size[2:] or None
+        label = f"warm-up {width}x{height}" + (f" (images {image_size[0]}x{image_size[1]})" if image_size else "")
 
-        def on_step(_done, _total, index=index, label=f"warm-up {width}x{height}"):
+        def on_step(_done, _total, index=index, label=label):
             if on_progress:
                 on_progress(index, len(pending), label)
 
-        activity = run_size(width, height, on_step)
-        shape = (width, height, batch_size)
-        state.warmed.add(shape)
+        activity = run_size(width, height, image_size, on_step)
+        state.warmed.add((size, batch_size))
         result.seconds += activity.seconds
-        result.notes.append(f"warm-up: {describe(state, shape, activity)}")
+        images = f", images at {image_size[0]}x{image_size[1]}" if image_size else ""
+        result.notes.append(f"warm-up: {describe(state, (width, height, batch_size), activity)}{images}")
     return result

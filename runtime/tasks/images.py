@@ -64,6 +64,18 @@ def pil_mask(mask, index: int, size: tuple[int, int]):
     return image if image.size == size else image.resize(size, Image.BILINEAR)
 
 
+def resized(batch, size: tuple[int, int] | None):
+    """An IMAGE batch resized to size (width, height) as diffusers resizes PIL images (Lanczos); None: as is."""
+    import numpy as np
+    from PIL import Image
+
+    if size is None or tuple(size) == (batch.shape[2], batch.shape[1]):
+        return batch
+    frames = [np.asarray(pil_image(batch, i).resize(tuple(size), Image.LANCZOS), dtype=np.float32) / 255.0
+              for i in range(len(batch))]
+    return np.stack(frames)
+
+
 def notes(request) -> list[str]:
     """What the run info should say about how the inputs were taken."""
     said = []
