@@ -1,5 +1,6 @@
-"""Write the single-file and LoRA workflows in workflows/ (UI format): a chain of nodes, left to
-right, each output feeding the next node's first input. Thumbnails: tests/e2e/test_browser.py with
+"""Write the single-file, LoRA and image-input workflows in workflows/ (UI format): a chain of nodes, each
+output feeding the next node's first input (the pipeline column, then the Sampler, then Save Image), and
+Load Image nodes feeding the Sampler's image inputs. Thumbnails: tests/e2e/test_browser.py with
 UPDATE_SCREENSHOT=1.
 
     python tools/make_file_workflows.py
@@ -7,15 +8,32 @@ UPDATE_SCREENSHOT=1.
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-PIPE, IMAGE = "TPU_PIPELINE", "IMAGE"
-SIZES = {"TPUFileLoader": [340, 250], "TPULora": [320, 82], "TPUModeSelector": [320, 82],
-         "TPUCompileTransformer": [320, 130], "TPUSampler": [400, 420], "SaveImage": [400, 440]}
+PIPE, IMAGE, MASK = "TPU_PIPELINE", "IMAGE", "MASK"
+SIZES = {"TPULoader": [320, 130], "TPUFileLoader": [340, 250], "TPULora": [320, 82], "TPUModeSelector": [320, 82],
+         "TPUCompileTransformer": [320, 130], "TPUMesh": [320, 206], "TPUSampler": [400, 420],
+         "SaveImage": [400, 440], "LoadImage": [320, 330]}
+# The Sampler's sockets in the frontend's order (widget inputs follow them); a link's target slot is the index here
+SAMPLER_SOCKETS = {"pipeline": PIPE, "image": IMAGE, "image_2": IMAGE, "image_3": IMAGE, "mask": MASK}
+LOAD_IMAGE_OUTPUTS = (("IMAGE", IMAGE), ("MASK", MASK))  # Load Image: the picture, and 1 - its alpha channel
 FOX = "a red fox in a snowy birch forest at dawn, soft golden light, detailed fur, photograph"
+FLUX1_DEV_FILES = ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none", "ae.safetensors",
+                   "auto", "auto", "auto"]
+SD35_LARGE_FILES = ["sd3.5_large.safetensors", "clip_l.safetensors", "clip_g.safetensors", "t5xxl_fp16.safetensors",
+                    "none", "auto", "auto", "auto"]
+OFFLOAD = ("TPUModeSelector", ["eager", "model_cpu_offload"])
+
+
+class Workflow(NamedTuple):
+    hardware: str  # extra.tpu_diffusers.hardware: which chip, which files go where
+    steps: list  # (node type, widget values): the chain, left to right
+    images: tuple = ()  # (file in ComfyUI's input folder, {Sampler input: Load Image output slot}), one per Load Image
+
 
 WORKFLOWS = {
-    "flux1_dev_files_offload": (
+    "flux1_dev_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. ComfyUI's own FLUX.1-dev files (Comfy-Org "
         "layout): models/diffusion_models/flux1-dev.safetensors, models/text_encoders/clip_l.safetensors and "
         "t5xxl_fp16.safetensors, models/vae/ae.safetensors. Configs: a FLUX.1-dev folder in models/diffusers or "
@@ -23,9 +41,9 @@ WORKFLOWS = {
         [("TPUFileLoader", ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none",
                             "ae.safetensors", "auto", "auto", "auto"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
-         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1]),
+         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["flux1_dev_files"])]),
-    "sd35_large_files_compiled": (
+    "sd35_large_files_compiled": Workflow(
         "One TPU v6e chip (32 GB HBM). ComfyUI's SD3.5 Large checkpoint models/checkpoints/sd3.5_large.safetensors "
         "with models/text_encoders/clip_l.safetensors, clip_g.safetensors and t5xxl_fp16.safetensors (leave "
         "text_encoder_3 at none to run without T5). ~28 GB bf16 with T5, so the transformer compiles as repeated "
@@ -35,9 +53,9 @@ WORKFLOWS = {
          ("TPUModeSelector", ["compiled", "model_cpu_offload"]),
          ("TPUCompileTransformer", ["auto", False, "1024x1024"]),
          ("TPUSampler", ["a cozy reading nook by a rainy window, warm lamp light, watercolor illustration",
-                         "blurry, low quality", 1024, 1024, 40, 4.5, 42, "fixed", 1]),
+                         "blurry, low quality", 1024, 1024, 40, 4.5, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["sd35_large_files"])]),
-    "flux2_dev_files_offload": (
+    "flux2_dev_files_offload": Workflow(
         "A TPU host with about 128 GB of host RAM. ComfyUI's FLUX.2-dev files: models/diffusion_models/"
         "flux2_dev_fp8mixed.safetensors (upcast to bf16), models/text_encoders/mistral_3_small_flux2_bf16.safetensors, "
         "models/vae/flux2-vae.safetensors. Model CPU offload; for more speed use the FLUX.2 diffusers folder "
@@ -46,9 +64,9 @@ WORKFLOWS = {
                             "none", "flux2-vae.safetensors", "auto", "auto", "auto"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", ["a vintage travel poster of a lighthouse on a rocky coast, bold shapes", "",
-                         1024, 1024, 28, 4.0, 42, "fixed", 1]),
+                         1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["flux2_dev_files"])]),
-    "qwen_image_files_offload": (
+    "qwen_image_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Qwen-Image files: models/"
         "diffusion_models/qwen_image_fp8_e4m3fn.safetensors and models/text_encoders/"
         "qwen_2.5_vl_7b_fp8_scaled.safetensors (both upcast to bf16), models/vae/qwen_image_vae.safetensors. "
@@ -57,9 +75,9 @@ WORKFLOWS = {
                             "none", "qwen_image_vae.safetensors", "auto", "auto", "auto"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", ["a street sign that reads 'TPU AVENUE' under cherry blossoms", "blurry", 1328, 1328, 50,
-                         4.0, 42, "fixed", 1]),
+                         4.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["qwen_image_files"])]),
-    "flux1_dev_lora_chain_compiled": (
+    "flux1_dev_lora_chain_compiled": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM; the FLUX.1-dev files of "
         "flux1_dev_files_offload.json and two FLUX.1 LoRAs in models/loras (any of diffusers, kohya or ComfyUI "
         "format). The LoRAs are fused into the weights: changing a LoRA or its strength reloads and recompiles "
@@ -70,44 +88,145 @@ WORKFLOWS = {
          ("TPULora", ["flux1_detail_lora.safetensors", 0.5]),
          ("TPUModeSelector", ["compiled", "model_cpu_offload"]),
          ("TPUCompileTransformer", ["auto", True, "1024x1024"]),
-         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1]),
+         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["flux1_dev_lora"])]),
+    "qwen_image_edit_2509_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Qwen-Image-Edit-2509 files: models/"
+        "diffusion_models/qwen_image_edit_2509_fp8_e4m3fn.safetensors and models/text_encoders/"
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors (with its vision tower; both upcast to bf16), models/vae/"
+        "qwen_image_vae.safetensors; configs: a Qwen-Image-Edit-2509 folder in models/diffusers or the hub cache. "
+        "Two reference images in ComfyUI's input folder go to image and image_2; width/height 0 = the first "
+        "image's size. The 4-step Lightning LoRA (models/loras/Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16."
+        "safetensors, the one ComfyUI's template uses; not tested with this pack yet) runs 4 steps at guidance 1 "
+        "(true CFG off); without it, delete the LoRA node and use 40 steps at guidance 4. Model CPU offload.",
+        [("TPUFileLoader", ["qwen_image_edit_2509_fp8_e4m3fn.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors",
+                            "none", "none", "qwen_image_vae.safetensors", "auto", "auto", "auto"]),
+         ("TPULora", ["Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors", 1.0]),
+         OFFLOAD,
+         ("TPUSampler", ["the woman from image 1 sits on the sofa from image 2, reading a book, soft window light",
+                         "", 0, 0, 4, 1.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["qwen_image_edit_2509"])],
+        images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
+    "flux1_kontext_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. ComfyUI's FLUX.1 Kontext files: models/"
+        "diffusion_models/flux1-dev-kontext_fp8_scaled.safetensors (upcast to bf16; the name's 'kontext' makes it "
+        "load as Kontext), models/text_encoders/clip_l.safetensors and t5xxl_fp16.safetensors, models/vae/"
+        "ae.safetensors; configs: a FLUX.1-Kontext-dev folder in models/diffusers or the hub cache. The image to "
+        "edit goes in ComfyUI's input folder; width/height 0 = its size. Model CPU offload.",
+        [("TPUFileLoader", ["flux1-dev-kontext_fp8_scaled.safetensors", *FLUX1_DEV_FILES[1:]]),
+         OFFLOAD,
+         ("TPUSampler", ["make it a snowy winter evening, keep the house and the people as they are", "",
+                         0, 0, 28, 2.5, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["flux1_kontext"])],
+        images=(("kontext_input.png", {"image": 0}),)),
+    "flux1_fill_inpaint_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. Inpaint with ComfyUI's FLUX.1 Fill file: models/"
+        "diffusion_models/flux1-fill-dev.safetensors (told apart by its 384 input channels), models/text_encoders/"
+        "clip_l.safetensors and t5xxl_fp16.safetensors, models/vae/ae.safetensors; configs: a FLUX.1-Fill-dev "
+        "folder in models/diffusers or the hub cache. Paint the mask in Load Image's mask editor (white = repaint: "
+        "its MASK output goes to mask); width/height 0 = the image's size. Guidance 30, as FLUX.1 Fill is tuned "
+        "for. Model CPU offload.",
+        [("TPUFileLoader", ["flux1-fill-dev.safetensors", *FLUX1_DEV_FILES[1:]]),
+         OFFLOAD,
+         ("TPUSampler", ["a vase of sunflowers on the wooden table", "", 0, 0, 28, 30.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["flux1_fill_inpaint"])],
+        images=(("inpaint_source.png", {"image": 0, "mask": 1}),)),
+    "flux1_dev_img2img_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM; the FLUX.1-dev files of "
+        "flux1_dev_files_offload.json (models/diffusion_models/flux1-dev.safetensors, models/text_encoders/"
+        "clip_l.safetensors and t5xxl_fp16.safetensors, models/vae/ae.safetensors). Image to image: the image in "
+        "ComfyUI's input folder, denoise 0.6 (the last 17 of 28 steps run; lower keeps more of the image); "
+        "width/height 0 = its size. Model CPU offload.",
+        [("TPUFileLoader", FLUX1_DEV_FILES),
+         OFFLOAD,
+         ("TPUSampler", ["a watercolor painting of the same scene, soft washes of color, paper texture", "",
+                         0, 0, 28, 3.5, 42, "fixed", 1, 0.6]),
+         ("SaveImage", ["flux1_dev_img2img"])],
+        images=(("img2img_source.png", {"image": 0}),)),
+    "sd35_large_img2img_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 48 GB of host RAM; the SD3.5 Large files of "
+        "sd35_large_files_compiled.json (models/checkpoints/sd3.5_large.safetensors, models/text_encoders/"
+        "clip_l.safetensors, clip_g.safetensors and t5xxl_fp16.safetensors). Image to image: the image in "
+        "ComfyUI's input folder, denoise 0.7 (the last 28 of 40 steps run); width/height 0 = its size. "
+        "Model CPU offload, eager.",
+        [("TPUFileLoader", SD35_LARGE_FILES),
+         OFFLOAD,
+         ("TPUSampler", ["an oil painting of the same scene at golden hour, thick brush strokes",
+                         "blurry, low quality", 0, 0, 40, 4.5, 42, "fixed", 1, 0.7]),
+         ("SaveImage", ["sd35_large_img2img"])],
+        images=(("img2img_source.png", {"image": 0}),)),
+    "flux2_dev_multi_reference_tp8": Workflow(
+        "One TPU host with 8 chips (e.g. v6e-8). FLUX.2-dev (the diffusers folder models/diffusers/FLUX.2-dev) "
+        "sharded over all 8 chips, one worker process per chip, launched locally, as flux2_dev_tp8.json. Two "
+        "reference images in ComfyUI's input folder go to image and image_2 (FLUX.2 takes up to 3, each resized "
+        "to at most 1 MP); the output is 1024x1024.",
+        [("TPULoader", ["FLUX.2-dev", "", "auto", "auto"]),
+         ("TPUMesh", [8, True, True, "launch_local", "", "", 1]),
+         ("TPUSampler", ["the ceramic mug from image 1 on the desk from image 2, morning light, product photo", "",
+                         1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["flux2_dev_multi_reference"])],
+        images=(("flux2_reference_mug.png", {"image": 0}), ("flux2_reference_desk.png", {"image_2": 0}))),
 }
 
 
-def chain(hardware: str, steps: list[tuple[str, list]]) -> dict:
+def node(node_id: int, node_type: str, pos: list, inputs: list, outputs: list, values: list) -> dict:
+    return {"id": node_id, "type": node_type, "pos": pos, "size": SIZES[node_type], "flags": {}, "order": node_id - 1,
+            "mode": 0, "inputs": inputs, "outputs": outputs, "properties": {"Node name for S&R": node_type},
+            "widgets_values": values}
+
+
+def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> dict:
+    """The pipeline nodes in a column, the Load Image nodes (if any) in the next, then the Sampler and Save
+    Image. Node ids: the chain's in order, then the Load Image nodes'. Link ids: link i enters chain node
+    i + 1, then one link per Sampler image input."""
     nodes, links = [], []
+    sampler_id = 1 + [node_type for node_type, _ in steps].index("TPUSampler")
+    image_links = []  # (link id, Load Image id, its output slot, Sampler input)
+    for n, (_, targets) in enumerate(images):
+        for target, slot in targets.items():
+            image_links.append((len(steps) + len(image_links), len(steps) + 1 + n, slot, target))
+    image_x = 420
+    sampler_x = image_x + (SIZES["LoadImage"][0] + 40 if images else 0)
     x, y = 40, 80
     for index, (node_type, values) in enumerate(steps):
         node_id = index + 1
         is_save, is_sampler = node_type == "SaveImage", node_type == "TPUSampler"
-        inputs = [] if index == 0 else [{"name": "images" if is_save else "pipeline",
-                                         "type": IMAGE if is_save else PIPE, "link": index}]
         if is_save:
-            outputs = []
+            inputs, outputs = [{"name": "images", "type": IMAGE, "link": index}], []
         elif is_sampler:
+            linked = {target: link for link, _, _, target in image_links}
+            inputs = [{"name": name, "type": kind, "link": index if name == "pipeline" else linked.get(name)}
+                      for name, kind in SAMPLER_SOCKETS.items()]
             outputs = [{"name": "images", "type": IMAGE, "links": [node_id], "slot_index": 0},
                        {"name": "info", "type": "STRING", "links": None, "slot_index": 1}]
         else:
+            inputs = [] if index == 0 else [{"name": "pipeline", "type": PIPE, "link": index}]
             outputs = [{"name": "pipeline", "type": PIPE, "links": [node_id], "slot_index": 0}]
         if index:
             links.append([index, index, 0, node_id, 0, IMAGE if is_save else PIPE])
-        size = SIZES[node_type]
         if is_sampler or is_save:  # the big nodes go in a row of their own
-            x, y = x + 380 if is_save else 420, 80
-        nodes.append({"id": node_id, "type": node_type, "pos": [x, y], "size": size, "flags": {}, "order": index,
-                      "mode": 0, "inputs": inputs, "outputs": outputs,
-                      "properties": {"Node name for S&R": node_type}, "widgets_values": values})
+            x, y = sampler_x if is_sampler else x + SIZES["TPUSampler"][0] + 40, 80
+        nodes.append(node(node_id, node_type, [x, y], inputs, outputs, values))
         if not (is_sampler or is_save):
-            y += size[1] + 60
+            y += SIZES[node_type][1] + 60
+    for n, (file_name, _) in enumerate(images):
+        node_id = len(steps) + 1 + n
+        outputs = [{"name": name, "type": kind, "slot_index": slot,
+                    "links": [link for link, origin, out, _ in image_links if (origin, out) == (node_id, slot)] or None}
+                   for slot, (name, kind) in enumerate(LOAD_IMAGE_OUTPUTS)]
+        y = 80 + n * (SIZES["LoadImage"][1] + 60)
+        nodes.append(node(node_id, "LoadImage", [image_x, y], [], outputs, [file_name, "image"]))
+    sockets = list(SAMPLER_SOCKETS)
+    links += [[link, origin, slot, sampler_id, sockets.index(target), SAMPLER_SOCKETS[target]]
+              for link, origin, slot, target in image_links]
     return {"last_node_id": len(nodes), "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [],
             "config": {}, "extra": {"tpu_diffusers": {"hardware": hardware}}, "version": 0.4}
 
 
 def main() -> None:
-    for name, (hardware, steps) in WORKFLOWS.items():
+    for name, workflow in WORKFLOWS.items():
         path = ROOT / "workflows" / f"{name}.json"
-        path.write_text(json.dumps(chain(hardware, steps), indent=2) + "\n")
+        path.write_text(json.dumps(chain(*workflow), indent=2) + "\n")
         print(path)
 
 

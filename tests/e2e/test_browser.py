@@ -12,10 +12,11 @@ import os
 import re
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 from playwright.sync_api import expect, sync_playwright
 
 from comfy_host import PACK_NAME, ROOT, PromptRejected, execution_error
@@ -80,6 +81,39 @@ def node_of(workflow: dict, node_type: str) -> dict:
     return node
 
 
+def placeholder_picture(name: str, transparent_middle: bool) -> Image.Image:
+    """A stand-in for a user's picture, the same for a name on every run: a two-colour gradient with a
+    disc; with a transparent middle where an inpaint mask is read from it (Load Image's MASK = 1 - alpha)."""
+    crc = zlib.crc32(name.encode())
+    top, bottom = [((crc >> shift) % 156 + 60, (crc >> shift + 3) % 156 + 60, (crc >> shift + 6) % 156 + 60)
+                   for shift in (0, 11)]
+    width, height = 512, 384
+    picture = Image.new("RGBA", (width, height))
+    for row in range(height):
+        mix = row / (height - 1)
+        picture.paste(tuple(round(a + (b - a) * mix) for a, b in zip(top, bottom)) + (255,), (0, row, width, row + 1))
+    ImageDraw.Draw(picture).ellipse((150, 90, 362, 302), fill=bottom[::-1] + (255,))
+    if transparent_middle:
+        picture.paste((0, 0, 0, 0), (176, 128, 336, 256))
+    return picture
+
+
+@pytest.fixture(scope="module")
+def input_images(server):
+    """The pictures the workflows' Load Image nodes name, in the server's input folder, where a user puts
+    or uploads them: so a workflow's graph passes the queue-time checks of every node but the loader's
+    (the models are absent), and its thumbnail shows the Load Image previews."""
+    folder = server.base_dir / "input"
+    folder.mkdir(exist_ok=True)
+    for path in WORKFLOWS:
+        workflow = json.loads(path.read_text())
+        for node in workflow["nodes"]:
+            if node["type"] == "LoadImage":
+                name, masked = node["widgets_values"][0], bool(node["outputs"][1]["links"])  # MASK used
+                placeholder_picture(name, masked).save(folder / name)
+    return folder
+
+
 def redrawn(page) -> None:
     """Two animation frames: the canvas has drawn what was just set."""
     page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
@@ -130,12 +164,18 @@ def test_workflow_loads_with_every_node_known_and_its_widget_values(page, path):
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_workflow_converts_to_a_prompt_that_runs_or_is_refused_on_the_loader(page, server, path):
+def test_workflow_converts_to_a_prompt_that_runs_or_is_refused_on_the_loader(page, server, input_images, path):
     """The page's own graphToPrompt, then POST /prompt. Models other than the offline demo's are
-    absent here: the loader refuses them when the prompt is queued, naming the missing folder or file."""
+    absent here: the loader refuses them when the prompt is queued, naming the missing folder or file.
+    Every link arrives as the input it names (Load Image's IMAGE and MASK at the Sampler's image inputs),
+    and the Sampler's checks pass (width 0 with an image, a mask with its image)."""
     workflow = load(page, path)
     prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
     assert {str(n["id"]): n["type"] for n in workflow["nodes"]} == {k: v["class_type"] for k, v in prompt.items()}
+    nodes = {n["id"]: n for n in workflow["nodes"]}
+    for _, origin, slot, target, target_slot, _ in workflow["links"]:
+        name = nodes[target]["inputs"][target_slot]["name"]
+        assert prompt[str(target)]["inputs"][name] == [str(origin), slot], (name, prompt[str(target)])
     if path == DEMO:
         entry = server.run(prompt, timeout=300)
         error = execution_error(entry)
@@ -210,6 +250,32 @@ def test_demo_runs_from_the_page_shows_its_image_and_what_ran_on_our_nodes(page,
         page.screenshot(path=ROOT / "docs" / "screenshot.png")
 
 
+def test_a_workflow_saved_before_the_image_inputs_loads_with_denoise_1_and_runs(page, server, tmp_path):
+    """A Sampler saved before denoise and the image inputs existed (widgets_values end at batch_size, its
+    inputs name only the pipeline) loads with every saved value, denoise 1.0 and the image sockets, and
+    its prompt runs."""
+    workflow = json.loads(DEMO.read_text())
+    sampler = node_of(workflow, "TPUSampler")
+    *saved, denoise = sampler["widgets_values"]
+    assert denoise == 1.0  # the shipped demo is saved with it; the file a user saved before is without it
+    saved[6] = 2_000_000 + int(time.time()) % 1_000_000  # the seed: above those the other tests queue
+    sampler["widgets_values"], sampler["inputs"] = saved, [i for i in sampler["inputs"] if i["name"] == "pipeline"]
+    old = tmp_path / "saved_before_denoise.json"
+    old.write_text(json.dumps(workflow))
+    load(page, old)
+    loaded = page.evaluate("id => { const n = app.graph.getNodeById(id); return {names: n.widgets.map(w => w.name), "
+                           "values: n.widgets.map(w => w.value), sockets: n.inputs.filter(i => !i.widget)"
+                           ".map(i => i.name)} }", sampler["id"])
+    assert loaded["names"][-1] == "denoise" and loaded["values"] == [*saved, 1.0]
+    assert loaded["sockets"] == ["pipeline", "image", "image_2", "image_3", "mask"]
+    prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+    assert prompt[str(sampler["id"])]["inputs"]["denoise"] == 1.0
+    entry = server.run(prompt, timeout=300)
+    error = execution_error(entry)
+    assert error is None, error["exception_message"]
+    assert server.output_images(entry)
+
+
 def test_status_shows_on_our_nodes_inside_a_subgraph_after_a_run(page, server):
     """ComfyUI runs a subgraph's nodes under their path ("5:3") and the page hands the Sampler's
     output to the node at that path: the status reaches our nodes inside the subgraph."""
@@ -272,11 +338,13 @@ def test_run_info_reaches_the_sampler_and_every_node_of_ours_up_its_pipeline_cha
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_workflow_has_a_thumbnail_the_template_browser_serves(page, server, path):
+def test_workflow_has_a_thumbnail_the_template_browser_serves(page, server, input_images, path):
     """Rendered from the page each run (artifacts/); the committed .jpg is what ComfyUI's
     template browser shows for this pack's workflows."""
     load(page, path)
     assert page.locator("[role=dialog]").count() == 0, "fix the workflow before rendering its thumbnail"
+    page.wait_for_function("() => app.graph.nodes.filter(n => n.type === 'LoadImage')"
+                           ".every(n => n.imgs?.[0]?.complete && n.imgs[0].naturalWidth > 0)", timeout=30_000)
     page.set_viewport_size(THUMBNAIL_VIEWPORT)
     page.evaluate("app.extensionManager.focusMode = true")
     try:

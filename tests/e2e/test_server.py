@@ -63,6 +63,19 @@ def test_shipped_workflow_writes_a_png_of_the_requested_size(server, workflow):
         assert image.size == (prompt["3"]["inputs"]["width"], prompt["3"]["inputs"]["height"])
 
 
+def test_an_api_prompt_saved_before_denoise_existed_runs_as_denoise_1(server, workflow):
+    """denoise is optional for the server: a POST /prompt body written before the input existed still
+    queues, and gives the image of denoise 1.0."""
+    prompt = workflow()
+    prompt["3"]["inputs"].update(width=64, height=64, steps=1, seed=300)
+    assert prompt["3"]["inputs"]["denoise"] == 1.0
+    [with_denoise] = server.output_images(run_ok(server, prompt))
+    del prompt["3"]["inputs"]["denoise"]
+    [without] = server.output_images(run_ok(server, prompt))
+    with Image.open(with_denoise) as a, Image.open(without) as b:
+        assert a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize("model, negative", [("tiny-flux1-schnell", ""), ("tiny-flux1-dev", ""),
                                              ("tiny-sd3", "blurry"), ("tiny-flux2", ""),
                                              ("tiny-qwenimage", "blurry")])
