@@ -142,8 +142,8 @@ class Engine:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
         family = family_for(handle.model_class)
-        request = resolve_size(family, request)
         task, pipeline = task_for(family, handle.model_class, request)
+        request = resolve_size(family, pipeline, request)
         task.validate(family, pipeline, request)  # fail before loading anything
         check_host_memory(task, request, available_host_memory_bytes())
         on_workers = self._worker_handle(handle)

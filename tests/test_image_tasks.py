@@ -100,11 +100,22 @@ def test_a_task_switch_on_a_loaded_model_loads_nothing_and_offload_follows_the_r
 
 def test_size_zero_takes_the_image_size_rounded_to_the_family_multiple():
     family = family_for("FluxPipeline")
-    request = resolve_size(family, SampleRequest(prompt=PROMPT, width=0, height=0,
-                                                 images=(np.zeros((1, 70, 99, 3), np.float32),)))
+    pipeline = family.pipeline_for("FluxPipeline", "image2image")
+    request = resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=0, height=0,
+                                                           images=(np.zeros((1, 70, 99, 3), np.float32),)))
     assert (request.width, request.height) == (96, 64)
     with pytest.raises(UserInputError, match="no image is connected"):
-        resolve_size(family, SampleRequest(prompt=PROMPT, width=0, height=64))
+        resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=0, height=64))
+
+
+def test_a_pipeline_that_sets_its_own_size_takes_size_zero_or_that_size_only():
+    family = family_for("QwenImageEditPipeline")
+    pipeline = family.pipeline_for("QwenImageEditPipeline", "inpaint")  # ~1 MP at the image's aspect ratio
+    image = np.zeros((1, 60, 80, 3), np.float32)
+    assert resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=0, height=0, images=(image,))).width \
+        == 1184
+    with pytest.raises(UserInputError, match="makes 1184x896 from this 80x60 image"):
+        resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=64, height=64, images=(image,)))
 
 
 def test_the_request_travels_with_its_arrays_as_payloads_and_slices_keep_the_pairing():

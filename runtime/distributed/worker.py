@@ -278,8 +278,9 @@ class RankWorker:
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         family = family_for(handle.model_class)
-        request = resolve_size(family, SampleRequest.from_wire(command["request"], command["payloads"]))
+        request = SampleRequest.from_wire(command["request"], command["payloads"])
         task, pipeline = task_for(family, handle.model_class, request)
+        request = resolve_size(family, pipeline, request)
         task.validate(family, pipeline, request)  # on every rank, even one with no image
         mesh = self.device_mesh(handle.mesh)
         replicas, tp = mesh.mesh.shape

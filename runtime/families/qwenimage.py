@@ -14,6 +14,15 @@ QWEN25VL = FileKind("qwen25vl", "a Qwen2.5-VL text encoder", lambda: (
     "model.layers.0.self_attn.q_proj.bias", "model.language_model.layers.0.self_attn.q_proj.bias"))
 
 
+def edit_inpaint_size(width: int, height: int) -> tuple[int, int]:
+    """What QwenImageEditInpaintPipeline makes from an image of width x height, whatever size is asked: about
+    1 MP at the image's aspect ratio (diffusers' own calculate_dimensions), a multiple of 16."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_inpaint import calculate_dimensions
+
+    out_width, out_height, _ = calculate_dimensions(1024 * 1024, width / height)
+    return out_width // 16 * 16, out_height // 16 * 16
+
+
 def one_frame_latents(pipe, latents, height, width):
     """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w) -> its one frame."""
     return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
@@ -29,7 +38,8 @@ FAMILY = Family(
         },
         "QwenImageEditPipeline": {
             EDIT: TaskPipeline("QwenImageEditPipeline", images=1),
-            INPAINT: TaskPipeline("QwenImageEditInpaintPipeline", images=1, strength=True),
+            INPAINT: TaskPipeline("QwenImageEditInpaintPipeline", images=1, strength=True,
+                                  output_size=edit_inpaint_size),
         },
         "QwenImageEditPlusPipeline": {EDIT: TaskPipeline("QwenImageEditPlusPipeline", images=3, image_list=True)},
     },

@@ -89,6 +89,8 @@ def markdown_matrix() -> str:
                     detail.append(f"1-{pipeline.images} images" if pipeline.images > 1 else "1 image")
                 if pipeline.strength:
                     detail.append("denoise")
+                if pipeline.output_size:
+                    detail.append("output ~1 MP (size 0)")
                 cells.append(", ".join(detail))
             rows.append(f"| {family.name} | {model_class} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -184,14 +184,24 @@ def nearest_sizes(value: int, multiple: int) -> tuple[int, int]:
     return lower, lower + multiple
 
 
-def resolve_size(family: Family, request: SampleRequest) -> SampleRequest:
-    """Width or height 0: the first image's, rounded to the nearest multiple of the family's size step."""
+def resolve_size(family: Family, pipeline: TaskPipeline, request: SampleRequest) -> SampleRequest:
+    """Width or height 0: the first image's, rounded to the nearest multiple of the family's size step (or,
+    for a pipeline that sets its output size itself, that size; another size asked of it is refused)."""
+    if request.images:
+        _, height, width, _ = request.images[0].shape
+        if pipeline.output_size:
+            made = pipeline.output_size(width, height)
+            if (request.width or made[0], request.height or made[1]) != made:
+                raise UserInputError(
+                    f"{pipeline.cls} makes {made[0]}x{made[1]} from this {width}x{height} image (about 1 MP at its "
+                    f"aspect ratio, whatever size is asked), not {request.width}x{request.height}: set width and "
+                    f"height to 0 or to {made[0]}x{made[1]}.")
+            return dataclasses.replace(request, width=made[0], height=made[1])
     if request.width and request.height:
         return request
     if not request.images:
         raise UserInputError("width or height is 0, which means 'the image's size', but no image is connected: "
                              "connect an image or set the size.")
-    _, height, width, _ = request.images[0].shape
     step = family.size_multiple
     size = {name: max(step, round(value / step) * step) for name, value in (("width", width), ("height", height))}
     return dataclasses.replace(request, width=request.width or size["width"], height=request.height or size["height"])
