@@ -2,7 +2,9 @@
 queued, HTTP 400 naming the node, or failed when that node runs), and the server then runs a good
 prompt. Nothing is retried, nothing is left half-done.
 
-Counted in the report: "bad inputs tried" (every case run) and "bad inputs refused clearly".
+Counted in the report: "bad inputs tried" (every case run) and "bad inputs refused clearly"; the image
+inputs that are odd but taken (a mask of another size or batch, an RGBA or grey image) as "image inputs
+taken as documented, with their note".
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import concurrent.futures
 import shutil
 import threading
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from harness import count, inductor_cache, start_server
 from serving import (COMPILE, LOADER, MESH, MODE, SAMPLER, a_good_prompt_succeeds, clear_error, failure,
@@ -106,6 +110,161 @@ CASES = [
 ]
 
 
+# --- image inputs: ComfyUI's Load Image (and Image Batch, Solid Mask, ...) into the Sampler's image, image_2,
+# image_3 and mask. Node ids of the image nodes below, beside the demo's 1-4.
+PNG_A, PNG_B, PNG_HOLE = "bad_input_a.png", "bad_input_b.png", "bad_input_hole.png"
+A, B, HOLE, TEXT, FLOAT, INT, SMALL_MASK, BATCH_AB, MASKS, RGBA, TWO_CHANNELS, GREY, FIVE_CHANNELS = (
+    "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20", "21", "22")
+IMAGE_NODES = {
+    A: {"class_type": "LoadImage", "inputs": {"image": PNG_A}},
+    B: {"class_type": "LoadImage", "inputs": {"image": PNG_B}},
+    HOLE: {"class_type": "LoadImage", "inputs": {"image": PNG_HOLE}},  # RGBA: its MASK (output 1) is the hole
+    TEXT: {"class_type": "PrimitiveString", "inputs": {"value": "not an image"}},
+    FLOAT: {"class_type": "PrimitiveFloat", "inputs": {"value": 1.5}},
+    INT: {"class_type": "PrimitiveInt", "inputs": {"value": 0}},
+    SMALL_MASK: {"class_type": "SolidMask", "inputs": {"value": 1.0, "width": 32, "height": 48}},
+    BATCH_AB: {"class_type": "ImageBatch", "inputs": {"image1": [A, 0], "image2": [B, 0]}},
+    MASKS: {"class_type": "ImageToMask", "inputs": {"image": [BATCH_AB, 0], "channel": "red"}},  # a batch of 2
+    RGBA: {"class_type": "JoinImageWithAlpha", "inputs": {"image": [A, 0], "alpha": [HOLE, 1]}},
+    # harness.py's test-only node: ComfyUI's own nodes make no IMAGE of 1, 2 or 5 channels
+    TWO_CHANNELS: {"class_type": "TestImageOfShape", "inputs": {"channels": 2, "width": 64, "height": 64,
+                                                                "batch_size": 1}},
+    GREY: {"class_type": "TestImageOfShape", "inputs": {"channels": 1, "width": 64, "height": 64, "batch_size": 1}},
+    FIVE_CHANNELS: {"class_type": "TestImageOfShape", "inputs": {"channels": 5, "width": 64, "height": 64,
+                                                                 "batch_size": 1}},
+}
+
+
+def write_input_images(server) -> None:
+    """The PNGs the Load Image nodes read, in the server's input folder (written once)."""
+    folder = server.base_dir / "input"
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(5)
+    if not (folder / PNG_HOLE).exists():
+        pixels = (rng.random((3, 64, 64, 3)) * 255).astype(np.uint8)
+        alpha = np.full((64, 64), 255, np.uint8)
+        alpha[16:48, 16:48] = 0
+        Image.fromarray(pixels[0]).save(folder / PNG_A)
+        Image.fromarray(pixels[1]).save(folder / PNG_B)
+        Image.fromarray(np.dstack([pixels[2], alpha])).save(folder / PNG_HOLE)
+
+
+def linked(model=FLUX, links: dict | None = None, **sampler_inputs):
+    """A prompt builder: the small prompt on `model` with Sampler inputs linked to image nodes,
+    links = {input: (node, output)}; the nodes those need come along."""
+    def build(server):
+        write_input_images(server)
+        prompt = sampler_prompt(model, **sampler_inputs)
+
+        def add(node):
+            if node not in prompt:
+                prompt[node] = dict(IMAGE_NODES[node], inputs=dict(IMAGE_NODES[node]["inputs"]))
+                for value in prompt[node]["inputs"].values():
+                    if isinstance(value, list):
+                        add(value[0])
+
+        for name, (node, output) in (links or {}).items():
+            add(node)
+            prompt[SAMPLER]["inputs"][name] = [node, output]
+        return prompt
+    return build
+
+
+IMAGE_A, IMAGE_B, HOLE_IMAGE, HOLE_MASK = (A, 0), (B, 0), (HOLE, 0), (HOLE, 1)
+KONTEXT, FILL, FLUX2, SD3 = "tiny-flux1-kontext", "tiny-flux1-fill", "tiny-flux2", "tiny-sd3"
+QWEN_EDIT, QWEN_EDIT_PLUS = "tiny-qwenimage-edit", "tiny-qwenimage-edit-plus"
+
+IMAGE_CASES = [
+    # refused when queued, from the links alone (the Sampler's validate_inputs)
+    case("mask-without-image", linked(links={"mask": HOLE_MASK}), SAMPLER, ["mask", "no image", "connect the image"]),
+    case("image_2-without-image", linked(links={"image_2": IMAGE_A}), SAMPLER, ["image_2", "image first"]),
+    case("image_3-without-image_2", linked(links={"image": IMAGE_A, "image_3": IMAGE_B}), SAMPLER,
+         ["image_3", "image_2 first"]),
+    case("denoise-0", linked(links={"image": IMAGE_A}, denoise=0.0), SAMPLER, ["denoise 0", "above 0"]),
+    case("denoise-1.5", linked(links={"image": IMAGE_A}, denoise=1.5), SAMPLER, ["denoise 1.5", "at most 1"]),
+    case("denoise-negative", linked(links={"image": IMAGE_A}, denoise=-0.5), SAMPLER, ["denoise -0.5", "above 0"]),
+    case("denoise-below-1-without-image", linked(denoise=0.5), SAMPLER,
+         ["denoise 0.5", "needs an image", "set denoise to 1"]),
+    case("width-0-without-image", linked(width=0), SAMPLER, ["width 0", "no image is connected", "set width"]),
+    case("height-0-without-image", linked(height=0), SAMPLER, ["height 0", "no image is connected", "set height"]),
+    case("string-link-into-image", linked(links={"image": (TEXT, 0)}), SAMPLER, ["image takes IMAGE", "STRING"]),
+    case("image-link-into-mask", linked(links={"image": IMAGE_A, "mask": IMAGE_B}), SAMPLER,
+         ["mask takes MASK", "IMAGE"]),
+    case("mask-link-into-image", linked(links={"image": HOLE_MASK}), SAMPLER, ["image takes IMAGE", "MASK"]),
+    case("image-link-into-prompt", linked(links={"prompt": IMAGE_A}), SAMPLER, ["prompt takes STRING", "IMAGE"]),
+    # refused when the Sampler runs, before anything loads: what the model takes
+    case("two-images-into-flux1-image-to-image", linked(links={"image": IMAGE_A, "image_2": IMAGE_B}), SAMPLER,
+         ["FluxImg2ImgPipeline takes at most 1 image", "disconnect image_2"]),
+    case("two-images-into-sd3-image-to-image", linked(SD3, links={"image": IMAGE_A, "image_2": IMAGE_B}), SAMPLER,
+         ["StableDiffusion3Img2ImgPipeline takes at most 1 image", "disconnect image_2"]),
+    case("two-images-into-kontext-edit", linked(KONTEXT, links={"image": IMAGE_A, "image_2": IMAGE_B}), SAMPLER,
+         ["FluxKontextPipeline takes at most 1 image", "disconnect image_2"]),
+    case("three-images-into-kontext-inpaint", linked(KONTEXT, links={
+        "image": HOLE_IMAGE, "image_2": IMAGE_A, "image_3": IMAGE_B, "mask": HOLE_MASK}), SAMPLER,
+         ["FluxKontextInpaintPipeline takes at most 2 image", "disconnect image_3"]),
+    case("two-images-into-qwen-image-edit", linked(QWEN_EDIT, links={"image": IMAGE_A, "image_2": IMAGE_B}),
+         SAMPLER, ["QwenImageEditPipeline takes at most 1 image", "disconnect image_2"]),
+    case("mask-on-flux2", linked(FLUX2, links={"image": HOLE_IMAGE, "mask": HOLE_MASK}), SAMPLER,
+         ["no inpaint pipeline", "edit with 1 to 3 images", "disconnect"]),
+    case("denoise-0.5-on-flux2-edit", linked(FLUX2, links={"image": IMAGE_A}, denoise=0.5), SAMPLER,
+         ["Flux2Pipeline always denoises fully", "set denoise to 1"]),
+    case("denoise-0.5-on-kontext-edit", linked(KONTEXT, links={"image": IMAGE_A}, denoise=0.5), SAMPLER,
+         ["FluxKontextPipeline always denoises fully", "set denoise to 1"]),
+    case("denoise-0.5-on-qwen-image-edit-plus", linked(QWEN_EDIT_PLUS, links={"image": IMAGE_A}, denoise=0.5),
+         SAMPLER, ["QwenImageEditPlusPipeline always denoises fully", "set denoise to 1"]),
+    case("qwen-image-edit-without-image", linked(QWEN_EDIT), SAMPLER,
+         ["no text2image pipeline", "no image is connected", "edit with an image"]),
+    case("qwen-image-edit-plus-without-image", linked(QWEN_EDIT_PLUS), SAMPLER,
+         ["no text2image pipeline", "edit with 1 to 3 images"]),
+    case("fill-without-image-or-mask", linked(FILL), SAMPLER,
+         ["FluxFillPipeline has no text2image pipeline", r"inpaint with image \+ mask"]),
+    case("fill-with-image-but-no-mask", linked(FILL, links={"image": IMAGE_A}), SAMPLER,
+         ["has no image2image pipeline", r"image \+ mask", "mask"]),
+    case("denoise-1.5-from-a-link", linked(links={"image": IMAGE_A, "denoise": (FLOAT, 0)}), SAMPLER,
+         ["denoise is 1.5", "at most 1"]),
+    case("width-0-from-a-link-without-image", linked(links={"width": (INT, 0)}), SAMPLER,
+         ["width or height is 0", "no image is connected", "set the size"]),
+    case("two-channel-image", linked(links={"image": (TWO_CHANNELS, 0)}), SAMPLER,
+         [r"image has shape \[1, 64, 64, 2\]", "3 channels"]),
+    case("five-channel-image_2-into-flux2", linked(FLUX2, links={"image": IMAGE_A, "image_2": (FIVE_CHANNELS, 0)}),
+         SAMPLER, [r"image_2 has shape \[1, 64, 64, 5\]", "3 channels"]),
+]
+
+
+@pytest.mark.parametrize("build, nodes, says", IMAGE_CASES)
+def test_bad_image_input_is_a_clear_error_on_the_sampler_then_a_good_prompt_runs(server, request, build, nodes,
+                                                                                  says):
+    count("bad inputs tried")
+    message = clear_error(server, build(server), nodes, *says)
+    print(f"\n[bad input] {request.node.callspec.id}: {message.strip()[:200]}")
+    count("bad inputs refused clearly")
+    a_good_prompt_succeeds(server)
+
+
+@pytest.mark.parametrize("build, batch, note", [
+    pytest.param(linked(links={"image": IMAGE_A, "mask": (SMALL_MASK, 0)}), 1,
+                 "mask resized from 32x48 to the image's 64x64", id="mask-of-another-size-is-resized"),
+    pytest.param(linked(links={"image": IMAGE_A, "mask": (MASKS, 0)}, batch_size=2), 2,
+                 "mask: a batch of 2; output image i uses mask i % 2", id="mask-batch-of-2-for-one-image"),
+    pytest.param(linked(links={"image": (BATCH_AB, 0)}, batch_size=3), 3,
+                 "image: a batch of 2; output image i uses its image i % 2", id="image-batch-of-2-for-batch-3"),
+    pytest.param(linked(links={"image": (RGBA, 0)}), 1, "image: alpha channel dropped (RGBA -> RGB)",
+                 id="rgba-image-drops-alpha"),
+    pytest.param(linked(links={"image": (GREY, 0)}), 1, None, id="grey-one-channel-image"),
+])
+def test_an_odd_image_input_is_taken_as_documented_and_the_run_info_says_how(server, request, build, batch, note):
+    """Not errors: a mask is resized to its image, a batch of images or masks pairs item i % N with output
+    image i, RGBA loses its alpha, one channel is grey; the run info's notes say so."""
+    entry = run_ok(server, build(server))
+    info = run_info(entry)
+    print(f"\n[image input] {request.node.callspec.id}: {info['task']} ({info['pipeline']}), notes {info['notes']}")
+    assert image_sizes(server, entry) == [(64, 64)] * batch
+    assert info["task"] == ("inpaint" if "mask" in request.node.callspec.id else "image2image"), info
+    if note:
+        assert any(said.startswith(note) for said in info["notes"]), info["notes"]
+    count("image inputs taken as documented, with their note")
+
+
 @pytest.mark.parametrize("build, nodes, says", CASES)
 def test_bad_input_is_a_clear_error_on_its_node_then_a_good_prompt_runs(server, request, build, nodes, says):
     count("bad inputs tried")
@@ -117,9 +276,11 @@ def test_bad_input_is_a_clear_error_on_its_node_then_a_good_prompt_runs(server, 
 
 def test_at_least_25_distinct_bad_inputs_are_tried():
     """The table above and the tests below it (the batch, the deleted folders, the compile cache twice,
-    two clients) are the suite's bad inputs: at least 25, each different."""
-    ids = [param.id for param in CASES]
+    two clients) are the suite's bad inputs: at least 25, each different; and at least 20 of the image
+    inputs (IMAGE_CASES)."""
+    ids = [param.id for param in CASES + IMAGE_CASES]
     assert len(set(ids)) == len(ids) and len(ids) + 6 >= 25
+    assert len(IMAGE_CASES) >= 20
 
 
 def test_batch_64_at_the_largest_size_is_refused_before_memory_is_taken(server):
