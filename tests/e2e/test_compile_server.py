@@ -3,6 +3,9 @@ the run info names the compile cache folders, and ComfyUI's inference mode does 
 
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from serving import COMPILE, SAMPLER, clear_error, run_info, run_ok, sampler_prompt, with_compile
 
 
@@ -29,6 +32,24 @@ def test_compile_workflow_with_warmup_then_queued_again_compiles_nothing(server)
 
     prompt[SAMPLER]["inputs"].update(width=96, height=64, steps=3)  # the warmed size, other steps
     assert run_info(run_ok(server, prompt))["compiled_now"] is False
+
+
+def test_a_compiled_flux1_switching_from_text_to_image_to_image_to_image_compiles_nothing_new(server):
+    """The image-to-image pipeline (from_pipe) shares the compiled transformer: at the same width, height and
+    batch 1 its denoising calls take the graph text to image compiled (after the first test, nothing compiles
+    here at all: the same model, size and compile options)."""
+    (server.base_dir / "input").mkdir(exist_ok=True)
+    Image.fromarray((np.random.default_rng(7).random((64, 64, 3)) * 255).astype(np.uint8)).save(
+        server.base_dir / "input" / "compile_img2img.png")
+    prompt = compiled(sampler_prompt("tiny-flux1-dev", steps=2, seed=30), server)
+    first = run_info(run_ok(server, prompt))
+    assert (first["task"], first["mode"]) == ("text2image", "compiled (backend inductor)")
+    prompt["7"] = {"class_type": "LoadImage", "inputs": {"image": "compile_img2img.png"}}
+    prompt[SAMPLER]["inputs"].update(image=["7", 0], denoise=0.75, seed=31)
+    then = run_info(run_ok(server, prompt))
+    assert (then["task"], then["pipeline"], then["loaded"]) == ("image2image", "FluxImg2ImgPipeline", False), then
+    assert then["compiled_now"] is False and then["compile_seconds"] == 0, then
+    assert "compile: reused compiled graph for 64x64 (batch 1)" in then["notes"], then["notes"]
 
 
 def test_compiled_mode_without_the_compile_node_uses_its_defaults(server):
