@@ -266,6 +266,32 @@ def test_family_and_default_config_repo_are_detected_from_the_header(sf_dir):
     assert single_file.default_config_repo(files(sf_dir, "sd3")["checkpoint"]) == "stabilityai/stable-diffusion-3.5-medium"
 
 
+@pytest.mark.parametrize("name, model_class, repo", [
+    ("flux1-kontext-wide", "FluxKontextPipeline", "black-forest-labs/FLUX.1-Kontext-dev"),  # by its name
+    ("flux1-fill-wide", "FluxFillPipeline", "black-forest-labs/FLUX.1-Fill-dev"),  # by its keys (384 channels)
+    ("qwenimage-edit-2509", "QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2509"),
+    ("qwenimage-edit-2511", "QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2511"),
+])
+def test_edit_and_fill_files_load_as_their_model_with_their_own_configs(sf_dir, tmp_path, name, model_class, repo):
+    from tpu_diffusers_runtime.file_choice import plan
+
+    model = files(sf_dir, name)["transformer"]
+    assert single_file.model_class_of(model) == model_class and single_file.default_config_repo(model) == repo
+    flux = files(sf_dir, "flux1-wide")  # Kontext and Fill take FLUX.1-dev's encoders and VAE
+    picked = dict(text_encoder=flux["clip_l"], text_encoder_2=flux["t5xxl"], vae=flux["ae"]) if "flux1" in name \
+        else {kind: path for kind, path in files(sf_dir, name).items() if kind in ("text_encoder", "vae")}
+    # configs auto: the folder in models/diffusers named like the repo, else the repo's config files
+    assert plan(model, picked, "auto", [str(tmp_path)])[:2] == (repo, model_class)
+    (tmp_path / repo.split("/")[-1]).symlink_to(folder(sf_dir, name))
+    source, planned_class, planned = plan(model, picked, "auto", [str(tmp_path)])
+    assert (source, planned_class) == (str(tmp_path / repo.split("/")[-1]), model_class)
+    assert dict(planned)["transformer"] == model
+    # a folder of the base model as configs is refused, naming how the file was told apart
+    (tmp_path / "base").symlink_to(folder(sf_dir, "flux1-wide" if "flux1" in name else "qwenimage"))
+    with pytest.raises(UserInputError, match=f"loads as a {model_class}"):
+        plan(model, picked, "base", [str(tmp_path)])
+
+
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     with pytest.raises(UserInputError, match=r"clip_l.safetensors.*CLIP text encoder.*Supported: FLUX.1"):
         single_file.model_class_of(files(sf_dir, "sd3")["clip_l"])
