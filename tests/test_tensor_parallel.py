@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,6 +86,36 @@ def test_compiled_mode_runs_inside_the_workers_on_the_sharded_transformer(tiny, 
     single = Engine().generate(handle_for(tiny, "flux1-schnell"), request())
     assert (first.info.compiled_now, again.info.compiled_now) == (True, False)
     torch.testing.assert_close(first.images, single.images, atol=2e-3, rtol=0)
+
+
+# --- image inputs over worker groups: images and masks travel as binary payloads, replicas keep the pairing
+
+def comfy_images(*seeds):
+    """ComfyUI's IMAGE batch of 8-bit random pictures (as Load Image gives): float32 [N, 64, 64, 3] in 0..1."""
+    return np.stack([(np.random.default_rng(s).random((64, 64, 3)) * 255).astype(np.uint8) for s in seeds]
+                    ).astype(np.float32) / 255.0
+
+
+def test_two_replicas_run_image_to_image_on_an_image_batch_as_one_process_does(tiny, engine):
+    """Replicas 2 x tp 1, batch 2 from an image batch of 2: replica 1 takes image 1 with seed + 1, so the two
+    outputs are those of one process (each replica holds a whole pipeline). Not bit for bit: torchrun runs each
+    rank with OMP_NUM_THREADS=1, and CPU sums over other thread counts differ by ~2e-6 (text to image too)."""
+    inputs = request(batch_size=2, steps=4, images=(comfy_images(1, 2),), denoise=0.6)
+    single = Engine(distribute=False).generate(handle_for(tiny, "flux1-schnell"), inputs)
+    result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2, replicas=2)), inputs)
+    assert (result.info.task, result.info.pipeline) == ("image2image", "FluxImg2ImgPipeline")
+    assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
+    assert (single.images[0] - single.images[1]).abs().max() > 0.5  # a wrong pairing would show
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+
+
+def test_two_tp_ranks_run_a_flux2_edit_with_a_reference_as_one_process_does(tiny, engine):
+    inputs = request(images=(comfy_images(3),), guidance=4.0)
+    single = Engine(distribute=False).generate(handle_for(tiny, "flux2"), inputs)
+    result = engine.generate(handle_for(tiny, "flux2", mesh=MeshSpec(chips=2)), inputs)
+    assert (result.info.task, result.info.pipeline, result.info.world_size) == ("edit", "Flux2Pipeline", 2)
+    assert result.info.sharded_fraction_per_rank == (0.5, 0.5)
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
 
 
 def test_text_encoders_without_a_tp_plan_stay_whole_and_say_so(tiny, engine):
