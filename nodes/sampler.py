@@ -85,7 +85,8 @@ class TPUSampler(io.ComfyNode):
         input_types = input_types or {}
         for name, received in input_types.items():
             if name in LINK_TYPES and not validate_node_input(received, LINK_TYPES[name]):
-                return f"{name} takes {LINK_TYPES[name]}, but a {received} output is connected to it."
+                article = "an" if str(received)[:1] in tuple("AEIOU") else "a"
+                return f"{name} takes {LINK_TYPES[name]}, but {article} {received} output is connected to it."
         linked = set(input_types)
         if "mask" in linked and "image" not in linked:
             return "a mask is connected but no image: connect the image to repaint to 'image' (Load Image gives both)."
