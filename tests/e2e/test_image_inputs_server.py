@@ -111,7 +111,8 @@ def assert_equal_images(ours: list[np.ndarray], theirs: list[np.ndarray]) -> Non
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == b.shape, (i, a.shape, b.shape)
         differ = int((a != b).any(axis=-1).sum())
-        assert differ == 0, f"image {i}: {differ} pixels differ from plain diffusers (max {np.abs(a.astype(int) - b).max()})"
+        most = np.abs(a.astype(int) - b).max()
+        assert differ == 0, f"image {i}: {differ} pixels differ from plain diffusers (by up to {most})"
 
 
 # (test id, tiny model, Load Image nodes for image/image_2, mask node, Sampler inputs, task, diffusers class,
@@ -144,8 +145,8 @@ CASES = [
      "FluxFillPipeline", lambda px, i: dict(image=px[LOAD_HOLE], mask_image=px["mask"], strength=1.0,
                                             guidance_scale=30.0)),
     # one step, true CFG off (guidance 1): the edits' VAE encodes each image at ~1 MP, the costly part on CPU
-    ("qwenimage-edit", "tiny-qwenimage-edit", dict(images=(LOAD_A,)), dict(guidance=1.0, negative_prompt=NEGATIVE, steps=1),
-     "edit", "QwenImageEditPipeline",
+    ("qwenimage-edit", "tiny-qwenimage-edit", dict(images=(LOAD_A,)),
+     dict(guidance=1.0, negative_prompt=NEGATIVE, steps=1), "edit", "QwenImageEditPipeline",
      lambda px, i: dict(image=px[LOAD_A], true_cfg_scale=1.0, negative_prompt=NEGATIVE)),
     ("qwenimage-edit-plus-two-images", "tiny-qwenimage-edit-plus", dict(images=(LOAD_A, LOAD_B)),
      dict(guidance=1.0, negative_prompt=NEGATIVE, steps=1), "edit", "QwenImageEditPlusPipeline",
