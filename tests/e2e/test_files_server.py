@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 import tiny_loras
-from serving import LOADER, MODE, comfy_server, outcome, run_info, run_ok, sampler_prompt, with_compile
+from serving import LOADER, MODE, SAMPLER, comfy_server, outcome, run_info, run_ok, sampler_prompt, with_compile
 
 FILE_LOADER_INPUTS = ("model", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "configs")
 LORA_MODEL = "tiny-flux1-schnell"
@@ -159,3 +159,63 @@ def test_a_lora_of_another_family_fails_on_its_node_and_the_base_is_unchanged(fi
     how, node, text, _ = outcome(files_server, with_loras(sampler_prompt(**same), ("an_sd3_lora.safetensors", 1.0)))
     assert (how, node) == ("failed", "11") and "another model" in text, (how, node, text)
     assert np.array_equal(pixels(files_server, run_ok(files_server, sampler_prompt(**same))), base)
+
+
+# --- image inputs from files: Comfy-Org's edit and fill files by their template names
+
+def with_load_images(prompt: dict, base, pictures: dict[str, np.ndarray], mask_from: str | None = None) -> dict:
+    """Load Image nodes ("21", "22", ...) for `pictures` ({Sampler input: pixels}, written to the server's input
+    folder) linked into the Sampler, and the MASK of the one feeding `mask_from` into its mask."""
+    folder = base / "input"
+    folder.mkdir(exist_ok=True)
+    nodes = {}
+    for index, (name, array) in enumerate(pictures.items()):
+        node, file = str(21 + index), f"files_{name}.png"
+        Image.fromarray(array).save(folder / file)
+        prompt[node] = {"class_type": "LoadImage", "inputs": {"image": file}}
+        prompt[SAMPLER]["inputs"][name] = nodes[name] = [node, 0]
+    if mask_from:
+        prompt[SAMPLER]["inputs"]["mask"] = [nodes[mask_from][0], 1]
+    return prompt
+
+
+def picture(seed: int, alpha_hole: bool = False) -> np.ndarray:
+    pixels = (np.random.default_rng(seed).random((64, 64, 3)) * 255).astype(np.uint8)
+    if not alpha_hole:
+        return pixels
+    alpha = np.full((64, 64), 255, np.uint8)
+    alpha[16:48, 16:48] = 0  # Load Image's mask: 1 there, repaint
+    return np.dstack([pixels, alpha])
+
+
+def test_flux1_fill_from_its_file_inpaints_like_its_folder(files_server):
+    """flux1-fill-dev.safetensors (told by its 384 input channels) with FLUX.1-dev's clip_l, t5xxl and ae: the
+    Load Image picture and its alpha mask give the image of the Fill folder."""
+    same = dict(seed=5, width=64, height=64, steps=2, guidance=30.0)
+    pictures = {"image": picture(1, alpha_hole=True)}
+    from_folder = run_ok(files_server, with_load_images(sampler_prompt(model="flux1-fill-wide", **same),
+                                                        files_server.base_dir, pictures, mask_from="image"))
+    picks = ("flux1-fill-wide/flux1-fill-dev.safetensors", *FAMILIES["flux1"][1][1:])
+    entry = run_ok(files_server, with_load_images(files_prompt("flux1-fill-wide", picks, **same), files_server.base_dir,
+                                                  pictures, mask_from="image"))
+    info = run_info(entry)
+    assert (info["task"], info["pipeline"]) == ("inpaint", "FluxFillPipeline"), info
+    assert np.abs(pixels(files_server, entry) - pixels(files_server, from_folder)).max() <= 1
+
+
+def test_qwen_image_edit_2509_from_its_files_edits_two_references_with_its_vision_tower(files_server):
+    """qwen_image_edit_2509_fp8_e4m3fn.safetensors (told by its name; configs: the folder named like
+    Qwen/Qwen-Image-Edit-2509) with the Qwen2.5-VL file, vision tower included: two Load Image references,
+    size 0 = the first one's; a second run loads nothing."""
+    picks = ("qwenimage-edit-2509/qwen_image_edit_2509_fp8_e4m3fn.safetensors",
+             "qwenimage-edit-2509/qwen_2.5_vl_7b_fp8_scaled.safetensors", "none", "none",
+             "qwenimage-edit-2509/qwen_image_vae.safetensors")
+    pictures = {"image": picture(2), "image_2": picture(3)}
+    prompt = with_load_images(files_prompt("qwenimage-edit-2509", picks, width=0, height=0, steps=1, guidance=1.0),
+                              files_server.base_dir, pictures)
+    info = run_info(run_ok(files_server, prompt))
+    assert (info["task"], info["pipeline"], info["loaded"]) == ("edit", "QwenImageEditPlusPipeline", True), info
+    assert not any("vision" in note for note in info["notes"]), info["notes"]  # loaded, not left random
+    prompt[SAMPLER]["inputs"]["seed"] += 1
+    entry = run_ok(files_server, prompt)
+    assert not run_info(entry)["loaded"] and pixels(files_server, entry).shape == (64, 64, 3)
