@@ -104,6 +104,9 @@ def test_size_zero_takes_the_image_size_rounded_to_the_family_multiple():
     request = resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=0, height=0,
                                                            images=(np.zeros((1, 70, 99, 3), np.float32),)))
     assert (request.width, request.height) == (96, 64)
+    halves = resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=0, height=0,
+                                                          images=(np.zeros((1, 40, 88, 3), np.float32),)))
+    assert (halves.width, halves.height) == (96, 48)  # exact halves round up, whatever the multiple's parity
     with pytest.raises(UserInputError, match="no image is connected"):
         resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=0, height=64))
 

@@ -203,7 +203,8 @@ def resolve_size(family: Family, pipeline: TaskPipeline, request: SampleRequest)
         raise UserInputError("width or height is 0, which means 'the image's size', but no image is connected: "
                              "connect an image or set the size.")
     step = family.size_multiple
-    size = {name: max(step, round(value / step) * step) for name, value in (("width", width), ("height", height))}
+    size = {name: max(step, (value + step // 2) // step * step)  # nearest multiple, halves up
+            for name, value in (("width", width), ("height", height))}
     return dataclasses.replace(request, width=request.width or size["width"], height=request.height or size["height"])
 
 
