@@ -193,3 +193,45 @@ def test_an_edit_model_compiled_with_a_warm_up_at_its_reference_size_compiles_no
     again = engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=2,
                                                   images=(comfy_image(PIXELS[1]),))).info  # 64x80, as warmed up
     assert again.compiled_now is False, again.notes
+
+
+def test_a_lora_fused_on_the_loaded_model_serves_its_image_tasks_as_plain_diffusers_with_that_lora(tiny, tmp_path):
+    import diffusers
+    import tiny_loras
+
+    from tpu_diffusers_runtime.specs import LoraSpec
+
+    folder = tiny("flux1-schnell")
+    lora = tiny_loras.build(folder, tmp_path / "style.safetensors", "diffusers", seed=4)
+    handle = PipelineHandle.of(source=folder, model_class="FluxPipeline", loras=(LoraSpec(str(lora), 0.8),))
+    engine = Engine(distribute=False)
+    inputs = dict(images=(comfy_image(PIXELS[0]),), denoise=0.7)
+    ours = engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=2, **inputs))
+    assert ours.info.pipeline == "FluxImg2ImgPipeline"
+    pipe = diffusers.FluxImg2ImgPipeline.from_pretrained(folder, local_files_only=True)
+    pipe.load_lora_weights(str(lora))
+    pipe.fuse_lora(lora_scale=0.8)
+    expected = pipe(prompt=PROMPT, image=Image.fromarray(PIXELS[0]), strength=0.7, height=64, width=64,
+                    num_inference_steps=3, guidance_scale=0.0, generator=generator(2),
+                    output_type="pt").images.permute(0, 2, 3, 1)
+    assert (ours.images - expected).abs().max() < 1e-5
+    base = engine.generate(handle.replace(loras=()), SampleRequest(prompt=PROMPT, width=64, height=64, steps=3,
+                                                                   seed=2, **inputs))
+    assert (base.images - ours.images).abs().max() > 1e-3 and not base.info.loaded  # the LoRA is off again
+
+
+def test_progress_counts_every_image_call_and_each_step_has_its_preview(tiny):
+    from tpu_diffusers_runtime.features.preview import PreviewSpec
+
+    folder = tiny("flux1-schnell")
+    handle = PipelineHandle.of(source=folder, model_class="FluxPipeline")
+    seen = []
+    spec = PreviewSpec(factors=tuple((0.1, 0.0, -0.1) for _ in range(16)))
+    Engine(distribute=False).generate(
+        handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, denoise=0.5, batch_size=2,
+                              images=(comfy_image(PIXELS[0]),)),
+        on_progress=lambda done, total, what, *preview: seen.append((done, total, what, preview)),
+        preview=spec)
+    sampling = [(done, total, preview[0].shape) for done, total, what, preview in seen if what == "sampling"]
+    # denoise 0.5 of 4 steps runs 2 per image; 2 images, one call each
+    assert sampling == [(1, 4, (8, 8, 3)), (2, 4, (8, 8, 3)), (3, 4, (8, 8, 3)), (4, 4, (8, 8, 3))]
