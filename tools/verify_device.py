@@ -357,10 +357,12 @@ def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_com
             "bench_compile.py": ["--model", model, "--sizes", "64x64", "--steps", "2"],
             "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks],
             "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks, "--batch", str(TP_RANKS)],
+            "bench_image_tasks.py": ["--size", "tiny", "--tasks", "flux1-img2img,flux2-edit", "--repeats", "2"],
         }
     else:  # real-width models: minutes each
         plan = {"bench_vs_diffusers.py": [], "bench_compile.py": [], "bench_tp.py": ranks, "bench_dp.py": ranks,
-                "bench_single_file.py": [], "bench_lora.py": [], "bench_native.py": []}
+                "bench_single_file.py": [], "bench_lora.py": [], "bench_native.py": [],
+                "bench_image_tasks.py": ["--size", "bench", "--image-size", "512x512"]}
     if not has_comfyui:
         plan["bench_vs_diffusers.py"] = [*plan["bench_vs_diffusers.py"], "--ours", "engine"]
         if "bench_native.py" in plan:
