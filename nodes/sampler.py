@@ -116,10 +116,10 @@ class TPUSampler(io.ComfyNode):
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, steps: int,
                 guidance: float, seed: int, batch_size: int, denoise: float = 1.0, image=None, image_2=None,
                 image_3=None, mask=None) -> io.NodeOutput:
-        images = tuple(i.detach().cpu() for i in (image, image_2, image_3) if i is not None)
+        images = tuple(i for i in (image, image_2, image_3) if i is not None)
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, denoise=denoise,
-                                images=images, mask=None if mask is None else mask.detach().cpu())
+                                images=images, mask=mask)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
                                      preview=preview_spec(pipeline.model_class))
         info = generation.info

@@ -27,7 +27,7 @@ from .handle import PipelineHandle
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
 from .specs import CompileSpec, ExecutionMode, MeshSpec, Placement, ProgressCallback, Workers
-from .tasks import SampleRequest, Task, check_host_memory, resolve_size, task_for
+from .tasks import SampleRequest, Task, check_host_memory, prepare
 from .tasks import images as image_inputs
 
 log = logging.getLogger("tpu_diffusers")
@@ -141,10 +141,7 @@ class Engine:
                   preview: PreviewSpec | None) -> Generation:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
-        family = family_for(handle.model_class)
-        task, pipeline = task_for(family, handle.model_class, request)
-        request = resolve_size(family, pipeline, request)
-        task.validate(family, pipeline, request)  # fail before loading anything
+        family, task, pipeline, request = prepare(handle.model_class, request)  # fails before loading anything
         check_host_memory(task, request, available_host_memory_bytes())
         on_workers = self._worker_handle(handle)
         if on_workers is not None:

@@ -92,7 +92,8 @@ class ControlServer:
             if message["op"] == "hello":
                 self._hello(message)
                 continue
-            return {**message, "payloads": [bytes(p) for p in payloads]}  # bytes: the command is broadcast to every rank
+            # bytes, not views: the command is broadcast to every rank
+            return {**message, "payloads": [bytes(p) for p in payloads]}
 
     def _accept(self) -> channel.Channel | None:
         try:
@@ -271,27 +272,24 @@ class RankWorker:
         from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.features.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
-        from tpu_diffusers_runtime.families import family_for
-        from tpu_diffusers_runtime.tasks import SampleRequest, resolve_size, task_for
+        from tpu_diffusers_runtime.tasks import SampleRequest, prepare
 
         handle = PipelineHandle.from_wire(command["handle"])
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
-        family = family_for(handle.model_class)
-        request = SampleRequest.from_wire(command["request"], command["payloads"])
-        task, pipeline = task_for(family, handle.model_class, request)
-        request = resolve_size(family, pipeline, request)
-        task.validate(family, pipeline, request)  # on every rank, even one with no image
+        # checked on every rank, even one with no image
+        _, task, pipeline, request = prepare(handle.model_class,
+                                             SampleRequest.from_wire(command["request"], command["payloads"]))
         mesh = self.device_mesh(handle.mesh)
         replicas, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
         slices = split_batch(request.batch_size, replicas)
         start, count = slices[replica]
+        replica_steps = [task.progress_steps(pipeline, request.batch_slice(first, n)) for first, n in slices]
         self.runs += 1
         self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * tp,
                              tp_group=mesh.get_group("tp"), tp=tp,
-                             group_steps=sum(task.progress_steps(pipeline, request.batch_slice(first, n))
-                                             for first, n in slices if n))
+                             group_steps=sum(replica_steps))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
         try:
             if count:
@@ -315,8 +313,7 @@ class RankWorker:
             self.store.delete_key(self.run_state.prefix + name)
         if any(entry["cancelled"] for entry in gathered):
             raise Cancelled
-        return self.result(gathered, slices, tp, [task.progress_steps(pipeline, request.batch_slice(first, n))
-                                                  for first, n in slices])
+        return self.result(gathered, slices, tp, replica_steps)
 
     @staticmethod
     def result(gathered: list[dict], slices: list[tuple[int, int]], tp: int, replica_steps: list[int]):
@@ -344,7 +341,8 @@ class RankWorker:
                     transformer_bytes_per_rank=[entry["bytes"] for entry in gathered],
                     sharded_fraction_per_rank=[entry["fraction"] for entry in gathered],
                     rank_pids=[entry["pid"] for entry in gathered], replica_images=counts,
-                    replica_sample_seconds=seconds, replica_step_seconds=[s / max(steps, 1) for s, steps in zip(seconds, replica_steps)],
+                    replica_sample_seconds=seconds,
+                    replica_step_seconds=[s / max(steps, 1) for s, steps in zip(seconds, replica_steps)],
                     replica_compile_seconds=compiles,
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],

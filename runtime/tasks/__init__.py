@@ -9,7 +9,7 @@ checks and the pipeline's call arguments.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from ..families import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, TaskPipeline
+from ..families import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, TaskPipeline, family_for
 from .base import (MAX_SEED, SampleRequest, Task, nearest_sizes, resolve_size, size_problem,  # noqa: F401
                    validate_size)
 from .edit import Edit
@@ -48,6 +48,16 @@ def task_for(family: Family, model_class: str, request: SampleRequest) -> tuple[
         raise UserInputError(f"{family.name} {model_class} has no {wanted} pipeline, and {given}. It runs: {runs}. "
                              "Connect or disconnect the Sampler's image and mask inputs to match.")
     return TASKS[wanted], tasks[wanted]
+
+
+def prepare(model_class: str, request: SampleRequest) -> tuple[Family, Task, TaskPipeline, SampleRequest]:
+    """What a request on a model of `model_class` runs, checked before anything loads: the family, the task,
+    its diffusers pipeline, and the request with its size resolved (width/height 0)."""
+    family = family_for(model_class)
+    task, pipeline = task_for(family, model_class, request)
+    request = resolve_size(family, pipeline, request)
+    task.validate(family, pipeline, request)
+    return family, task, pipeline, request
 
 
 def check_host_memory(task: Task, request: SampleRequest, available: int | None) -> None:

@@ -48,7 +48,9 @@ class SampleRequest:
     def __post_init__(self):
         import numpy as np
 
-        def batch(array, dims: int):
+        def batch(array, dims: int):  # a numpy array, or a torch tensor on any device (ComfyUI's IMAGE, MASK)
+            if hasattr(array, "detach"):
+                array = array.detach().cpu()
             array = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
             return array[None] if array.ndim == dims - 1 else array
 
@@ -131,15 +133,17 @@ class Task:
         if not self.per_image:
             return [dict(kwargs, generator=every, num_images_per_prompt=request.batch_size)]
         return [dict(kwargs, generator=generator, num_images_per_prompt=1,
-                     **self.image_kwargs(pipeline, request, request.first_image + i)) for i, generator in enumerate(every)]
+                     **self.image_kwargs(pipeline, request, request.first_image + i))
+                for i, generator in enumerate(every)]
 
     def call_batch(self, request: SampleRequest) -> int:
         """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""
         return 1 if self.per_image else request.batch_size
 
     def progress_steps(self, pipeline: TaskPipeline, request: SampleRequest) -> int:
-        """Steps the whole request reports (every call's)."""
-        return self.steps_run(pipeline, request) * (request.batch_size if self.per_image else 1)
+        """Steps the whole request reports (every call's; none for a share of no images)."""
+        calls = request.batch_size if self.per_image else min(request.batch_size, 1)
+        return self.steps_run(pipeline, request) * calls
 
     def host_bytes(self, request: SampleRequest) -> int:
         """Host memory the output alone needs, checked before anything is allocated: the pipeline's float32
@@ -167,8 +171,8 @@ class Task:
                 return callback_kwargs
 
             with outside_inference_mode():
-                images = pipe(**kwargs, callback_on_step_end=step_end).images  # [B, C, H, W]
-            results.append(images.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
+                made = pipe(**kwargs, callback_on_step_end=step_end).images  # [B, C, H, W]
+            results.append(made.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
         return (results[0] if len(results) == 1 else torch.cat(results)).contiguous()
 
 
