@@ -13,7 +13,7 @@ from ..errors import UserInputError
 from . import flux1, flux2, qwenimage, sd3
 from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, VIDEO, Family, FileKind, FileSlot, FileVariant,  # noqa: F401
                    TaskPipeline)  # (re-exported)
-from .components import CLIP, KL_VAE, T5, WAN_VAE
+from .components import CLIP, KL_VAE, QWEN3, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY)
 
@@ -21,7 +21,7 @@ FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimag
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks).
 FILE_KINDS: tuple[FileKind, ...] = (
     flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
-    flux2.VAE, WAN_VAE, KL_VAE, CLIP, T5, qwenimage.QWEN25VL, flux2.MISTRAL3,
+    flux2.VAE, WAN_VAE, KL_VAE, CLIP, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
 )
 
 

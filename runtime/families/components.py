@@ -20,3 +20,5 @@ KL_VAE = FileKind("kl_vae", "a FLUX.1/SD3 VAE", lambda: ("encoder.down.0.block.0
                                                          "encoder.down_blocks.0.resnets.0.conv1.weight"))
 WAN_VAE = FileKind("wan_vae", "a Wan 2.1 / QwenImage VAE", lambda: (
     "decoder.middle.0.residual.0.gamma", "decoder.mid_block.resnets.0.residual.0.gamma"))
+QWEN3 = FileKind("qwen3", "a Qwen3 text encoder", lambda: (  # q_norm/k_norm: Qwen3 has them, Qwen2.5 and Mistral not
+    "model.layers.0.self_attn.q_norm.weight", "layers.0.self_attn.q_norm.weight"))
