@@ -18,7 +18,7 @@ from .errors import ModelLoadError, UserInputError
 from .families import family_for
 from .features import offload
 from .handle import PipelineHandle
-from .sources import check_source, components, has_weights, local_folder, read_model_index
+from .sources import check_source, components, config_values, has_weights, local_folder, read_model_index
 from .specs import ProgressCallback
 
 # model_index.json names the library of each component; importing anything else from a
@@ -128,8 +128,9 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             loaded[name] = _load_component(folder, name, library, cls, dtype,
                                            sharding.load_kwargs(folder, name) if sharding else {})
     weights_cache.clear()
+    settings = {name: value for name, value in config_values(index).items() if name in takes}
     try:
-        pipe = pipeline_cls(**loaded)
+        pipe = pipeline_cls(**loaded, **settings)
     except TypeError as e:  # a component the pipeline needs is not in model_index.json
         raise ModelLoadError(f"'{handle.source}' cannot make a {handle.model_class} ({e}); "
                              "download the model again.") from e

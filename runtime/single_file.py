@@ -189,9 +189,20 @@ def _header(path) -> HeaderView:
 
 def _kind(header: HeaderView, prefix: str = "") -> FileKind | None:
     for kind in FILE_KINDS:
-        if any(prefix + k in header for k in kind.keys()):
+        if any(prefix + k in header for k in kind.keys()) and (
+                not kind.widths or _width(header, kind, prefix) in kind.widths):
             return kind
     return None
+
+
+def _width(header: HeaderView, kind: FileKind, prefix: str = "") -> int | None:
+    """The input width (last dimension) of the tensor `kind.width_keys` names, or None if the file has none."""
+    key = next((prefix + k for k in kind.width_keys if prefix + k in header), None)
+    return header[key].shape[-1] if key else None
+
+
+def _denoiser_prefix(header: HeaderView) -> str:
+    return DENOISER_PREFIX if any(k.startswith(DENOISER_PREFIX) for k in header) else ""
 
 
 def _words(kind: FileKind | None) -> str:
@@ -201,8 +212,7 @@ def _words(kind: FileKind | None) -> str:
 def family_of_file(path) -> Family:
     """The family a diffusion-model or all-in-one checkpoint file belongs to."""
     header = _header(path)
-    prefix = DENOISER_PREFIX if any(k.startswith(DENOISER_PREFIX) for k in header) else ""
-    kind = _kind(header, prefix)
+    kind = _kind(header, _denoiser_prefix(header))
     family = next((f for f in FAMILIES if f.denoiser_kind == kind), None)
     if family is None:
         what = f"it is {kind.words}" if kind else "it is no diffusion model TPU Diffusers knows"
@@ -216,8 +226,14 @@ def model_class_of(path) -> str:
     Fill, Qwen-Image-Edit), else its family's base model (text to image)."""
     header = _header(path)
     family = family_of_file(header)
-    variant = family.variant_of_file(header.name, _model_type(header))
+    variant = _variant(header, family)
     return variant.model_class if variant else family.base_class
+
+
+def _variant(header: HeaderView, family: Family):
+    """The file variant of `family` a diffusion-model file is (by its name, model type and width), or None."""
+    width = _width(header, family.denoiser_kind, _denoiser_prefix(header))
+    return family.variant_of_file(header.name, _model_type(header), width)
 
 
 def _model_type(header: HeaderView) -> str | None:
@@ -287,7 +303,7 @@ def default_config_repo(path) -> str:
     header = _header(path)
     family = family_of_file(header)
     model_type = _model_type(header)
-    variant = family.variant_of_file(header.name, model_type)
+    variant = _variant(header, family)
     if variant:
         return variant.config_repo
     if model_type in family.diffusers_model_types:

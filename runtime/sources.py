@@ -76,6 +76,13 @@ def components(index: dict) -> dict[str, tuple[str, str]]:
     return out
 
 
+def config_values(index: dict) -> dict:
+    """{name: value} of the plain settings a model_index.json gives the pipeline's __init__ beside its components
+    (FLUX.2 [klein]'s is_distilled: whether CFG runs), as diffusers' from_pretrained passes them."""
+    return {name: value for name, value in index.items()
+            if not name.startswith("_") and isinstance(value, (bool, int, float, str))}
+
+
 def is_hub_id(source: str) -> bool:
     """Folders are always absolute paths; anything else must be an 'owner/name' hub id, so a
     workflow cannot smuggle in a relative path that diffusers would read as a local folder."""

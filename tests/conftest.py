@@ -132,7 +132,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     BFL converter hard-codes it), so FLUX.1 comes from a real-width folder with one block of each kind; its
     Kontext folder shares those weights (hard links), its Fill folder only adds a 384-channel input layer
     (together ~7 s more than FLUX.1-dev's ~18 s). The Qwen-Image-Edit-2509/2511 folders are the tiny
-    qwenimage-edit-plus one (2511: zero_cond_t)."""
+    qwenimage-edit-plus one (2511: zero_cond_t). FLUX.2 [klein]'s folder has the real context width (7680), which
+    tells its files from FLUX.2 [dev]'s."""
     import tiny_single_files as tsf
 
     root = tmp_path_factory.mktemp("single_files")
@@ -149,6 +150,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "sd3": (tiny_dir / "tiny-sd3", tsf.sd3_files), "flux2": (tiny_dir / "tiny-flux2", tsf.flux2_files),
                "qwenimage": (qwenimage, tsf.qwenimage_files),
                "qwenimage-edit-2509": (edit_2509, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2509")),
-               "qwenimage-edit-2511": (edit_2511, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2511"))}
+               "qwenimage-edit-2511": (edit_2511, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2511")),
+               "flux2-klein-wide": (tsf.flux2_klein_wide(root / "flux2-klein-wide"), tsf.flux2_klein_files)}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

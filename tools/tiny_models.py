@@ -39,7 +39,7 @@ import torch
 MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
                  "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline", "flux1-kontext": "FluxKontextPipeline",
                  "flux1-fill": "FluxFillPipeline", "qwenimage-edit": "QwenImageEditPipeline",
-                 "qwenimage-edit-plus": "QwenImageEditPlusPipeline"}
+                 "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -219,6 +219,21 @@ def qwen_tokenizer(vocab_size: int = 700):
     return tok, {}
 
 
+# Qwen3's chat template as Flux2KleinPipeline uses it (a user message, the generation prompt, thinking off).
+QWEN3_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def qwen3_tokenizer():
+    """The Qwen tokenizer (`qwen_tokenizer`) with Qwen3's chat template."""
+    tok, raw = qwen_tokenizer()
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
+    return tok, raw
+
+
 # ------------------------------------------------------------------------------------ text encoders
 def clip_text_model(tok, hidden: int, with_projection: bool, seed: int = 0):
     """2-layer CLIP text encoder; its pooled output (and projection) is `hidden` wide."""
@@ -368,7 +383,7 @@ def flux2(size: str):
     bench: FLUX.2-dev's own width (48 x 128 = 6144, text width 15360) is 2.3B parameters even with one
     block of each kind, so FLUX.2-klein-4B's width is used (24 x 128 = 3072, text width 3 x 2560 = 7680,
     mlp_ratio 3) with one double block and no single block (~451M parameters, 1.8 GB)."""
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+    from diffusers import Flux2Pipeline, Flux2Transformer2DModel
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     bench = size == "bench"
@@ -402,17 +417,69 @@ def flux2(size: str):
             num_attention_heads=2, joint_attention_dim=3 * hidden, axes_dims_rope=(4, 4, 4, 4),
             guidance_embeds=True,
         )
+    pipe = Flux2Pipeline(scheduler=flux2_scheduler(), vae=flux2_vae(), text_encoder=te, tokenizer=tok,
+                         transformer=transformer)
+    return pipe, {}
+
+
+def flux2_vae():
+    """FLUX.2's AutoencoderKLFlux2 (32 latent channels, patchified to 128; FLUX.2 [klein] has the same), narrow."""
+    from diffusers import AutoencoderKLFlux2
+
     torch.manual_seed(0)
-    vae = AutoencoderKLFlux2(
+    return AutoencoderKLFlux2(
         in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 16, 16, 16), layers_per_block=1,
         latent_channels=32, norm_num_groups=8, sample_size=64, use_quant_conv=True, use_post_quant_conv=True,
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
+
+
+def flux2_scheduler():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
         shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
         max_image_seq_len=4096, time_shift_type="exponential",
     )
-    pipe = Flux2Pipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, transformer=transformer)
+
+
+def flux2_klein(size: str, text_width: int | None = None):
+    """FLUX.2 [klein] 4B layout (distilled: is_distilled, so guidance runs no CFG): a Qwen3ForCausalLM text
+    encoder with 27 layers (the pipeline stacks layers 9, 18 and 27), AutoencoderKLFlux2, and a
+    Flux2Transformer2DModel without a guidance embedding whose context input is 3 x the encoder's width.
+    text_width: the encoder's hidden size (tiny: 16; 2560 = Qwen3-4B's gives the real context width 7680 that
+    tells a klein single file from a FLUX.2 [dev] one, with a tiny transformer and a ~40 MB encoder).
+    bench: FLUX.2-klein-4B's own width (24 x 128 = 3072, text width 7680, mlp_ratio 3) with one double block
+    and no single block."""
+    from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    bench = size == "bench"
+    tok, raw = qwen3_tokenizer()
+    hidden = text_width or (2560 if bench else 16)
+    ids = tok.convert_tokens_to_ids
+    cfg = Qwen3Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=16, num_hidden_layers=27, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
+    )
+    torch.manual_seed(0)
+    te = Qwen3ForCausalLM(cfg)
+    torch.manual_seed(0)
+    if bench:
+        transformer = Flux2Transformer2DModel(
+            patch_size=1, in_channels=128, num_layers=1, num_single_layers=0, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3 * hidden, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
+            guidance_embeds=False,
+        )
+    else:
+        transformer = Flux2Transformer2DModel(
+            patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=3 * hidden, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=False,
+        )
+    pipe = Flux2KleinPipeline(scheduler=flux2_scheduler(), vae=flux2_vae(), text_encoder=te, tokenizer=tok,
+                              transformer=transformer, is_distilled=True)
     return pipe, {}
 
 
@@ -514,6 +581,7 @@ _BUILDERS = {
     "flux1-fill": flux1_fill,
     "qwenimage-edit": lambda size: qwenimage_edit(size, plus=False),
     "qwenimage-edit-plus": lambda size: qwenimage_edit(size, plus=True),
+    "flux2-klein": flux2_klein,
 }
 
 

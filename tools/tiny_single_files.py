@@ -17,6 +17,9 @@ The files use the real layouts and the usual names, so the loader meets what use
                       are FLUX.1-dev's (`flux1_files` of the wide folder)
   Qwen-Image-Edit:    qwen_image_edit_2509_fp8_e4m3fn.safetensors (plain fp8), qwen_image_edit_2511_bf16.safetensors,
                       with Qwen-Image's text encoder (vision tower included) and VAE files
+  FLUX.2 [klein] 4B:  flux-2-klein-4b.safetensors and flux-2-klein-4b-fp8.safetensors (BFL layout, as FLUX.2 [dev]'s),
+                      qwen_3_4b.safetensors (Qwen3, "model.*"), flux2-vae.safetensors, of `flux2_klein_wide`'s folder
+                      (the real context width, which tells klein from [dev])
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -382,6 +385,39 @@ def flux2_files(folder, out) -> dict[str, Path]:
         "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "mistral_3_small_flux2.safetensors"),
         "text_encoder_text_only": _save(mistral_text_only(folder_weights(folder, "text_encoder")),
                                         out / "mistral_3_small_flux2_text_only.safetensors"),
+        "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "flux2-vae.safetensors"),
+    }
+
+
+def flux2_klein_wide(out) -> Path:
+    """A FLUX.2 [klein] 4B folder whose context embedder takes the real width 7680 (3 x Qwen3-4B's 2560: what
+    tells a klein file from a FLUX.2 [dev] one), with a tiny transformer otherwise and a ~40 MB text encoder."""
+    import tiny_models
+
+    pipe, raw = tiny_models.flux2_klein("tiny", text_width=2560)
+    return tiny_models.save(pipe, raw, out)
+
+
+def qwen3_file_layout(sd: dict) -> dict:
+    """ComfyUI's Qwen3 text encoder files (qwen_3_4b.safetensors): the language model as transformers names it
+    ("model.embed_tokens", "model.layers.N...", "model.norm"), no lm_head (Qwen3-4B ties it to the embedding)."""
+    return {k: v for k, v in sd.items() if k.startswith("model.")}
+
+
+def flux2_klein_files(folder, out) -> dict[str, Path]:
+    """Comfy-Org's FLUX.2 [klein] 4B files: flux-2-klein-4b.safetensors (BFL layout, the folder's dtype),
+    flux-2-klein-4b-fp8.safetensors (ComfyUI's newer scaled fp8), qwen_3_4b.safetensors, flux2-vae.safetensors;
+    and, for detection only, flux-2-klein-9b.safetensors: the 4B file with 9B's context width (3 x Qwen3-8B's
+    4096)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    bfl = flux2_to_bfl(folder_weights(folder, "transformer"))
+    nine_b = dict(bfl, **{"txt_in.weight": torch.zeros(bfl["txt_in.weight"].shape[0], 3 * 4096)})
+    return {
+        "transformer": _save(bfl, out / "flux-2-klein-4b.safetensors"),
+        "transformer_fp8": _save(scaled_fp8(bfl, new_format=True), out / "flux-2-klein-4b-fp8.safetensors"),
+        "transformer_9b": _save(nine_b, out / "flux-2-klein-9b.safetensors"),
+        "text_encoder": _save(qwen3_file_layout(folder_weights(folder, "text_encoder")), out / "qwen_3_4b.safetensors"),
         "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "flux2-vae.safetensors"),
     }
 

@@ -26,6 +26,7 @@ class TaskPipeline:
     # (image width, image height) -> the (width, height) it makes whatever is asked, for a class that sets its
     # output size itself (Qwen-Image-Edit inpaint): the Sampler's size must then be 0 or that
     output_size: Callable | None = None
+    output_size_words: str = "~1 MP"  # what `output_size` makes, for messages and the task matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,10 @@ class FileKind:
     name: str
     words: str  # "a FLUX.1 diffusion model": how messages name it
     keys: Callable[[], tuple[str, ...]]
+    # A kind whose keys another kind shares (FLUX.2 [klein] and [dev] diffusion models) is told apart by one
+    # tensor's input width (its last dimension): that tensor's key in each layout, and the widths this kind has.
+    width_keys: tuple[str, ...] = ()
+    widths: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +58,15 @@ class FileSlot:
 @dataclasses.dataclass(frozen=True)
 class FileVariant:
     """A model class of a family whose diffusion-model files are told apart from the base model's by their
-    name (same keys: FLUX.1 Kontext, Qwen-Image-Edit) or by diffusers' model type (FLUX.1 Fill's wider input),
-    with the hub repository its configs and tokenizers come from."""
+    name (same keys: FLUX.1 Kontext, Qwen-Image-Edit), by diffusers' model type (FLUX.1 Fill's wider input) or
+    by an input width (FLUX.2 [klein] 9B), with the hub repository its configs and tokenizers come from. A file
+    is of the variant when it meets every one of these the variant names."""
 
     model_class: str
     config_repo: str
     name_contains: tuple[str, ...] = ()  # lower-case parts of the file name, e.g. "kontext"
     model_types: tuple[str, ...] = ()  # diffusers' single_file_utils.infer_diffusers_model_type values
+    widths: tuple[int, ...] = ()  # input widths of the denoiser kind's `width_keys` tensor (FLUX.2 [klein] 9B's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +105,17 @@ class Family:
     def slot(self, component: str) -> FileSlot | None:
         return next((slot for slot in self.file_slots if slot.component == component), None)
 
-    def variant_of_file(self, file_name: str, model_type: str | None) -> FileVariant | None:
-        """The model class (and configs repo) a diffusion-model file of this family loads as, when not the base."""
+    def variant_of_file(self, file_name: str, model_type: str | None, width: int | None = None) -> FileVariant | None:
+        """The model class (and configs repo) a diffusion-model file of this family loads as, when not the base:
+        the first variant whose name parts, model types and widths (those it names) the file has."""
         name = file_name.lower()
-        return next((variant for variant in self.file_variants if model_type in variant.model_types
-                     or any(part in name for part in variant.name_contains)), None)
+
+        def fits(variant: FileVariant) -> bool:
+            return ((not variant.model_types or model_type in variant.model_types)
+                    and (not variant.name_contains or any(part in name for part in variant.name_contains))
+                    and (not variant.widths or width in variant.widths))
+
+        return next((variant for variant in self.file_variants if fits(variant)), None)
 
     def pipeline_for(self, model_class: str, task: str) -> TaskPipeline | None:
         """The diffusers pipeline that runs `task` on a model of `model_class`, or None if it has none."""

@@ -100,7 +100,7 @@ def markdown_matrix() -> str:
                 if pipeline.strength:
                     detail.append("denoise")
                 if pipeline.output_size:
-                    detail.append("output ~1 MP (size 0)")
+                    detail.append(f"output {pipeline.output_size_words} (size 0)")
                 cells.append(", ".join(detail))
             rows.append(f"| {family.name} | {model_class} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -197,9 +197,9 @@ def resolve_size(family: Family, pipeline: TaskPipeline, request: SampleRequest)
             made = pipeline.output_size(width, height)
             if (request.width or made[0], request.height or made[1]) != made:
                 raise UserInputError(
-                    f"{pipeline.cls} makes {made[0]}x{made[1]} from this {width}x{height} image (about 1 MP at its "
-                    f"aspect ratio, whatever size is asked), not {request.width}x{request.height}: set width and "
-                    f"height to 0 or to {made[0]}x{made[1]}.")
+                    f"{pipeline.cls} makes {made[0]}x{made[1]} from this {width}x{height} image "
+                    f"({pipeline.output_size_words}, whatever size is asked), not {request.width}x{request.height}: "
+                    f"set width and height to 0 or to {made[0]}x{made[1]}.")
             return dataclasses.replace(request, width=made[0], height=made[1])
     if request.width and request.height:
         return request
