@@ -64,6 +64,13 @@ CASES = [  # (tiny model, diffusers class that runs, request inputs, the referen
      lambda i: dict(image=Image.fromarray(PIXELS[1]), mask_image=Image.fromarray(MASK, "L"), strength=0.8)),
     ("flux2", "Flux2Pipeline", dict(images=(comfy_image(PIXELS[0]), comfy_image(PIXELS[2]))),
      lambda i: dict(image=[Image.fromarray(PIXELS[0]), Image.fromarray(PIXELS[2])])),
+    ("flux2-klein", "Flux2KleinPipeline", dict(images=(comfy_image(*PIXELS[:2]), comfy_image(PIXELS[2]))),
+     lambda i: dict(image=[Image.fromarray(PIXELS[i]), Image.fromarray(PIXELS[2])])),
+    # Klein's inpaint makes the image's own size: a 64x64 image for the 64x64 asked
+    ("flux2-klein", "Flux2KleinInpaintPipeline", dict(images=(comfy_image(PIXELS[0][:64]), comfy_image(PIXELS[1])),
+                                                      mask=comfy_mask(MASK[:64]), denoise=0.8),
+     lambda i: dict(image=Image.fromarray(PIXELS[0][:64]), mask_image=Image.fromarray(MASK[:64], "L"),
+                    image_reference=Image.fromarray(PIXELS[1]), strength=0.8)),
 ]
 
 
@@ -119,6 +126,12 @@ def test_a_pipeline_that_sets_its_own_size_takes_size_zero_or_that_size_only():
         == 1184
     with pytest.raises(UserInputError, match="makes 1184x896 from this 80x60 image"):
         resolve_size(family, pipeline, SampleRequest(prompt=PROMPT, width=64, height=64, images=(image,)))
+    klein = family_for("Flux2KleinPipeline")  # FLUX.2 [klein] inpaint: the image's size, rounded down to 16
+    inpaint = klein.pipeline_for("Flux2KleinPipeline", "inpaint")
+    assert (resolve_size(klein, inpaint, SampleRequest(prompt=PROMPT, width=0, height=0, images=(image,))).width,
+            inpaint.output_size(2000, 1000)) == (80, (1440, 720))
+    with pytest.raises(UserInputError, match=r"makes 80x48 from this 80x60 image \(the image's size, to 16 px"):
+        resolve_size(klein, inpaint, SampleRequest(prompt=PROMPT, width=80, height=64, images=(image,)))
 
 
 def test_the_request_travels_with_its_arrays_as_payloads_and_slices_keep_the_pairing():

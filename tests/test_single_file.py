@@ -99,6 +99,38 @@ def test_flux2_text_only_mistral_file_gives_the_same_image(sf_dir):
     assert abs(image(ref) - image(pipe)).max() < 2e-5
 
 
+def test_flux2_klein_from_comfy_org_files_matches_the_folder(sf_dir):
+    """FLUX.2 [klein] 4B: the BFL-layout transformer (FLUX.2 [dev]'s keys), ComfyUI's Qwen3 file, the FLUX.2 VAE;
+    its fp8 file (ComfyUI's newer scaled fp8) loads within fp8's precision."""
+    source, f = folder(sf_dir, "flux2-klein-wide"), files(sf_dir, "flux2-klein-wide")
+    assert_same_pipeline(source, "Flux2KleinPipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+    fp8 = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2KleinPipeline",
+                                          files=[("transformer", f["transformer_fp8"])]), CPU).transformer.state_dict()
+    want = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2KleinPipeline"), CPU).transformer.state_dict()
+    assert sorted(fp8) == sorted(want)
+    assert all(torch.allclose(fp8[k], want[k], rtol=0.07, atol=want[k].abs().max().item() * 2 ** -9) for k in want)
+
+
+def test_flux2_klein_files_are_told_from_flux2_dev_and_4b_from_9b_by_the_context_width(sf_dir, tmp_path):
+    """The keys are FLUX.2 [dev]'s; the context embedder's input width (3 x the Qwen3 encoder's) tells klein, 4B
+    (7680) from 9B (12288); "base" in the name is the undistilled model."""
+    f = files(sf_dir, "flux2-klein-wide")
+    for name, repo in (("transformer", "black-forest-labs/FLUX.2-klein-4B"),
+                       ("transformer_fp8", "black-forest-labs/FLUX.2-klein-4B"),
+                       ("transformer_9b", "black-forest-labs/FLUX.2-klein-9B")):
+        assert single_file.model_class_of(f[name]) == "Flux2KleinPipeline", name
+        assert single_file.default_config_repo(f[name]) == repo, name
+    for name, model in (("flux-2-klein-base-4b.safetensors", "transformer"),
+                        ("flux-2-klein-base-9b-fp8.safetensors", "transformer_9b")):
+        (tmp_path / name).symlink_to(f[model])
+    assert single_file.default_config_repo(str(tmp_path / "flux-2-klein-base-4b.safetensors")) \
+        == "black-forest-labs/FLUX.2-klein-base-4B"
+    assert single_file.default_config_repo(str(tmp_path / "flux-2-klein-base-9b-fp8.safetensors")) \
+        == "black-forest-labs/FLUX.2-klein-base-9B"
+    assert single_file.model_class_of(files(sf_dir, "flux2")["transformer"]) == "Flux2Pipeline"  # [dev]: other width
+
+
 def test_qwenimage_from_files_matches_the_folder(sf_dir):
     f = files(sf_dir, "qwenimage")
     assert_same_pipeline(folder(sf_dir, "qwenimage"), "QwenImagePipeline", (
@@ -304,6 +336,9 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     ("flux1-wide", "transformer", "transformer", SD3, r"is a FLUX.1 diffusion model, but transformer of SD3/SD3.5"),
     ("sd3", "checkpoint_no_t5", "text_encoder_3", SD3, r"checkpoint without a text_encoder_3"),
     ("qwenimage", "text_encoder", "text_encoder", "Flux2Pipeline", r"Qwen2.5-VL .* needs a Mistral 3"),
+    ("flux2-klein-wide", "transformer", "transformer", "Flux2Pipeline",
+     r"is a FLUX.2 \[klein\] diffusion model, but transformer of FLUX.2 needs a FLUX.2 diffusion model"),
+    ("flux2", "text_encoder", "text_encoder", "Flux2KleinPipeline", r"Mistral 3 .* FLUX.2 \[klein\] needs a Qwen3"),
 ])
 def test_a_file_in_the_wrong_slot_is_refused_from_its_header(sf_dir, family, file, component, pipeline_class, pattern):
     with pytest.raises(UserInputError, match=pattern):

@@ -58,7 +58,7 @@ def engine():
     engine.unload()
 
 
-@pytest.mark.parametrize("name", ["flux1-schnell", "flux2", "qwenimage"])
+@pytest.mark.parametrize("name", ["flux1-schnell", "flux2", "qwenimage", "flux2-klein"])
 def test_two_ranks_give_the_single_process_image_and_each_holds_half_the_transformer(tiny, engine, name):
     single_engine = Engine()
     single = single_engine.generate(handle_for(tiny, name), request())

@@ -166,6 +166,20 @@ WORKFLOWS = {
                          1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["flux2_dev_multi_reference"])],
         images=(("flux2_reference_mug.png", {"image": 0}), ("flux2_reference_desk.png", {"image_2": 0}))),
+    "flux2_klein_4b_edit_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 32 GB of host RAM. ComfyUI's FLUX.2 [klein] 4B files: models/"
+        "diffusion_models/flux-2-klein-4b-fp8.safetensors (upcast to bf16), models/text_encoders/"
+        "qwen_3_4b.safetensors, models/vae/flux2-vae.safetensors; configs: a FLUX.2-klein-4B folder in "
+        "models/diffusers or the hub cache (the 9B files and the base models' configs follow from the file). "
+        "Two reference images in ComfyUI's input folder go to image and image_2 (klein takes up to 3 here, each "
+        "resized to at most 1 MP). The distilled model runs 4 steps and ignores guidance. Model CPU offload.",
+        [("TPUFileLoader", ["flux-2-klein-4b-fp8.safetensors", "qwen_3_4b.safetensors", "none", "none",
+                            "flux2-vae.safetensors", "auto", "auto", "auto"]),
+         OFFLOAD,
+         ("TPUSampler", ["the ceramic mug from image 1 on the desk from image 2, morning light, product photo", "",
+                         1024, 1024, 4, 1.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["flux2_klein_4b_edit"])],
+        images=(("flux2_reference_mug.png", {"image": 0}), ("flux2_reference_desk.png", {"image_2": 0}))),
 }
 
 

@@ -460,7 +460,7 @@ def flux2_klein(size: str, text_width: int | None = None):
     ids = tok.convert_tokens_to_ids
     cfg = Qwen3Config(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=16, num_hidden_layers=27, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True,
         bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
     )
     torch.manual_seed(0)

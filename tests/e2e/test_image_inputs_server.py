@@ -134,6 +134,9 @@ CASES = [
                         negative_prompt=NEGATIVE)),
     ("flux2-two-references", "tiny-flux2", dict(images=(LOAD_A, LOAD_B)), dict(guidance=4.0), "edit",
      "Flux2Pipeline", lambda px, i: dict(image=[px[LOAD_A], px[LOAD_B]], guidance_scale=4.0)),
+    # FLUX.2 [klein] 4B (distilled: its model_index's is_distilled turns CFG off whatever the guidance)
+    ("flux2-klein-two-references", "tiny-flux2-klein", dict(images=(LOAD_A, LOAD_B)), dict(guidance=4.0, steps=4),
+     "edit", "Flux2KleinPipeline", lambda px, i: dict(image=[px[LOAD_A], px[LOAD_B]], guidance_scale=4.0)),
     # Kontext returns ~1 MP whatever is asked unless max_area is width x height, which the pack passes
     ("kontext-edit", "tiny-flux1-kontext", dict(images=(LOAD_A,)), dict(guidance=2.5), "edit",
      "FluxKontextPipeline", lambda px, i: dict(image=px[LOAD_A], guidance_scale=2.5, max_area=64 * 64)),
