@@ -107,7 +107,8 @@ def test_flux2_klein_from_comfy_org_files_matches_the_folder(sf_dir):
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
     fp8 = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2KleinPipeline",
                                           files=[("transformer", f["transformer_fp8"])]), CPU).transformer.state_dict()
-    want = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2KleinPipeline"), CPU).transformer.state_dict()
+    want = load_pipeline(PipelineHandle.of(source=source, model_class="Flux2KleinPipeline"),
+                         CPU).transformer.state_dict()
     assert sorted(fp8) == sorted(want)
     assert all(torch.allclose(fp8[k], want[k], rtol=0.07, atol=want[k].abs().max().item() * 2 ** -9) for k in want)
 

@@ -21,7 +21,8 @@ FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimag
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks; FLUX.2
 # [klein] has [dev]'s keys, told by its context embedder's width).
 FILE_KINDS: tuple[FileKind, ...] = (
-    flux2_klein.FAMILY.denoiser_kind, flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
+    flux2_klein.FAMILY.denoiser_kind,
+    flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
     flux2.VAE, WAN_VAE, KL_VAE, CLIP, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
 )
 
