@@ -57,10 +57,10 @@ class TPUSampler(io.ComfyNode):
                                tooltip="The image to start from, repaint or edit (Load Image). Its batch pairs with "
                                        "the output batch: image i uses item i % N."),
                 io.Image.Input("image_2", optional=True,
-                               tooltip="A second reference image (Qwen-Image-Edit-2509/2511, FLUX.2; FLUX.1 Kontext "
-                                       "inpaint's reference)."),
+                               tooltip="A second reference image (Qwen-Image-Edit-2509/2511, FLUX.2, FLUX.2 [klein]; "
+                                       "FLUX.1 Kontext and FLUX.2 [klein] inpaint's reference)."),
                 io.Image.Input("image_3", optional=True,
-                               tooltip="A third reference image (Qwen-Image-Edit-2509/2511, FLUX.2)."),
+                               tooltip="A third reference image (Qwen-Image-Edit-2509/2511, FLUX.2, FLUX.2 [klein])."),
                 io.Mask.Input("mask", optional=True,
                               tooltip="Inpaint: 1 (white) = repaint, 0 = keep, as Load Image's mask. Resized to the "
                                       "image when its size differs."),
