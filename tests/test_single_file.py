@@ -292,6 +292,35 @@ def test_edit_and_fill_files_load_as_their_model_with_their_own_configs(sf_dir, 
         plan(model, picked, "base", [str(tmp_path)])
 
 
+@pytest.mark.parametrize("name", ["qwen_image_2512_fp8_e4m3fn.safetensors", "qwen_image_2512_bf16.safetensors"])
+def test_qwen_image_2512_files_load_as_qwen_image_with_2512s_configs(sf_dir, tmp_path, name):
+    """Qwen-Image-2512 has Qwen-Image's class and keys; its name picks Qwen/Qwen-Image-2512's configs, and a
+    Qwen-Image folder picked as configs is taken (same class). The bf16 file loads as the folder's weights in bf16."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    qwen = files(sf_dir, "qwenimage")
+    model = str(tsf.qwenimage_2512_file(folder(sf_dir, "qwenimage"), tmp_path / "files", name))
+    assert single_file.model_class_of(model) == "QwenImagePipeline"
+    assert single_file.default_config_repo(model) == "Qwen/Qwen-Image-2512"
+    assert single_file.default_config_repo(qwen["transformer"]) == "Qwen/Qwen-Image"
+    picked = {kind: qwen[kind] for kind in ("text_encoder", "vae")}
+    roots = [str(tmp_path / "diffusers")]
+    (tmp_path / "diffusers").mkdir()
+    assert plan(model, picked, "auto", roots)[:2] == ("Qwen/Qwen-Image-2512", "QwenImagePipeline")
+    (tmp_path / "diffusers" / "Qwen-Image-2512").symlink_to(folder(sf_dir, "qwenimage"))
+    (tmp_path / "diffusers" / "Qwen-Image").symlink_to(folder(sf_dir, "qwenimage"))
+    assert plan(model, picked, "auto", roots)[0] == str(tmp_path / "diffusers" / "Qwen-Image-2512")
+    source, model_class, planned = plan(model, picked, "Qwen-Image", roots)
+    assert (source, model_class) == (str(tmp_path / "diffusers" / "Qwen-Image"), "QwenImagePipeline")
+    assert dict(planned)["transformer"] == model
+    if "bf16" in name:
+        got = load_pipeline(PipelineHandle.of(source=source, model_class=model_class, files=[("transformer", model)]),
+                            CPU).transformer.state_dict()
+        want = load_pipeline(PipelineHandle.of(source=source, model_class=model_class), CPU).transformer.state_dict()
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[k], want[k].to(torch.bfloat16).to(got[k].dtype)) for k in want)
+
+
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     with pytest.raises(UserInputError, match=r"clip_l.safetensors.*CLIP text encoder.*Supported: FLUX.1"):
         single_file.model_class_of(files(sf_dir, "sd3")["clip_l"])

@@ -17,6 +17,7 @@ The files use the real layouts and the usual names, so the loader meets what use
                       are FLUX.1-dev's (`flux1_files` of the wide folder)
   Qwen-Image-Edit:    qwen_image_edit_2509_fp8_e4m3fn.safetensors (plain fp8), qwen_image_edit_2511_bf16.safetensors,
                       with Qwen-Image's text encoder (vision tower included) and VAE files
+  Qwen-Image-2512:    qwen_image_2512_fp8_e4m3fn.safetensors (plain fp8), qwen_image_2512_bf16.safetensors
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -431,6 +432,18 @@ def qwenimage_edit_files(folder, out, version: str) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     return {"transformer": _save(store(folder_weights(folder, "transformer")), out / name),
             **_qwen_text_encoder_and_vae(folder, out)}
+
+
+# Comfy-Org's Qwen-Image-2512 diffusion models (the base model's keys): file name -> how its weights are stored.
+QWEN_2512_FILES = {"qwen_image_2512_fp8_e4m3fn.safetensors": plain_fp8,
+                   "qwen_image_2512_bf16.safetensors": lambda sd: {k: v.to(torch.bfloat16) for k, v in sd.items()}}
+
+
+def qwenimage_2512_file(folder, out, name: str) -> Path:
+    """The Qwen-Image-2512 diffusion model file `name` of a QwenImage folder (its name tells it from Qwen-Image)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return _save(QWEN_2512_FILES[name](folder_weights(folder, "transformer")), out / name)
 
 
 def qwen_edit_2511_configs(folder) -> None:
