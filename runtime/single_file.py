@@ -20,12 +20,21 @@ from .errors import ModelLoadError, UserInputError
 from .families import FAMILIES, FILE_KINDS, Family, FileKind, family_for, supported
 from .sources import check_hub_id
 
-SUPPORTED_FORMATS = "safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8)"
+SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8), or ComfyUI's "
+                     "int8 without ConvRot")
 
 # Key fragments that only bitsandbytes (NF4/FP4/int8) quantized files carry.
 BNB_MARKERS = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", "quant_state", ".SCB")
 # ComfyUI's per-layer quantization formats that are plain scaled fp8 (weight = stored * weight_scale).
 FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
+# ComfyUI's int8 format (comfy_kitchen's TensorWiseINT8Layout): weight = int8 x a float scale per tensor or per output
+# row, read exactly. With "convrot" (the "int8_convrot" files) the weights were also rotated group-wise by a Hadamard
+# matrix that the file does not hold (comfy_kitchen un-rotates them with its own code), so those are refused.
+INT8_FORMAT = "int8_tensorwise"
+# diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
+# lacks, as a refusal names them (a family it has is named by its FileKind).
+UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model",
+                           "z-image-turbo": "a Z-Image diffusion model"}
 
 # What a file is (families.FILE_KINDS: each kind's identifying keys, in detection order) and which kind each
 # component of each family takes (Family.denoiser_kind, Family.file_slots) live in the family modules.
@@ -83,33 +92,72 @@ def _open(path: str):
         raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
 
 
-def _refuse_quantized(name: str, keys, f=None) -> None:
-    """Quantizations TPU Diffusers cannot run, from the header (and ComfyUI's small comfy_quant tensors)."""
-    if f is not None:
-        unsupported = sorted({str(fmt) for fmt in _layer_formats(f, keys).values() if fmt not in FP8_FORMATS})
-        if unsupported:
-            raise UserInputError(f"'{name}' is quantized as {', '.join(unsupported)}, which TPU Diffusers "
-                                 f"does not support; supported are {SUPPORTED_FORMATS}.")
+def _refuse_quantized(name: str, keys, f=None) -> dict[str, dict]:
+    """Quantizations TPU Diffusers cannot run, from the header (and ComfyUI's small comfy_quant tensors); returns
+    the {layer: quantization config} of ComfyUI's per-layer formats it reads."""
+    layers = _layer_configs(f, keys) if f is not None else {}
+    unsupported = sorted({_quantization_words(conf) for conf in layers.values() if not _readable(conf)})
+    if unsupported:
+        what = _model_words(keys)
+        raise UserInputError(f"'{name}' is {what + ', ' if what else ''}quantized as {', '.join(unsupported)}, which "
+                             f"TPU Diffusers cannot read. Supported are {SUPPORTED_FORMATS}, for {supported()}. "
+                             "Pick a bf16, fp16 or fp8 version of this model.")
     bad = next((k for k in keys if any(m in k for m in BNB_MARKERS)), None)
     if bad is not None:
         raise UserInputError(f"'{name}' is quantized with bitsandbytes (NF4/int8: it has '{bad}'), which TPU "
                              f"Diffusers does not support; supported are {SUPPORTED_FORMATS}. "
                              "Pick a bf16, fp16 or fp8 version of this model.")
+    return layers
 
 
-def _layer_formats(f, keys) -> dict[str, str]:
-    """{layer: quantization format} of ComfyUI's newer per-layer format: a '<layer>.comfy_quant' uint8
-    tensor holding JSON, or the same in the '_quantization_metadata' header entry."""
-    formats = {}
+def _readable(conf: dict) -> bool:
+    """A ComfyUI per-layer format read exactly: scaled fp8, or int8 without ConvRot's rotation."""
+    return conf.get("format") in FP8_FORMATS or (conf.get("format") == INT8_FORMAT and not _convrot(conf))
+
+
+def _convrot(conf: dict) -> bool:
+    """ComfyUI reads the flag at the top level or under "params" (comfy/ops.py)."""
+    params = conf.get("params") if isinstance(conf.get("params"), dict) else {}
+    return bool(conf.get("convrot", params.get("convrot", False)))
+
+
+def _quantization_words(conf: dict) -> str:
+    if conf.get("format") == INT8_FORMAT:  # and convrot
+        return ("int8 with ConvRot (ComfyUI's int8_tensorwise + convrot: Hadamard-rotated weights, and the rotation "
+                "is not in the file)")
+    return str(conf.get("format"))
+
+
+def _model_words(keys) -> str:
+    """What model a quantized file holds, for the refusal: a kind TPU Diffusers knows, else a diffusion model
+    diffusers knows of a family TPU Diffusers lacks; "" when neither."""
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
+
+    keys = set(keys)
+    prefix = DENOISER_PREFIX if any(k.startswith(DENOISER_PREFIX) for k in keys) else ""
+    kind = next((kind for kind in FILE_KINDS if any(prefix + k in keys for k in kind.keys())), None)
+    if kind is not None:
+        return kind.words
+    for model_type, words in UNSUPPORTED_MODEL_TYPES.items():
+        names = CHECKPOINT_KEY_NAMES.get(model_type, ())
+        if any(k in keys for k in ([names] if isinstance(names, str) else names)):
+            return f"{words}, which TPU Diffusers does not run yet"
+    return ""
+
+
+def _layer_configs(f, keys) -> dict[str, dict]:
+    """{layer: quantization config} of ComfyUI's newer per-layer format: a '<layer>.comfy_quant' uint8
+    tensor holding JSON ({"format": ..., ...}), or the same in the '_quantization_metadata' header entry."""
+    configs = {}
     meta = (f.metadata() or {}).get("_quantization_metadata")
     if meta:
         for layer, conf in json.loads(meta).get("layers", {}).items():
-            formats[layer] = conf.get("format") if isinstance(conf, dict) else conf
+            configs[layer] = conf if isinstance(conf, dict) else {"format": conf}
     for k in keys:
         if k.endswith(".comfy_quant"):
             conf = json.loads(bytes(f.get_tensor(k).tolist()).decode("utf-8"))
-            formats[k[: -len(".comfy_quant")]] = conf.get("format")
-    return formats
+            configs[k[: -len(".comfy_quant")]] = conf if isinstance(conf, dict) else {"format": conf}
+    return configs
 
 
 def read_weights(path: str, dtype) -> dict:
@@ -118,8 +166,10 @@ def read_weights(path: str, dtype) -> dict:
     fp8 tensors are upcast. ComfyUI's scaled fp8 is de-scaled (weight * scale) and its scale and marker
     keys dropped: the older format has a `scaled_fp8` marker and `<layer>.scale_weight` (and
     `.scale_input`); the newer one has `<layer>.weight_scale` (and `.input_scale`) with the layer's format
-    in `<layer>.comfy_quant` or the `_quantization_metadata` header entry. Other quantizations (GGUF,
-    bitsandbytes NF4, ComfyUI's nvfp4/int8) are refused with a message saying what is supported.
+    in `<layer>.comfy_quant` or the `_quantization_metadata` header entry. ComfyUI's int8 (int8_tensorwise)
+    is int8 x its `.weight_scale` (one per tensor or per output row), exactly. Other quantizations (GGUF,
+    bitsandbytes NF4, ComfyUI's nvfp4, mxfp8 and int8 with ConvRot) are refused with a message saying what is
+    supported.
     """
     import torch
     from safetensors import SafetensorError
@@ -127,7 +177,7 @@ def read_weights(path: str, dtype) -> dict:
     name = os.path.basename(path)
     with _open(path) as f:
         keys = list(f.keys())
-        _refuse_quantized(name, keys, f)
+        layers = _refuse_quantized(name, keys, f)
         dropped = ("scaled_fp8", ".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
         out = {}
         try:
@@ -138,7 +188,9 @@ def read_weights(path: str, dtype) -> dict:
                 layer = k[: -len(".weight")] if k.endswith(".weight") else None
                 scale_key = next((s for s in (f"{layer}.scale_weight", f"{layer}.weight_scale") if s in keys), None) \
                     if layer is not None else None
-                if scale_key is not None:
+                if layer in layers and layers[layer].get("format") == INT8_FORMAT:
+                    tensor = _dequantize_int8(name, k, tensor, f.get_tensor(scale_key) if scale_key else None)
+                elif scale_key is not None:
                     scale = f.get_tensor(scale_key).to(torch.float32)
                     if scale.numel() != 1:
                         raise UserInputError(f"'{name}' scales '{k}' per block, which TPU Diffusers does not support; "
@@ -148,6 +200,22 @@ def read_weights(path: str, dtype) -> dict:
         except SafetensorError as e:
             raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
     return out
+
+
+def _dequantize_int8(name: str, key: str, tensor, scale):
+    """ComfyUI's int8_tensorwise weight: int8 x a float32 scale, one for the tensor or one per output row."""
+    import torch
+
+    if scale is None or tensor.dtype != torch.int8:
+        raise ModelLoadError(f"'{name}' marks '{key}' as int8 but it is {tensor.dtype}"
+                             f"{'' if scale is not None else ' without a weight_scale'}; re-download it.")
+    scale = scale.to(torch.float32)
+    if scale.numel() == 1:
+        return tensor.to(torch.float32) * scale.reshape(())
+    if scale.numel() == tensor.shape[0] and tensor.dim() >= 1:
+        return tensor.to(torch.float32) * scale.reshape(-1, *([1] * (tensor.dim() - 1)))
+    raise UserInputError(f"'{name}' scales '{key}' per block ({list(scale.shape)} scales for {list(tensor.shape)}), "
+                         f"which TPU Diffusers does not support; supported are {SUPPORTED_FORMATS}.")
 
 
 # ---------------------------------------------------------------------------------- header-only checks

@@ -27,7 +27,7 @@ CHANGED = 1e-3  # a LoRA that changes the image changes some pixel by more than 
 @pytest.fixture(scope="session")
 def loras(tiny_dir, tmp_path_factory):
     """name -> LoRA file: '<family>' and '<family>-b' (diffusers format, two seeds), 'flux1-kohya' (with a CLIP
-    layer) and 'flux1-comfyui' (BFL names), built once."""
+    layer), 'flux1-comfyui' (BFL names) and 'qwenimage-lightx2v' (the Lightning LoRAs' layout), built once."""
     root = tmp_path_factory.mktemp("loras")
     files = {}
     for family in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein"):
@@ -36,6 +36,8 @@ def loras(tiny_dir, tmp_path_factory):
     for fmt in ("kohya", "comfyui"):
         files[f"flux1-{fmt}"] = tiny_loras.build(tiny_dir / "tiny-flux1-schnell", root / f"flux1-{fmt}.safetensors",
                                                  fmt, seed=3)
+    files["qwenimage-lightx2v"] = tiny_loras.build(tiny_dir / "tiny-qwenimage", root / "qwenimage-lightx2v.safetensors",
+                                                   "lightx2v", seed=4)
     return {name: str(path) for name, path in files.items()}
 
 
@@ -154,6 +156,27 @@ def test_kohya_and_comfyui_loras_load_and_change_the_image(tiny, loras, fmt, lay
     assert torch.equal(engine.generate(base_handle, request()).images, base)
 
 
+@pytest.mark.parametrize("strength", [1.0, 0.6])
+def test_a_lightx2v_lightning_lora_gives_the_image_of_diffusers_own_load_and_fuse(tiny, loras, strength):
+    """lightx2v's layout (the Qwen-Image-2512 and Qwen-Image-Edit-2509 Lightning LoRAs: no prefix, lora_down/lora_up,
+    alpha = rank / 8), read by diffusers' own QwenImage converter: every layer of the file is fused, and the image is
+    plain diffusers' load_lora_weights + fuse_lora of the same file at that strength."""
+    engine = Engine()
+    base_handle = handle(tiny, "qwenimage")
+    path = loras["qwenimage-lightx2v"]
+    result = engine.generate(with_loras(base_handle, (path, strength)), request())
+    layers = len(tiny_loras.LIGHTX2V_LINEARS) * 2  # the tiny transformer's two blocks
+    assert f"LoRA: qwenimage-lightx2v.safetensors @ {strength:g} (fused, {layers} layers)" in result.info.notes
+    with outside_inference_mode():
+        pipe = load_pipeline(base_handle, resolve_device(base_handle.device))
+        pipe.load_lora_weights(path)
+        pipe.fuse_lora(lora_scale=strength)
+        pipe.unload_lora_weights()
+        plain = run_pipeline(pipe, family_for("QwenImagePipeline"), request())
+    torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
+    assert differs(result.images, engine.generate(base_handle, request()).images)
+
+
 def test_a_lora_for_another_family_is_refused_and_the_base_is_left_bit_for_bit(tiny, loras):
     engine = Engine()
     base_handle = handle(tiny)
@@ -218,6 +241,8 @@ def test_the_lora_node_check_refuses_another_family_from_the_configs_alone(tiny,
     for name in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein"):
         check_lora_fits(inspect_source(tiny(name)), tiny(name), LoraSpec(loras[name]))
     check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["flux1-kohya"]))
+    for model in ("qwenimage", "qwenimage-edit-plus"):  # Qwen-Image-2512 and Edit-2509 take the Lightning layout
+        check_lora_fits(inspect_source(tiny(model)), tiny(model), LoraSpec(loras["qwenimage-lightx2v"]))
     with pytest.raises(UserInputError, match="LoRA 'sd3.safetensors' does not fit this FluxPipeline"):
         check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["sd3"]))
     with pytest.raises(UserInputError, match="LoRA 'flux1-schnell.safetensors' does not fit this QwenImagePipeline"):

@@ -5,6 +5,7 @@ tiny diffusers folders; loading them through `load_pipeline` must give exactly t
 Images are compared to 2e-5: with identical weights, tensors that were read into fresh memory instead of
 memory-mapped change CPU matmul rounding by an ulp (measured: 2e-7 per layer, 4e-6 on the image).
 """
+import os
 import shutil
 
 import pytest
@@ -325,6 +326,35 @@ def test_edit_and_fill_files_load_as_their_model_with_their_own_configs(sf_dir, 
         plan(model, picked, "base", [str(tmp_path)])
 
 
+@pytest.mark.parametrize("name", ["qwen_image_2512_fp8_e4m3fn.safetensors", "qwen_image_2512_bf16.safetensors"])
+def test_qwen_image_2512_files_load_as_qwen_image_with_2512s_configs(sf_dir, tmp_path, name):
+    """Qwen-Image-2512 has Qwen-Image's class and keys; its name picks Qwen/Qwen-Image-2512's configs, and a
+    Qwen-Image folder picked as configs is taken (same class). The bf16 file loads as the folder's weights in bf16."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    qwen = files(sf_dir, "qwenimage")
+    model = str(tsf.qwenimage_2512_file(folder(sf_dir, "qwenimage"), tmp_path / "files", name))
+    assert single_file.model_class_of(model) == "QwenImagePipeline"
+    assert single_file.default_config_repo(model) == "Qwen/Qwen-Image-2512"
+    assert single_file.default_config_repo(qwen["transformer"]) == "Qwen/Qwen-Image"
+    picked = {kind: qwen[kind] for kind in ("text_encoder", "vae")}
+    roots = [str(tmp_path / "diffusers")]
+    (tmp_path / "diffusers").mkdir()
+    assert plan(model, picked, "auto", roots)[:2] == ("Qwen/Qwen-Image-2512", "QwenImagePipeline")
+    (tmp_path / "diffusers" / "Qwen-Image-2512").symlink_to(folder(sf_dir, "qwenimage"))
+    (tmp_path / "diffusers" / "Qwen-Image").symlink_to(folder(sf_dir, "qwenimage"))
+    assert plan(model, picked, "auto", roots)[0] == str(tmp_path / "diffusers" / "Qwen-Image-2512")
+    source, model_class, planned = plan(model, picked, "Qwen-Image", roots)
+    assert (source, model_class) == (str(tmp_path / "diffusers" / "Qwen-Image"), "QwenImagePipeline")
+    assert dict(planned)["transformer"] == model
+    if "bf16" in name:
+        got = load_pipeline(PipelineHandle.of(source=source, model_class=model_class, files=[("transformer", model)]),
+                            CPU).transformer.state_dict()
+        want = load_pipeline(PipelineHandle.of(source=source, model_class=model_class), CPU).transformer.state_dict()
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[k], want[k].to(torch.bfloat16).to(got[k].dtype)) for k in want)
+
+
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     with pytest.raises(UserInputError, match=r"clip_l.safetensors.*CLIP text encoder.*Supported: FLUX.1"):
         single_file.model_class_of(files(sf_dir, "sd3")["clip_l"])
@@ -420,6 +450,58 @@ def test_other_comfy_quant_formats_are_refused(tmp_path):
               str(path))
     with pytest.raises(UserInputError, match="quantized as nvfp4"):
         single_file.read_weights(str(path), torch.float32)
+
+
+def test_comfyuis_int8_is_read_exactly_as_int8_times_its_row_scales(sf_dir, tmp_path):
+    """ComfyUI's int8_tensorwise without ConvRot: int8 x a float32 scale per output row, read exactly."""
+    from safetensors.torch import load_file
+
+    source = folder(sf_dir, "qwenimage")
+    reference = tsf.folder_weights(source, "transformer")
+    path = tmp_path / "qwen_image_int8.safetensors"
+    save_file(tsf.comfy_int8(reference), str(path))
+    stored = load_file(str(path))
+    got = single_file.read_weights(str(path), torch.float32)
+    assert sorted(got) == sorted(reference)
+    weights = [k for k in reference if stored[k].dtype == torch.int8]
+    assert len(weights) > 20 and all(reference[k].dim() == 2 for k in weights)
+    for k in weights:
+        scale = stored[k[: -len(".weight")] + ".weight_scale"]
+        assert scale.shape == (reference[k].shape[0], 1)
+        assert torch.equal(got[k], stored[k].to(torch.float32) * scale), k  # exactly int8 x its row's scale
+        assert (got[k] - reference[k]).abs().le(scale / 2 + 1e-7).all(), k  # within half a step of the float weight
+    pipe = load_pipeline(PipelineHandle.of(source=source, model_class="QwenImagePipeline",
+                                           files=[("transformer", str(path))]), CPU)
+    assert all(torch.equal(p, got[n]) for n, p in pipe.transformer.state_dict().items())
+    assert image(pipe).shape == (1, 64, 64, 3)
+
+
+@pytest.mark.parametrize("model_type, words", [
+    ("qwen-image-2.1", "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet, "),
+    ("krea2", "a Krea 2 diffusion model, which TPU Diffusers does not run yet, "),
+    ("z-image-turbo", "a Z-Image .*"),  # named as a family once TPU Diffusers has it, told from the header either way
+    ("qwenimage", "a QwenImage diffusion model, "),  # its timestep embedder's 256 inputs are rotated
+])
+def test_int8_convrot_files_are_refused_when_queued_naming_the_model_and_what_is_supported(sf_dir, tmp_path,
+                                                                                           model_type, words):
+    """ComfyUI's int8 ConvRot files hold Hadamard-rotated weights without the rotation: refused from the header
+    (the File Loader's plan), naming the model, the quantization and what is supported."""
+    from diffusers.loaders.single_file_utils import infer_diffusers_model_type
+    from safetensors.torch import load_file
+    from tpu_diffusers_runtime.file_choice import plan
+
+    if model_type == "qwenimage":
+        path = str(tmp_path / "qwen_image_int8_convrot.safetensors")
+        save_file(tsf.comfy_int8(tsf.folder_weights(folder(sf_dir, "qwenimage"), "transformer"), convrot=True), path)
+    else:
+        path = str(tsf.int8_convrot_files(tmp_path)[model_type])
+        assert infer_diffusers_model_type(load_file(path)) == model_type  # the real layout, as diffusers tells it
+    pattern = (f"'{os.path.basename(path)}' is {words}quantized as int8 with ConvRot .*Hadamard-rotated weights.* "
+               r"Supported are safetensors in bf16/fp16/fp32 or fp8 .* or ComfyUI's int8 without ConvRot, for FLUX.1 "
+               r"\(FluxPipeline.*QwenImage \(QwenImagePipeline.*Pick a bf16, fp16 or fp8 version of this model")
+    for check in (lambda: plan(path, {}, "auto", []), lambda: single_file.read_weights(path, torch.float32)):
+        with pytest.raises(UserInputError, match=pattern):
+            check()
 
 
 def test_truncated_file_is_named_with_re_download(tmp_path, sf_dir):

@@ -97,8 +97,9 @@ WORKFLOWS = {
         "qwen_image_vae.safetensors; configs: a Qwen-Image-Edit-2509 folder in models/diffusers or the hub cache. "
         "Two reference images in ComfyUI's input folder go to image and image_2; width/height 0 = the first "
         "image's size. The 4-step Lightning LoRA (models/loras/Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16."
-        "safetensors, the one ComfyUI's template uses; not tested with this pack yet) runs 4 steps at guidance 1 "
-        "(true CFG off); without it, delete the LoRA node and use 40 steps at guidance 4. Model CPU offload.",
+        "safetensors, the one ComfyUI's template uses; its lightx2v key layout is tested with a tiny LoRA, the real "
+        "file not yet) runs 4 steps at guidance 1 (true CFG off); without it, delete the LoRA node and use 40 steps "
+        "at guidance 4. Model CPU offload.",
         [("TPUFileLoader", ["qwen_image_edit_2509_fp8_e4m3fn.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors",
                             "none", "none", "qwen_image_vae.safetensors", "auto", "auto", "auto"]),
          ("TPULora", ["Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors", 1.0]),
@@ -107,6 +108,22 @@ WORKFLOWS = {
                          "", 0, 0, 4, 1.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["qwen_image_edit_2509"])],
         images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
+    "qwen_image_2512_lightning_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Qwen-Image-2512 files: models/"
+        "diffusion_models/qwen_image_2512_fp8_e4m3fn.safetensors (or qwen_image_2512_bf16; the name's '2512' picks "
+        "Qwen-Image-2512's configs), models/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors (both upcast to "
+        "bf16), models/vae/qwen_image_vae.safetensors; configs: a Qwen-Image-2512 folder in models/diffusers or the "
+        "hub cache. The 4-step Lightning LoRA in models/loras (Qwen-Image-2512-Lightning-4steps-V1.0-fp32."
+        "safetensors, the one ComfyUI's template downloads, or its bf16 twin; its lightx2v key layout is tested "
+        "with a tiny LoRA, the real file not yet) runs 4 steps at guidance 1 (true CFG off), as ComfyUI's "
+        "template does; without it, delete the LoRA node and use 50 steps at guidance 4. Model CPU offload.",
+        [("TPUFileLoader", ["qwen_image_2512_fp8_e4m3fn.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors", "none",
+                            "none", "qwen_image_vae.safetensors", "auto", "auto", "auto"]),
+         ("TPULora", ["Qwen-Image-2512-Lightning-4steps-V1.0-fp32.safetensors", 1.0]),
+         OFFLOAD,
+         ("TPUSampler", ["a street sign that reads 'TPU AVENUE' under cherry blossoms", "", 1328, 1328, 4, 1.0, 42,
+                         "fixed", 1, 1.0]),
+         ("SaveImage", ["qwen_image_2512_lightning"])]),
     "flux1_kontext_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. ComfyUI's FLUX.1 Kontext files: models/"
         "diffusion_models/flux1-dev-kontext_fp8_scaled.safetensors (upcast to bf16; the name's 'kontext' makes it "

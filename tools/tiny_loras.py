@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny LoRA files for the tiny pipelines of tools/tiny_models.py, made offline.
 
-    python tools/tiny_loras.py MODEL_DIR OUT_FILE [--seed 0] [--format diffusers|kohya|comfyui] [--rank 4]
+    python tools/tiny_loras.py MODEL_DIR OUT_FILE [--seed 0] [--format diffusers|kohya|comfyui|lightx2v] [--rank 4]
 
 `diffusers` (every family): peft's `LoraConfig` on the transformer's attention linears (to_q, to_k, to_v,
 to_out.0, where the family has them), lora_A and lora_B drawn at random from `seed` (B is not zero, so the
@@ -15,6 +15,12 @@ writes; diffusers reads FLUX.1 ComfyUI LoRAs only with lora_down/lora_up names, 
 Only four BFL layers are used: diffusers splits a single block's fused
 `linear1` (q, k, v and the MLP) at FLUX.1's real widths (3072, 3072, 3072, 12288), which a tiny model does
 not have; a double block's `qkv` is split in three equal parts, which works at any width.
+
+`lightx2v` (QwenImage only) is the layout of lightx2v's Qwen-Image Lightning LoRAs (Qwen-Image-2512-Lightning-
+4steps-V1.0-bf16/fp32, Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16, the files ComfyUI's templates download):
+diffusers' module names without a prefix, `transformer_blocks.0.attn.to_q.lora_down.weight` / `.lora_up.weight` /
+`.alpha`, on the twelve linears of every block (the image and text attention projections, their outputs and
+both MLPs), with alpha = rank / 8 as those files have (rank 64, alpha 8).
 """
 from __future__ import annotations
 
@@ -25,7 +31,11 @@ from pathlib import Path
 import torch
 
 ATTENTION_LINEARS = ("to_q", "to_k", "to_v", "to_out.0")
-FORMATS = ("diffusers", "kohya", "comfyui")
+FORMATS = ("diffusers", "kohya", "comfyui", "lightx2v")
+# The linears of a QwenImage transformer block that lightx2v's Lightning LoRAs change.
+LIGHTX2V_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
+                    "attn.to_out.0", "attn.to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj",
+                    "txt_mlp.net.2")
 
 
 def _pipeline_class(model_dir: Path):
@@ -105,6 +115,30 @@ def bfl_lora(model_dir: Path, out_file: Path, style: str, seed: int = 0, rank: i
     return out_file
 
 
+def lightx2v_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4, std: float = 0.3) -> Path:
+    """A QwenImage LoRA in lightx2v's Lightning layout: no prefix, lora_down/lora_up and an alpha of rank / 8."""
+    from safetensors.torch import save_file
+
+    if _pipeline_class(model_dir).__name__ not in ("QwenImagePipeline", "QwenImageEditPipeline",
+                                                   "QwenImageEditPlusPipeline"):
+        raise ValueError(f"lightx2v LoRAs are made for QwenImage only, not {model_dir}")
+    transformer = _load_transformer(model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for block in range(len(transformer.transformer_blocks)):
+        for name in LIGHTX2V_LINEARS:
+            key = f"transformer_blocks.{block}.{name}"
+            layer = transformer.get_submodule(key)
+            down, up = torch.empty(rank, layer.in_features), torch.empty(layer.out_features, rank)
+            _random_(down, generator, std / layer.in_features ** 0.5)
+            _random_(up, generator, 8 * std / rank ** 0.5)  # alpha / rank = 1/8 scales it down again
+            tensors[f"{key}.lora_down.weight"], tensors[f"{key}.lora_up.weight"] = down, up
+            tensors[f"{key}.alpha"] = torch.tensor(rank / 8)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_file))
+    return out_file
+
+
 def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4) -> Path:
     """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path."""
     model_dir, out_file = Path(model_dir), Path(out_file)
@@ -112,6 +146,8 @@ def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int 
         return diffusers_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
         return bfl_lora(model_dir, out_file, fmt, seed, rank)
+    if fmt == "lightx2v":
+        return lightx2v_lora(model_dir, out_file, seed, rank)
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
 
 

@@ -20,6 +20,10 @@ The files use the real layouts and the usual names, so the loader meets what use
   FLUX.2 [klein] 4B:  flux-2-klein-4b.safetensors and flux-2-klein-4b-fp8.safetensors (BFL layout, as FLUX.2 [dev]'s),
                       qwen_3_4b.safetensors (Qwen3, "model.*"), flux2-vae.safetensors, of `flux2_klein_wide`'s folder
                       (the real context width, which tells klein from [dev])
+  Qwen-Image-2512:    qwen_image_2512_fp8_e4m3fn.safetensors (plain fp8), qwen_image_2512_bf16.safetensors
+  ComfyUI int8:       `comfy_int8` (int8_tensorwise, per-row scales, optionally ConvRot-rotated), and
+                      `int8_convrot_files`: qwen_image_2.1 / krea2 / z_image_turbo _int8_convrot.safetensors, tiny real
+                      models of families TPU Diffusers does not run, in their original layouts
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -315,6 +319,131 @@ def plain_fp8(sd: dict) -> dict:
             for k, v in sd.items()}
 
 
+# ------------------------------------------------------------------------------------ ComfyUI int8
+CONVROT_GROUP = 256  # ComfyUI rotates a layer only when its input width is a multiple of this
+
+
+def _hadamard(size: int) -> torch.Tensor:
+    """The normalized Sylvester Hadamard matrix (orthogonal and symmetric); size a power of 2."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / size ** 0.5
+
+
+def comfy_int8(sd: dict, convrot: bool = False) -> dict:
+    """ComfyUI's int8 files (comfy_quant format int8_tensorwise, comfy_kitchen's TensorWiseINT8Layout): every 2-D
+    weight as int8 with a float32 scale per output row (`<layer>.weight_scale`, [out, 1]) and a `<layer>.comfy_quant`
+    JSON; other tensors in bf16. With `convrot` (the "int8_convrot" files) a layer whose input width is a multiple of
+    256 is first rotated group-wise by a Hadamard matrix (W x H^T per group of 256 inputs) and its JSON says
+    `"convrot": true, "convrot_groupsize": 256`; the other layers are plain int8, as ComfyUI writes them."""
+    import json
+
+    out = {}
+    for key, value in sd.items():
+        if not (key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()):
+            out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
+            continue
+        layer, weight, conf = key[: -len(".weight")], value.float(), {"format": "int8_tensorwise"}
+        if convrot and weight.shape[1] % CONVROT_GROUP == 0:
+            groups = weight.reshape(weight.shape[0], -1, CONVROT_GROUP)
+            weight = (groups @ _hadamard(CONVROT_GROUP).T).reshape(weight.shape)
+            conf.update(convrot=True, convrot_groupsize=CONVROT_GROUP)
+        scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        out[key] = torch.round(weight / scale).clamp(-127, 127).to(torch.int8)
+        out[f"{layer}.weight_scale"] = scale
+        out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
+    return out
+
+
+def qwen_image21_layout(sd: dict) -> dict:
+    """Qwen-Image 2.1's ComfyUI layout: diffusers' names with each block's SwiGLU gate and up projections fused
+    into one `img_mlp.gate_up` (gate rows first; diffusers' converter splits it)."""
+    out = {}
+    for key, value in sd.items():
+        if ".img_mlp.gate_layer." in key:
+            out[key.replace("gate_layer", "gate_up")] = torch.cat([value, sd[key.replace("gate_layer", "proj")]])
+        elif ".img_mlp.proj." not in key:
+            out[key] = value
+    return out
+
+
+KREA2_PREFIXES = {"img_in.": "first.", "time_embed.linear_1.": "tmlp.0.", "time_embed.linear_2.": "tmlp.2.",
+                  "time_mod_proj.": "tproj.1.", "txt_in.norm.weight": "txtmlp.0.scale", "txt_in.linear_1.": "txtmlp.1.",
+                  "txt_in.linear_2.": "txtmlp.3.", "text_fusion.": "txtfusion.", "transformer_blocks.": "blocks.",
+                  "final_layer.linear.": "last.linear.", "final_layer.norm.weight": "last.norm.scale",
+                  "final_layer.scale_shift_table": "last.modulation.lin"}
+KREA2_BLOCK_PARTS = {".attn.to_q.": ".attn.wq.", ".attn.to_k.": ".attn.wk.", ".attn.to_v.": ".attn.wv.",
+                     ".attn.to_out.0.": ".attn.wo.", ".attn.to_gate.": ".attn.gate.",
+                     ".attn.norm_q.weight": ".attn.qknorm.qnorm.scale",
+                     ".attn.norm_k.weight": ".attn.qknorm.knorm.scale",
+                     ".ff.": ".mlp.", ".norm1.weight": ".prenorm.scale", ".norm2.weight": ".postnorm.scale",
+                     ".scale_shift_table": ".mod.lin"}
+
+
+def krea2_layout(sd: dict) -> dict:
+    """Krea 2's original layout (what diffusers' krea2 converter reads): blocks.N.attn.wq, txtfusion., first., ...;
+    a block's six modulation vectors flattened into one."""
+    out = {}
+    for key, value in sd.items():
+        if key.startswith("transformer_blocks.") and key.endswith(".scale_shift_table"):
+            value = value.reshape(-1)
+        for new, old in KREA2_BLOCK_PARTS.items():
+            if not key.startswith("final_layer."):
+                key = key.replace(new, old)
+        prefix = next((p for p in KREA2_PREFIXES if key.startswith(p)), None)
+        out[KREA2_PREFIXES[prefix] + key[len(prefix):] if prefix else key] = value
+    return out
+
+
+Z_IMAGE_NAMES = {"all_final_layer.2-1.": "final_layer.", "all_x_embedder.2-1.": "x_embedder.",
+                 ".attention.to_out.0.": ".attention.out.", ".attention.norm_k.weight": ".attention.k_norm.weight",
+                 ".attention.norm_q.weight": ".attention.q_norm.weight"}
+
+
+def z_image_layout(sd: dict) -> dict:
+    """Z-Image's original layout (ComfyUI's files): attention q, k and v fused into `attention.qkv`, the names
+    diffusers' z-image converter maps back."""
+    out = {}
+    for key, value in sd.items():
+        if ".attention.to_k." in key or ".attention.to_v." in key:
+            continue
+        if ".attention.to_q." in key:
+            value = torch.cat([value, sd[key.replace("to_q", "to_k")], sd[key.replace("to_q", "to_v")]])
+            key = key.replace("to_q", "qkv")
+        for new, old in Z_IMAGE_NAMES.items():
+            key = key.replace(new, old)
+        out[key] = value
+    return out
+
+
+def int8_convrot_files(out) -> dict[str, Path]:
+    """ComfyUI int8 ConvRot diffusion models of families TPU Diffusers does not run (Qwen-Image 2.1, Krea 2,
+    Z-Image), from tiny real diffusers models with a width of 256 (so ConvRot rotates their layers), in their
+    original layouts: {model type: path}."""
+    from diffusers import Krea2Transformer2DModel, QwenImage21Transformer2DModel, ZImageTransformer2DModel
+
+    torch.manual_seed(0)
+    models = {
+        "qwen-image-2.1": ("qwen_image_2.1_int8_convrot.safetensors", qwen_image21_layout,
+                           QwenImage21Transformer2DModel(num_layers=1, attention_head_dim=128, num_attention_heads=2,
+                                                         context_in_dim=32, in_channels=16, out_channels=16, mlp_ratio=1,
+                                                         axes_dims_rope=(32, 48, 48))),
+        "krea2": ("krea2_int8_convrot.safetensors", krea2_layout, Krea2Transformer2DModel(
+            in_channels=16, num_layers=1, attention_head_dim=128, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=256, timestep_embed_dim=32, text_hidden_dim=32, num_text_layers=1,
+            text_num_attention_heads=2, text_num_key_value_heads=2, text_intermediate_size=64,
+            num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(32, 48, 48))),
+        "z-image-turbo": ("z_image_turbo_int8_convrot.safetensors", z_image_layout, ZImageTransformer2DModel(
+            dim=256, n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=[32, 48, 48],
+            axes_lens=[64, 32, 32])),
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {model_type: _save(comfy_int8(layout(model.state_dict()), convrot=True), out / name)
+            for model_type, (name, layout, model) in models.items()}
+
+
 # ---------------------------------------------------------------------------------------- writers
 def clip_file_layout(sd: dict) -> dict:
     """ComfyUI's (and OpenAI's HF) CLIP files name the text model 'text_model.'; transformers 5 saves a
@@ -467,6 +596,18 @@ def qwenimage_edit_files(folder, out, version: str) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     return {"transformer": _save(store(folder_weights(folder, "transformer")), out / name),
             **_qwen_text_encoder_and_vae(folder, out)}
+
+
+# Comfy-Org's Qwen-Image-2512 diffusion models (the base model's keys): file name -> how its weights are stored.
+QWEN_2512_FILES = {"qwen_image_2512_fp8_e4m3fn.safetensors": plain_fp8,
+                   "qwen_image_2512_bf16.safetensors": lambda sd: {k: v.to(torch.bfloat16) for k, v in sd.items()}}
+
+
+def qwenimage_2512_file(folder, out, name: str) -> Path:
+    """The Qwen-Image-2512 diffusion model file `name` of a QwenImage folder (its name tells it from Qwen-Image)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return _save(QWEN_2512_FILES[name](folder_weights(folder, "transformer")), out / name)
 
 
 def qwen_edit_2511_configs(folder) -> None:

@@ -52,7 +52,7 @@ FAMILY = Family(
     denoiser_kind=TRANSFORMER,
     denoiser_files=("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_2512_fp8_e4m3fn.safetensors",
                     "qwen_image_edit_fp8_e4m3fn.safetensors", "qwen_image_edit_2509_fp8_e4m3fn.safetensors",
-                    "qwen_image_edit_2511_bf16.safetensors"),
+                    "qwen_image_edit_2511_bf16.safetensors", "qwen_image_2512_bf16.safetensors"),
     file_slots=(
         FileSlot("text_encoder", QWEN25VL, "qwen_2.5_vl_7b_fp8_scaled.safetensors"),
         FileSlot("vae", WAN_VAE, "qwen_image_vae.safetensors"),
@@ -62,5 +62,8 @@ FAMILY = Family(
         FileVariant("QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2511", name_contains=("edit_2511", "edit-2511")),
         FileVariant("QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2509", name_contains=("edit_2509", "edit-2509")),
         FileVariant("QwenImageEditPipeline", "Qwen/Qwen-Image-Edit", name_contains=("edit",)),
+        # Qwen-Image-2512 (qwen_image_2512_fp8_e4m3fn, qwen_image_2512_bf16): the base model's class and keys, with
+        # its own configs repo (what `auto` looks for in models/diffusers)
+        FileVariant("QwenImagePipeline", "Qwen/Qwen-Image-2512", name_contains=("image_2512", "image-2512")),
     ),
 )

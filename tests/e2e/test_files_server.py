@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 import tiny_loras
+import tiny_single_files
 from serving import LOADER, MODE, SAMPLER, comfy_server, outcome, run_info, run_ok, sampler_prompt, with_compile
 
 FILE_LOADER_INPUTS = ("model", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "configs")
@@ -42,6 +43,7 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     (broken / "flux1-dev-Q4_K_S.gguf").write_bytes(b"GGUF" + bytes(64))
     cut = single_files["flux2"][1]["transformer"]
     (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
+    tiny_single_files.int8_convrot_files(broken)  # ComfyUI int8 ConvRot files of Qwen-Image 2.1, Krea 2, Z-Image
     wrong_slot = base / "models" / "vae" / "broken"
     wrong_slot.mkdir(parents=True)
     (wrong_slot / "clip_l.safetensors").symlink_to(single_files["flux1-wide"][1]["clip_l"])
@@ -133,7 +135,10 @@ def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
       "none", "flux1-wide/ae.safetensors"), "text_encoder", "text_encoder"),
     (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
       "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
-], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source"])
+    (("broken/qwen_image_2.1_int8_convrot.safetensors", "none", "none", "none", "none"), "model",
+     "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet, quantized as int8 with ConvRot"),
+], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source",
+        "int8-convrot"])
 def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):
     """Refused when queued (headers), or when the loader runs (shapes against the configs): on the loader.
     A file left at none is taken from a full diffusers folder picked as configs, so 'missing' needs auto."""
