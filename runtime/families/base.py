@@ -37,6 +37,10 @@ class FileKind:
     name: str
     words: str  # "a FLUX.1 diffusion model": how messages name it
     keys: Callable[[], tuple[str, ...]]
+    # For a text encoder whose files keep another layout than transformers' (SDXL's OpenCLIP ViT-bigG):
+    # (transformers class, its config, state dict in that layout) -> the state dict in transformers' layout,
+    # applied when the file carries the kind's first (original-layout) key.
+    to_transformers: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
