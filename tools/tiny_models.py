@@ -532,7 +532,8 @@ def sdxl(size: str):
     else:
         unet = UNet2DConditionModel(
             sample_size=8, block_out_channels=(32, 64), layers_per_block=1,
-            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
             transformer_layers_per_block=(1, 2), attention_head_dim=(2, 4), cross_attention_dim=clip_l + clip_g,
             use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
             projection_class_embeddings_input_dim=6 * 8 + clip_g, norm_num_groups=32,

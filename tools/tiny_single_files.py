@@ -329,7 +329,8 @@ def unet_to_ldm(sd: dict, layers_per_block: int) -> dict:
 # ----------------------------------------------------------------------------- OpenCLIP text encoder
 OPEN_CLIP_TOP = {"text_model.embeddings.position_embedding.weight": "positional_embedding",
                  "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
-                 "text_model.final_layer_norm.weight": "ln_final.weight", "text_model.final_layer_norm.bias": "ln_final.bias"}
+                 "text_model.final_layer_norm.weight": "ln_final.weight",
+                 "text_model.final_layer_norm.bias": "ln_final.bias"}
 OPEN_CLIP_LAYER = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj",
                    "self_attn.out_proj": "attn.out_proj"}
 
@@ -443,10 +444,11 @@ def sdxl_files(folder, out) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     layers_per_block = json.loads(Path(folder, "unet", "config.json").read_text())["layers_per_block"]
     vae = vae_to_ldm(folder_weights(folder, "vae"), 4)
+    clip_l = clip_file_layout(folder_weights(folder, "text_encoder"))
+    open_clip = clip_to_open_clip(folder_weights(folder, "text_encoder_2"))
     checkpoint = {**_prefixed(unet_to_ldm(folder_weights(folder, "unet"), layers_per_block), "model.diffusion_model."),
-                  **_prefixed(vae, "first_stage_model."),
-                  **_prefixed(clip_file_layout(folder_weights(folder, "text_encoder")), "conditioner.embedders.0.transformer."),
-                  **_prefixed(clip_to_open_clip(folder_weights(folder, "text_encoder_2")), "conditioner.embedders.1.model.")}
+                  **_prefixed(vae, "first_stage_model."), **_prefixed(clip_l, "conditioner.embedders.0.transformer."),
+                  **_prefixed(open_clip, "conditioner.embedders.1.model.")}
     return {"checkpoint": _save(checkpoint, out / "sd_xl_base_1.0.safetensors"),
             "vae": _save(vae, out / "sdxl_vae.safetensors")}
 

@@ -50,7 +50,8 @@ FAMILY = Family(
     denoiser_files=("sd_xl_base_1.0.safetensors",),
     file_slots=(
         FileSlot("text_encoder", CLIP, "the checkpoint's CLIP-L", "conditioner.embedders.0.transformer."),
-        FileSlot("text_encoder_2", OPEN_CLIP_BIGG, "the checkpoint's OpenCLIP ViT-bigG", "conditioner.embedders.1.model."),
+        FileSlot("text_encoder_2", OPEN_CLIP_BIGG, "the checkpoint's OpenCLIP ViT-bigG",
+                 "conditioner.embedders.1.model."),
         FileSlot("vae", KL_VAE, "sdxl_vae.safetensors"),
     ),
     default_config_repo="stabilityai/stable-diffusion-xl-base-1.0",
