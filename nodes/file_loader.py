@@ -68,7 +68,8 @@ class TPUFileLoader(io.ComfyNode):
             description="Chooses a pipeline from single files in ComfyUI's model folders: FLUX.1 (transformer, "
                         "clip_l, t5xxl, ae), SD3.5 (checkpoint, with or without T5, or clip_l/clip_g/t5xxl files), "
                         "FLUX.2 (transformer, Mistral encoder, VAE), QwenImage (transformer, Qwen2.5-VL, VAE), "
-                        "FLUX.2 [klein] (transformer, Qwen3 encoder, VAE). "
+                        "FLUX.2 [klein] (transformer, Qwen3 encoder, VAE), "
+                        "SDXL (a checkpoint: everything from it; optional sdxl_vae). "
                         "fp8 files are upcast; GGUF and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",
             inputs=[

@@ -14,11 +14,12 @@ import time
 import traceback
 
 from . import settings, single_file
-from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, peak_memory_bytes, reset_peak_memory,
-                     resolve_device)
+from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, missing_device_op, missing_op_advice,
+                     peak_memory_bytes, reset_peak_memory, resolve_device)
 from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, mesh_shape, world_size
-from .errors import CompileError, DeviceOutOfMemoryError, LoraUnloadError, UserInputError, WorkerGroupError
+from .errors import (CompileError, DeviceOutOfMemoryError, LoraUnloadError, MissingDeviceOpError, UserInputError,
+                     WorkerGroupError)
 from .families import Family, TaskPipeline, family_for
 from .features import compilation
 from .features.lora import LORA_WITH_MESH, apply_loras
@@ -130,6 +131,10 @@ class Engine:
             try:
                 return self._generate(handle, request, on_progress, preview)
             except Exception as error:
+                op = missing_device_op(error)
+                if op is not None:
+                    device = resolve_device(handle.device).type
+                    raise MissingDeviceOpError(missing_op_advice(op, handle.model_class, device)) from error
                 if not is_out_of_memory(error):
                     raise
                 log.warning("TPU Diffusers: %s", "".join(traceback.format_exception(error)).rstrip())

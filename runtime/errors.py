@@ -35,6 +35,11 @@ class DeviceOutOfMemoryError(TPUDiffusersError):
     what ran (placement, batch, size) and what to try. Not a torch.OutOfMemoryError: see docs/memory.md."""
 
 
+class MissingDeviceOpError(TPUDiffusersError):
+    """The device has no kernel for an op the model runs (TorchTPU's "is not implemented for TPU"); the message
+    names the op and what to do."""
+
+
 class WorkerGroupError(TPUDiffusersError):
     """A worker failed; the message names the rank and the cause when torchrun reported them."""
 
@@ -45,7 +50,8 @@ class WorkerRequestError(TPUDiffusersError):
 
 # Errors a worker group's request can fail with on every rank, by the name in its error reply: the ComfyUI
 # side raises the same kind again (a UserInputError stays one, so ComfyUI shows it on the node).
-WIRE_ERRORS = {cls.__name__: cls for cls in (UserInputError, ModelLoadError, CompileError, DeviceOutOfMemoryError)}
+WIRE_ERRORS = {cls.__name__: cls for cls in (UserInputError, ModelLoadError, CompileError, DeviceOutOfMemoryError,
+                                             MissingDeviceOpError)}
 
 
 def from_wire(kind: str, message: str) -> Exception:

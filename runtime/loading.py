@@ -128,9 +128,8 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             loaded[name] = _load_component(folder, name, library, cls, dtype,
                                            sharding.load_kwargs(folder, name) if sharding else {})
     weights_cache.clear()
-    settings = {name: value for name, value in config_values(index).items() if name in takes}
     try:
-        pipe = pipeline_cls(**loaded, **settings)
+        pipe = pipeline_cls(**loaded, **init_options(pipeline_cls, index))
     except TypeError as e:  # a component the pipeline needs is not in model_index.json
         raise ModelLoadError(f"'{handle.source}' cannot make a {handle.model_class} ({e}); "
                              "download the model again.") from e
@@ -147,6 +146,17 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     if on_progress:
         on_progress(total, total, "placed on " + device.type)
     return pipe
+
+
+def init_options(pipeline_cls, index: dict | None = None) -> dict:
+    """The pipeline's settings beside its components: what model_index.json records for its __init__ (SDXL's
+    force_zeros_for_empty_prompt, FLUX.2 [klein]'s is_distilled, as from_pretrained passes them), and no invisible watermark (SDXL's pipelines
+    add one whenever the invisible-watermark package is installed; ComfyUI never watermarks)."""
+    takes = inspect.signature(pipeline_cls).parameters
+    options = {name: value for name, value in config_values(index or {}).items() if name in takes}
+    if "add_watermarker" in takes:
+        options["add_watermarker"] = False
+    return options
 
 
 def optional_left_out(handle: PipelineHandle, folder: str) -> dict[str, str]:

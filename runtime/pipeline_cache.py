@@ -22,7 +22,7 @@ from .features import offload
 from .features.compilation import CompileState
 from .features.lora import LoraState
 from .handle import PipelineHandle
-from .loading import load_pipeline
+from .loading import init_options, load_pipeline
 from .specs import Placement, ProgressCallback
 
 log = logging.getLogger("tpu_diffusers")
@@ -55,7 +55,8 @@ class LoadedPipeline:
         elif cls in self.task_pipes:
             pipe = self.task_pipes[cls]
         else:
-            pipe = self.task_pipes[cls] = getattr(diffusers, cls).from_pipe(self.pipe)
+            task_cls = getattr(diffusers, cls)
+            pipe = self.task_pipes[cls] = task_cls.from_pipe(self.pipe, **init_options(task_cls))
         if self.placement is Placement.MODEL_CPU_OFFLOAD and (self.hooked or self.pipe) is not pipe:
             offload.apply(pipe, self.placement, self.device)
             self.hooked = pipe

@@ -3,9 +3,10 @@
 ComfyUI users keep models as single files: a diffusion model (`models/diffusion_models`, legacy `unet`),
 text encoders (`models/text_encoders`, legacy `clip`), a VAE (`models/vae`) or an all-in-one checkpoint
 (`models/checkpoints`). Weights come from those files; configs, tokenizers and the scheduler come from a
-diffusers folder (or hub repo) of the same family, `config_folder`. Transformers and VAEs are converted by
-diffusers' own single-file converters (BFL, Comfy-Org and Stability layouts); text encoders are already in
-transformers' key layout and load with transformers' own classes.
+diffusers folder (or hub repo) of the same family, `config_folder`. Transformers, UNets and VAEs are converted
+by diffusers' own single-file converters (BFL, Comfy-Org and Stability layouts); text encoders are in
+transformers' key layout and load with transformers' own classes, except a kind whose files keep another
+layout (SDXL's OpenCLIP ViT-bigG), which its FileKind converts with diffusers' converter first.
 
 Everything a user can get wrong is checked from the safetensors header alone (`family_of_file`,
 `check_file_for_slot`), so the Loader node can refuse a wrong file at queue time without reading tensors.
@@ -429,6 +430,11 @@ def _wan_vae(checkpoint, config):
 EXTRA_CONVERTERS = {"AutoencoderKLFlux2": _flux2_vae, "AutoencoderKLQwenImage": _wan_vae}
 
 
+# diffusers converters that read only keys under the checkpoint prefix they were written for: the component's
+# keys get it back before conversion (its LDM UNet converter reads "model.diffusion_model." keys).
+CONVERTER_PREFIXES = {"UNet2DConditionModel": DENOISER_PREFIX}
+
+
 def _converter(cls):
     from diffusers.loaders.single_file_model import (SINGLE_FILE_LOADABLE_CLASSES,
                                                      _get_single_file_loadable_mapping_class)
@@ -451,7 +457,11 @@ def _load_diffusers(name, cls, weights, folder, dtype):
     with init_empty_weights():
         expected = set(cls.from_config(config).state_dict())
     given = dict(weights)  # converters pop what they use
-    state = given if set(given) == expected else _converter(cls)(checkpoint=given, config=config)
+    if set(given) == expected:
+        state = given
+    else:
+        prefix = CONVERTER_PREFIXES.get(cls.__name__, "")
+        state = _converter(cls)(checkpoint={prefix + k: v for k, v in given.items()}, config=config)
     missing = sorted(expected - set(state))
     unexpected = sorted(set(state) - expected)
     if cls.__name__ in LEFTOVERS_UNUSED and state is not given:
@@ -473,11 +483,13 @@ def _load_diffusers(name, cls, weights, folder, dtype):
 TEXT_ONLY_PREFIXES = {"Mistral3ForConditionalGeneration": ("model.", "model.language_model.")}
 
 
-def _load_transformers(name, cls, weights, folder, dtype):
+def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None = None):
     old, new = TEXT_ONLY_PREFIXES.get(cls.__name__, (None, None))
     if old and any(k.startswith(old + "layers.") for k in weights):
         weights = {new + k[len(old):] if k.startswith(old) else k: v for k, v in weights.items()}
     config = cls.config_class.from_pretrained(os.path.join(folder, name))
+    if kind is not None and kind.to_transformers and kind.keys()[0] in weights:  # a file in its original layout
+        weights = kind.to_transformers(cls, config, weights)
     model, info = cls.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, output_loading_info=True)
     missing = [k for k in info["missing_keys"] if not k.removeprefix("model.").startswith(UNUSED_PARTS)]
     unexpected = [k for k in info["unexpected_keys"] if not k.endswith(IGNORED_UNEXPECTED)]
@@ -510,10 +522,15 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     weights = weights_cache[path]
     if prefix:
         weights = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-    want = slot_kind(family, name).words
-    loader = _load_transformers if cls.__module__.startswith("transformers") else _load_diffusers
+    kind = slot_kind(family, name)
+    want = kind.words
     try:
-        model, missing, unexpected, mismatched, random_vision = loader(name, cls, weights, config_folder, dtype)
+        if cls.__module__.startswith("transformers"):
+            model, missing, unexpected, mismatched, random_vision = _load_transformers(
+                name, cls, weights, config_folder, dtype, kind)
+        else:
+            model, missing, unexpected, mismatched, random_vision = _load_diffusers(
+                name, cls, weights, config_folder, dtype)
     except (RuntimeError, ValueError, KeyError, IndexError) as e:  # shape mismatches, missing converter keys
         raise ModelLoadError(f"'{file}' is not {want} for {family.name} as "
                              f"'{os.path.basename(config_folder)}' describes it ({type(e).__name__}: {e}).") from e

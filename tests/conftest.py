@@ -151,6 +151,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "qwenimage": (qwenimage, tsf.qwenimage_files),
                "qwenimage-edit-2509": (edit_2509, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2509")),
                "qwenimage-edit-2511": (edit_2511, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2511")),
-               "flux2-klein-wide": (tsf.flux2_klein_wide(root / "flux2-klein-wide"), tsf.flux2_klein_files)}
+               "flux2-klein-wide": (tsf.flux2_klein_wide(root / "flux2-klein-wide"), tsf.flux2_klein_files),
+               "sdxl": (tiny_dir / "tiny-sdxl", tsf.sdxl_files)}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

@@ -18,6 +18,7 @@ from tpu_diffusers_runtime.specs import CompileSpec
 from tpu_diffusers_runtime.device import device_info
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
@@ -76,7 +77,8 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
 
 
 @pytest.mark.parametrize("name, pipeline_class", [("flux1-schnell", "FluxPipeline"), ("flux2", "Flux2Pipeline"),
-                                                  ("qwenimage", "QwenImagePipeline")])
+                                                  ("qwenimage", "QwenImagePipeline"),
+                                                  ("sdxl", "StableDiffusionXLPipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
     handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
@@ -84,9 +86,10 @@ def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, 
     result = engine.generate(handle, request())
     entry = engine.realise(handle)[0]
     assert entry.compiled.scope == "repeated_blocks" and entry.compiled.shapes[(64, 64, 1)].compiles == 1
-    transformer = entry.pipe.transformer
-    assert transformer._compiled_call_impl is None  # the offload hooks around it stay eager
-    assert all(block._compiled_call_impl is not None for block in transformer.transformer_blocks)
+    denoiser = getattr(entry.pipe, family_for(pipeline_class).denoiser)  # a transformer, SDXL's unet
+    assert denoiser._compiled_call_impl is None  # the offload hooks around it stay eager
+    blocks = [module for module in denoiser.modules() if type(module).__name__ in denoiser._repeated_blocks]
+    assert blocks and all(block._compiled_call_impl is not None for block in blocks)
     eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class=pipeline_class), request())
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 

@@ -128,3 +128,28 @@ def test_comfyuis_process_keeps_torch_tpu_out_when_runs_go_to_workers(torch_tpu,
     assert not seen["torch_tpu_loaded"] and seen["autoload"] == "0"
     assert seen["device"] == "tpu" and seen["chips"] == 4 and "worker processes" in seen["reason"]
     assert seen["workers_get"] == (users_autoload or "unset")
+
+
+def test_an_op_the_device_lacks_is_named_with_what_to_do_and_the_pipeline_still_runs(tiny, monkeypatch):
+    """TorchTPU 0.2.0 raises "'<op>' is not implemented for TPU. Please file a feature request" for an op it has
+    no kernel for (its SDXL smoke test: upsample_nearest2d.out). Raised here where diffusers upsamples (Upsample2D:
+    the UNet's up blocks and the VAE decoder)."""
+    import diffusers.models.upsampling as upsampling
+
+    from tpu_diffusers_runtime.engine import Engine
+    from tpu_diffusers_runtime.errors import MissingDeviceOpError
+    from tpu_diffusers_runtime.tasks import SampleRequest
+
+    def no_kernel(*_args, **_kwargs):
+        raise NotImplementedError("Operator 'aten::upsample_nearest2d.out' is not implemented for TPU. Please file a "
+                                  "feature request")
+
+    engine = Engine(distribute=False)
+    handle = PipelineHandle.of(source=tiny("sdxl"), model_class="StableDiffusionXLPipeline")
+    request = SampleRequest(prompt="a cat", width=64, height=64, steps=1, seed=1)
+    with monkeypatch.context() as patched:
+        patched.setattr(upsampling.Upsample2D, "forward", no_kernel)
+        with pytest.raises(MissingDeviceOpError, match=r"has no kernel for the op aten::upsample_nearest2d.out, "
+                                                       r"which StableDiffusionXLPipeline runs .*'cuda' or 'cpu'"):
+            engine.generate(handle, request)
+    assert torch.isfinite(engine.generate(handle, request).images).all()  # nothing was left broken

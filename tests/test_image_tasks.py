@@ -71,6 +71,10 @@ CASES = [  # (tiny model, diffusers class that runs, request inputs, the referen
                                                       mask=comfy_mask(MASK[:64]), denoise=0.8),
      lambda i: dict(image=Image.fromarray(PIXELS[0][:64]), mask_image=Image.fromarray(MASK[:64], "L"),
                     image_reference=Image.fromarray(PIXELS[1]), strength=0.8)),
+    ("sdxl", "StableDiffusionXLImg2ImgPipeline", dict(images=(comfy_image(PIXELS[2]),), denoise=0.7),
+     lambda i: dict(image=Image.fromarray(PIXELS[2]), strength=0.7)),
+    ("sdxl", "StableDiffusionXLInpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask(), denoise=0.9),
+     lambda i: dict(image=Image.fromarray(PIXELS[0]), mask_image=Image.fromarray(MASK, "L"), strength=0.9)),
 ]
 
 

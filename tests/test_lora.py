@@ -38,6 +38,7 @@ def loras(tiny_dir, tmp_path_factory):
                                                  fmt, seed=3)
     files["qwenimage-lightx2v"] = tiny_loras.build(tiny_dir / "tiny-qwenimage", root / "qwenimage-lightx2v.safetensors",
                                                    "lightx2v", seed=4)
+    files["sdxl-kohya"] = tiny_loras.build(tiny_dir / "tiny-sdxl", root / "sdxl-kohya.safetensors", "kohya", seed=4)
     return {name: str(path) for name, path in files.items()}
 
 
@@ -177,6 +178,29 @@ def test_a_lightx2v_lightning_lora_gives_the_image_of_diffusers_own_load_and_fus
     assert differs(result.images, engine.generate(base_handle, request()).images)
 
 
+def test_an_sdxl_kohya_lora_fuses_into_the_unet_and_both_text_encoders_as_plain_diffusers_does(tiny, loras):
+    """kohya's SGM block names and lora_te1_/lora_te2_ layers, converted by diffusers' own load_lora_weights:
+    the fused pipeline gives the image of plain diffusers with that LoRA fused at the same strength."""
+    import diffusers
+
+    engine = Engine()
+    base_handle = handle(tiny, "sdxl")
+    base = engine.generate(base_handle, request()).images
+    result = engine.generate(with_loras(base_handle, (loras["sdxl-kohya"], 0.8)), request())
+    assert "LoRA: sdxl-kohya.safetensors @ 0.8 (fused, 12 layers)" in result.info.notes
+    state = engine.realise(with_loras(base_handle, (loras["sdxl-kohya"], 0.8)))[0].lora
+    assert {key.split(".")[0] for key in state.backups} == {"unet", "text_encoder", "text_encoder_2"}
+    assert any(".down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k." in key for key in state.backups)
+    with outside_inference_mode():
+        pipe = diffusers.StableDiffusionXLPipeline.from_pretrained(tiny("sdxl"), local_files_only=True)
+        pipe.load_lora_weights(loras["sdxl-kohya"])
+        pipe.fuse_lora(lora_scale=0.8)
+        plain = run_pipeline(pipe, family_for("StableDiffusionXLPipeline"), request())
+    assert differs(result.images, base)
+    torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
+    assert torch.equal(engine.generate(base_handle, request()).images, base)
+
+
 def test_a_lora_for_another_family_is_refused_and_the_base_is_left_bit_for_bit(tiny, loras):
     engine = Engine()
     base_handle = handle(tiny)
@@ -243,6 +267,9 @@ def test_the_lora_node_check_refuses_another_family_from_the_configs_alone(tiny,
     check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["flux1-kohya"]))
     for model in ("qwenimage", "qwenimage-edit-plus"):  # Qwen-Image-2512 and Edit-2509 take the Lightning layout
         check_lora_fits(inspect_source(tiny(model)), tiny(model), LoraSpec(loras["qwenimage-lightx2v"]))
+    check_lora_fits("StableDiffusionXLPipeline", tiny("sdxl"), LoraSpec(loras["sdxl-kohya"]))
+    with pytest.raises(UserInputError, match="LoRA 'sdxl-kohya.safetensors' .* FluxPipeline .*is it a LoRA for "):
+        check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["sdxl-kohya"]))
     with pytest.raises(UserInputError, match="LoRA 'sd3.safetensors' does not fit this FluxPipeline"):
         check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["sd3"]))
     with pytest.raises(UserInputError, match="LoRA 'flux1-schnell.safetensors' does not fit this QwenImagePipeline"):

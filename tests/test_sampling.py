@@ -13,7 +13,7 @@ from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
-FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein"]
+FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl"]
 
 
 def request(**overrides):
@@ -148,9 +148,32 @@ def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(
     assert "negative prompt ignored: FLUX.1 takes none" in result.info.summary()
 
 
-def test_the_family_table_covers_the_four_supported_pipelines():
+def test_the_family_table_covers_every_supported_pipeline():
     assert {family.base_class for family in FAMILIES} == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline",
-                                                          "QwenImagePipeline", "Flux2KleinPipeline"}
+                                                          "QwenImagePipeline", "Flux2KleinPipeline",
+                                                          "StableDiffusionXLPipeline"}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sdxl_in_half_precision_equals_plain_diffusers(handle_for, dtype):
+    """SDXL's VAE overflows in fp16: its config's force_upcast makes diffusers decode in float32 then, and ours
+    is diffusers' own pipeline, so the image is plain diffusers' bit for bit. The reference's models are frozen as
+    ours are (loading.py): CPU fp16 kernels for parameters that require grad round differently (measured up to
+    2e-3 on the image, even under inference_mode)."""
+    from diffusers import StableDiffusionXLPipeline
+
+    handle = handle_for("sdxl", dtype=dtype, device="cpu")
+    ours = Engine(distribute=False).generate(handle, request(guidance=5.0)).images
+    pipe = StableDiffusionXLPipeline.from_pretrained(handle.source, dtype=getattr(torch, dtype), local_files_only=True)
+    assert pipe.vae.config.force_upcast
+    for model in (pipe.unet, pipe.vae, pipe.text_encoder, pipe.text_encoder_2):
+        model.requires_grad_(False)
+    with torch.inference_mode():
+        plain = pipe(prompt=request().prompt, negative_prompt=" ", height=SAMPLE_SIZE, width=SAMPLE_SIZE,
+                     num_inference_steps=2, guidance_scale=5.0, generator=torch.Generator("cpu").manual_seed(7),
+                     output_type="pt").images.permute(0, 2, 3, 1)
+    assert torch.isfinite(ours).all()
+    assert torch.equal(ours, plain.float())
 
 
 def test_a_request_too_large_for_host_memory_is_refused_before_anything_is_allocated(handle_for):

@@ -22,6 +22,7 @@ from tpu_diffusers_runtime.pipeline_cache import PipelineCache
 
 CPU = device_info("cpu")
 SD3 = "StableDiffusion3Pipeline"
+SDXL = "StableDiffusionXLPipeline"
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +80,18 @@ def test_sd35_checkpoint_without_t5_plus_separate_text_encoders(sf_dir):
     assert_same_pipeline(folder(sf_dir, "sd3"), SD3, (
         ("transformer", f["checkpoint_no_t5"]), ("vae", f["checkpoint_no_t5"]), ("text_encoder", f["clip_l"]),
         ("text_encoder_2", f["clip_g"]), ("text_encoder_3", f["t5xxl"])))
+
+
+def test_sdxl_all_in_one_checkpoint_matches_the_folder(sf_dir):
+    """Stability's SGM UNet and OpenCLIP ViT-bigG layouts, converted by diffusers' own converters."""
+    f = files(sf_dir, "sdxl")
+    assert single_file.components_in_checkpoint(f["checkpoint"]) == {
+        "unet": "model.diffusion_model.", "vae": "first_stage_model.",
+        "text_encoder": "conditioner.embedders.0.transformer.", "text_encoder_2": "conditioner.embedders.1.model."}
+    assert single_file.model_class_of(f["checkpoint"]) == SDXL
+    assert_same_pipeline(folder(sf_dir, "sdxl"), SDXL, tuple(
+        (name, f["checkpoint"]) for name in ("unet", "vae", "text_encoder", "text_encoder_2")))
+    assert_same_pipeline(folder(sf_dir, "sdxl"), SDXL, (("unet", f["checkpoint"]), ("vae", f["vae"])))
 
 
 def test_flux2_from_files_matches_the_folder(sf_dir):

@@ -62,7 +62,8 @@ def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(ce
     verify_device.write_report(report, ctx, {"torch": "x"}, suite, matrix, ["tiny"], cache, [], 60.0, "cmd", "here")
     text = report.read_text()
 
-    rows = re.findall(r"^\| (FLUX\.1|SD3\/SD3\.5|FLUX\.2|QwenImage|FLUX\.2 \[klein\]) \|(.*)\|$", text, re.M)
+    titles = "|".join(re.escape(title) for title in verify_device.FAMILIES.values())
+    rows = re.findall(rf"^\| ({titles}) \|(.*)\|$", text, re.M)
     assert [family for family, _ in rows] == list(verify_device.FAMILIES.values())
     for _, row in rows:
         cell_texts = [c.strip() for c in row.split("|")]
@@ -128,3 +129,16 @@ def test_python_here_refuses_an_interpreter_without_the_packs_packages_and_names
     (carried / f"sentencepiece-0.2.3-{other}-{other}-manylinux_2_28_x86_64.whl").write_bytes(b"")
     ran = verify()
     assert ran.returncode == 1 and "built for another Python" in ran.stderr and "PYTHON_VERSION=" in ran.stderr
+
+
+def test_the_upsampling_probe_runs_in_a_child_and_the_report_shows_it(tiny_dir, tmp_path):
+    """Nearest upsampling (TorchTPU's SDXL smoke test: "missing op upsample_nearest2d.out") and the SDXL VAE
+    decode, in a child process, compared with the CPU; here the device is the CPU, so both must pass exactly."""
+    ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path)
+    probe = verify_device.run_upsampling_probe(ctx, str(tiny_dir / f"tiny-{verify_device.UPSAMPLE_PROBE_FAMILY}"))
+    assert set(probe) == set(verify_device.UPSAMPLE_PROBES)
+    assert all(record["status"] == "pass" and record["max_abs_diff"] == 0 for record in probe.values()), probe
+    lines = verify_device.probe_lines({**probe, "sdxl_vae_decode": {"status": "missing op", "op": "aten::x.out",
+                                                                    "error": "NotImplementedError: ..."}})
+    assert "| upsample_nearest2d | pass | max abs diff 0.00e+00 |" in lines
+    assert "| sdxl_vae_decode | missing op | aten::x.out NotImplementedError: ... |" in lines

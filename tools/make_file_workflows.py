@@ -172,6 +172,18 @@ WORKFLOWS = {
                          "blurry, low quality", 0, 0, 40, 4.5, 42, "fixed", 1, 0.7]),
          ("SaveImage", ["sd35_large_img2img"])],
         images=(("img2img_source.png", {"image": 0}),)),
+    "sdxl_checkpoint_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 32 GB of host RAM. An SDXL all-in-one checkpoint in models/"
+        "checkpoints: sd_xl_base_1.0.safetensors or any SDXL finetune (Illustrious, Pony, ...) in Stability's "
+        "layout; its UNet, VAE, CLIP-L and OpenCLIP ViT-bigG all come from it (leave the text encoders at none). "
+        "A separate models/vae/sdxl_vae.safetensors may replace the checkpoint's VAE. Configs: an SDXL base folder "
+        "in models/diffusers or the hub cache (stabilityai/stable-diffusion-xl-base-1.0; the error names the "
+        "command). Model CPU offload. Designed, not run on a chip: TorchTPU's own SDXL smoke test is marked "
+        "'missing op upsample_nearest2d.out' (docs/device_check.md says how to check).",
+        [("TPUFileLoader", ["sd_xl_base_1.0.safetensors", "none", "none", "none", "none", "auto", "auto", "auto"]),
+         OFFLOAD,
+         ("TPUSampler", [FOX, "blurry, low quality", 1024, 1024, 30, 6.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["sdxl_checkpoint"])]),
     "flux2_dev_multi_reference_tp8": Workflow(
         "One TPU host with 8 chips (e.g. v6e-8). FLUX.2-dev (the diffusers folder models/diffusers/FLUX.2-dev) "
         "sharded over all 8 chips, one worker process per chip, launched locally, as flux2_dev_tp8.json. Two "

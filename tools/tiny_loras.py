@@ -7,7 +7,10 @@
 to_out.0, where the family has them), lora_A and lora_B drawn at random from `seed` (B is not zero, so the
 LoRA changes the image), saved with the pipeline class's own `save_lora_weights`.
 
-`kohya` and `comfyui` (FLUX.1 only) name the layers as BFL's FLUX code does; that is what diffusers' kohya
+`kohya` for SDXL: kohya's sd-scripts names (`lora_unet_input_blocks_2_1_transformer_blocks_0_attn1_to_q`, SGM
+block numbers as in the checkpoint, `lora_te1_` / `lora_te2_` for the two CLIPs, with `.alpha`).
+
+`kohya` and `comfyui` (FLUX.1) name the layers as BFL's FLUX code does; that is what diffusers' kohya
 converter reads: `lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight` / `.lora_up.weight` / `.alpha`
 (kohya's sd-scripts, plus CLIP's first attention as `lora_te1_...`), and
 `diffusion_model.double_blocks.0.img_attn.qkv.lora_down.weight` / `.lora_up.weight` (what ComfyUI's LoraSave
@@ -83,9 +86,9 @@ def _flux1_bfl_layers(model_dir: Path) -> dict[str, tuple[int, int]]:
             "double_blocks.0.txt_attn.proj": (inner, inner), "single_blocks.0.linear2": (inner, inner + mlp)}
 
 
-def _clip_layers(model_dir: Path) -> dict[str, tuple[int, int]]:
+def _clip_layers(model_dir: Path, component: str = "text_encoder") -> dict[str, tuple[int, int]]:
     """The attention of CLIP's first layer (kohya's `lora_te1_`), so the kohya LoRA also changes a text encoder."""
-    width = json.loads((model_dir / "text_encoder" / "config.json").read_text())["hidden_size"]
+    width = json.loads((model_dir / component / "config.json").read_text())["hidden_size"]
     return {f"text_model.encoder.layers.0.self_attn.{name}": (width, width)
             for name in ("q_proj", "k_proj", "v_proj", "out_proj")}
 
@@ -97,19 +100,54 @@ def bfl_lora(model_dir: Path, out_file: Path, style: str, seed: int = 0, rank: i
 
     if _pipeline_class(model_dir).__name__ != "FluxPipeline":
         raise ValueError(f"{style} LoRAs are made for FLUX.1 only, not {model_dir}")
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
     layers = {f"lora_unet_{name.replace('.', '_')}" if style == "kohya" else f"diffusion_model.{name}": shape
               for name, shape in _flux1_bfl_layers(model_dir).items()}
     if style == "kohya":
         layers.update({f"lora_te1_{name.replace('.', '_')}": shape for name, shape in _clip_layers(model_dir).items()})
+    tensors = _kohya_tensors(layers, torch.Generator().manual_seed(seed), rank, std,
+                             alpha=float(rank) if style == "kohya" else None)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_file))
+    return out_file
+
+
+def _sdxl_sgm_layers(model_dir: Path) -> dict[str, tuple[int, int]]:
+    """Four UNet linears with the SGM names kohya's sd-scripts train SDXL under (input_blocks.N / middle_block /
+    output_blocks.N, as in the checkpoint), and their (out, in) widths from the UNet's config: self- and
+    cross-attention of the deepest down level, the middle block's attention output, the first up block's proj_in."""
+    config = json.loads((model_dir / "unet" / "config.json").read_text())
+    channels, cross = config["block_out_channels"], config["cross_attention_dim"]
+    down = 1 + (config["layers_per_block"] + 1) * (len(channels) - 1)  # the first block of the deepest level
+    return {f"input_blocks.{down}.1.transformer_blocks.0.attn1.to_q": (channels[-1], channels[-1]),
+            f"input_blocks.{down}.1.transformer_blocks.0.attn2.to_k": (channels[-1], cross),
+            "middle_block.1.transformer_blocks.0.attn1.to_out.0": (channels[-1], channels[-1]),
+            "output_blocks.0.1.proj_in": (channels[-1], channels[-1])}
+
+
+def _kohya_tensors(layers: dict[str, tuple[int, int]], generator, rank: int, std: float, alpha: float | None) -> dict:
+    """lora_down / lora_up drawn at random for each layer {name: (out, in)}, and `.alpha` unless it is None."""
+    tensors = {}
     for key, (out_features, in_features) in layers.items():
         down, up = torch.empty(rank, in_features), torch.empty(out_features, rank)
         _random_(down, generator, std / in_features ** 0.5)
         _random_(up, generator, std / rank ** 0.5)
         tensors[f"{key}.lora_down.weight"], tensors[f"{key}.lora_up.weight"] = down, up
-        if style == "kohya":
-            tensors[f"{key}.alpha"] = torch.tensor(float(rank))
+        if alpha is not None:
+            tensors[f"{key}.alpha"] = torch.tensor(alpha)
+    return tensors
+
+
+def sdxl_kohya_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4, std: float = 0.3) -> Path:
+    """An SDXL LoRA as kohya's sd-scripts save it: `lora_unet_<SGM name>`, `lora_te1_` (CLIP-L) and `lora_te2_`
+    (OpenCLIP bigG) layers, each with lora_down / lora_up / alpha."""
+    from safetensors.torch import save_file
+
+    layers = {f"lora_unet_{name.replace('.', '_')}": shape for name, shape in _sdxl_sgm_layers(model_dir).items()}
+    for prefix, component in (("lora_te1_", "text_encoder"), ("lora_te2_", "text_encoder_2")):
+        layers.update({prefix + name.replace(".", "_"): shape
+                       for name, shape in _clip_layers(model_dir, component).items()})
+    # alpha = rank / 2: the LoRA's scale (alpha / rank) is not 1, so its handling shows
+    tensors = _kohya_tensors(layers, torch.Generator().manual_seed(seed), rank, std, alpha=rank / 2)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_file))
     return out_file
@@ -144,6 +182,8 @@ def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int 
     model_dir, out_file = Path(model_dir), Path(out_file)
     if fmt == "diffusers":
         return diffusers_lora(model_dir, out_file, seed, rank)
+    if fmt == "kohya" and _pipeline_class(model_dir).__name__ == "StableDiffusionXLPipeline":
+        return sdxl_kohya_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
         return bfl_lora(model_dir, out_file, fmt, seed, rank)
     if fmt == "lightx2v":

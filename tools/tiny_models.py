@@ -39,7 +39,8 @@ import torch
 MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
                  "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline", "flux1-kontext": "FluxKontextPipeline",
                  "flux1-fill": "FluxFillPipeline", "qwenimage-edit": "QwenImageEditPipeline",
-                 "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline"}
+                 "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline",
+                 "sdxl": "StableDiffusionXLPipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -571,6 +572,56 @@ def qwenimage_edit(size: str, plus: bool):
     return cls(**pipe.components, processor=qwen_vl_processor(pipe.tokenizer)), raw
 
 
+def sdxl(size: str):
+    """Stable Diffusion XL: CLIP-L (penultimate hidden states) + OpenCLIP-bigG-like CLIP with projection (its
+    pooled output feeds the UNet's added conditioning), UNet2DConditionModel with SDXL's block types, "text_time"
+    added embedding and linear projections, a 4-channel VAE with force_upcast (SDXL's VAE overflows in fp16).
+    tiny: 2 UNet blocks (32, 64 channels), transformer depth 1 and 2. bench: SDXL's real widths (320, 640, 1280
+    channels, heads of 64, text width 768 + 1280 = 2048) with one resnet and one transformer block per level
+    (~0.6B parameters, 2.4 GB)."""
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+
+    bench = size == "bench"
+    tok, tok_raw = clip_tokenizer()
+    tok2, tok2_raw = clip_tokenizer(pad_token="!")  # OpenCLIP's tokenizer pads with "!"
+    clip_l, clip_g = (768, 1280) if bench else (32, 64)
+    te = clip_text_model(tok, hidden=clip_l, with_projection=False, seed=0)
+    te2 = clip_text_model(tok2, hidden=clip_g, with_projection=True, seed=1)
+    torch.manual_seed(0)
+    if bench:
+        unet = UNet2DConditionModel(
+            sample_size=128, block_out_channels=(320, 640, 1280), layers_per_block=1,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=1,
+            attention_head_dim=(5, 10, 20), cross_attention_dim=clip_l + clip_g, use_linear_projection=True,
+            addition_embed_type="text_time", addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=6 * 256 + clip_g,
+        )
+    else:
+        unet = UNet2DConditionModel(
+            sample_size=8, block_out_channels=(32, 64), layers_per_block=1,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=(1, 2), attention_head_dim=(2, 4), cross_attention_dim=clip_l + clip_g,
+            use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=6 * 8 + clip_g, norm_num_groups=32,
+        )
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 16, 16, 16), layers_per_block=1,
+        latent_channels=4, norm_num_groups=8, sample_size=64, scaling_factor=0.13025, force_upcast=True,
+    )
+    scheduler = EulerDiscreteScheduler(  # SDXL base's scheduler config
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000,
+        steps_offset=1, timestep_spacing="leading", prediction_type="epsilon", interpolation_type="linear",
+        use_karras_sigmas=False,
+    )
+    pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=te, text_encoder_2=te2, tokenizer=tok, tokenizer_2=tok2,
+                                     unet=unet, scheduler=scheduler, add_watermarker=False)
+    return pipe, {"tokenizer": tok_raw, "tokenizer_2": tok2_raw}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
@@ -582,6 +633,7 @@ _BUILDERS = {
     "qwenimage-edit": lambda size: qwenimage_edit(size, plus=False),
     "qwenimage-edit-plus": lambda size: qwenimage_edit(size, plus=True),
     "flux2-klein": flux2_klein,
+    "sdxl": sdxl,
 }
 
 

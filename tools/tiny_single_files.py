@@ -24,6 +24,8 @@ The files use the real layouts and the usual names, so the loader meets what use
   ComfyUI int8:       `comfy_int8` (int8_tensorwise, per-row scales, optionally ConvRot-rotated), and
                       `int8_convrot_files`: qwen_image_2.1 / krea2 / z_image_turbo _int8_convrot.safetensors, tiny real
                       models of families TPU Diffusers does not run, in their original layouts
+  SDXL (Stability):   sd_xl_base_1.0.safetensors (all-in-one: SGM UNet, LDM VAE, CLIP-L, OpenCLIP ViT-bigG in
+                      OpenCLIP's layout), sdxl_vae.safetensors
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -290,6 +292,73 @@ def flux2_to_bfl(sd: dict) -> dict:
     return {k.lstrip("."): v for k, v in out.items()}
 
 
+# ---------------------------------------------------------------------------------- SDXL UNet (LDM/SGM)
+UNET_RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
+               "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
+
+
+def unet_to_ldm(sd: dict, layers_per_block: int) -> dict:
+    """UNet2DConditionModel keys -> Stability's SGM layout of an SDXL checkpoint's model.diffusion_model (without
+    the prefix): input_blocks.N are conv_in, then per level `layers_per_block` (resnet, attention) pairs and its
+    downsampler; output_blocks.N one more pair per level, the upsampler after them; middle_block 0/1/2 are resnet,
+    attention, resnet. The top-level names are diffusers' own mapping (DIFFUSERS_TO_LDM_MAPPING), inverted."""
+    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING
+
+    top = {**DIFFUSERS_TO_LDM_MAPPING["unet"]["layers"], **DIFFUSERS_TO_LDM_MAPPING["unet"]["addition_embed_type"]}
+    out = {}
+    for key, value in sd.items():
+        if key in top:
+            out[top[key]] = value
+            continue
+        parts = key.split(".")
+        if parts[0] == "mid_block":
+            kind, index, rest = parts[1], int(parts[2]), parts[3:]
+            new = ["middle_block", str(1 if kind == "attentions" else 2 * index)]
+        else:  # down_blocks / up_blocks . level . resnets|attentions|downsamplers|upsamplers . index . rest
+            level, kind, index, rest = int(parts[1]), parts[2], int(parts[3]), parts[4:]
+            down = parts[0] == "down_blocks"
+            stride = layers_per_block + 1
+            if kind in ("downsamplers", "upsamplers"):
+                block = stride * (level + 1) if down else stride * level + layers_per_block
+                has_attention = any(k.startswith(f"up_blocks.{level}.attentions.") for k in sd)
+                sub = "0" if down else ("2" if has_attention else "1")
+                rest = ["op", *rest[1:]] if down else rest
+                new = ["input_blocks" if down else "output_blocks", str(block), sub]
+            else:
+                block = 1 + stride * level + index if down else stride * level + index
+                new = ["input_blocks" if down else "output_blocks", str(block), "0" if kind == "resnets" else "1"]
+        if kind == "resnets":
+            rest = [UNET_RESNET.get(rest[0], rest[0]), *rest[1:]]
+        out[".".join(new + rest)] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- OpenCLIP text encoder
+OPEN_CLIP_TOP = {"text_model.embeddings.position_embedding.weight": "positional_embedding",
+                 "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
+                 "text_model.final_layer_norm.weight": "ln_final.weight",
+                 "text_model.final_layer_norm.bias": "ln_final.bias"}
+OPEN_CLIP_LAYER = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj",
+                   "self_attn.out_proj": "attn.out_proj"}
+
+
+def clip_to_open_clip(sd: dict) -> dict:
+    """CLIPTextModelWithProjection keys -> OpenCLIP's text tower (an SDXL checkpoint's conditioner.embedders.1.model):
+    q/k/v fused into attn.in_proj_weight/bias, text_projection a (width, projection) matrix, OpenCLIP's logit_scale."""
+    sd = {k.removeprefix("text_model."): v for k, v in sd.items() if not k.endswith("position_ids")}
+    out = {OPEN_CLIP_TOP[f"text_model.{k}"]: v for k, v in sd.items() if f"text_model.{k}" in OPEN_CLIP_TOP}
+    out["text_projection"] = sd["text_projection.weight"].T.contiguous()
+    out["logit_scale"] = torch.tensor(4.6052)
+    for i in sorted({int(k.split(".")[2]) for k in sd if k.startswith("encoder.layers.")}):
+        src, dst = f"encoder.layers.{i}", f"transformer.resblocks.{i}"
+        for suffix in ("weight", "bias"):
+            out[f"{dst}.attn.in_proj_{suffix}"] = torch.cat(
+                [sd[f"{src}.self_attn.{p}_proj.{suffix}"] for p in ("q", "k", "v")])
+            for d, o in OPEN_CLIP_LAYER.items():
+                out[f"{dst}.{o}.{suffix}"] = sd[f"{src}.{d}.{suffix}"]
+    return out
+
+
 # ------------------------------------------------------------------------------------ scaled fp8
 def scaled_fp8(sd: dict, new_format: bool = False) -> dict:
     """ComfyUI's scaled fp8 of every 2-D weight: stored = weight / scale as float8_e4m3fn, with a per-tensor
@@ -496,6 +565,24 @@ def sd3_files(folder, out) -> dict[str, Path]:
         "clip_g": _save(clip_g, out / "clip_g.safetensors"),
         "t5xxl": _save(t5, out / "t5xxl_fp16.safetensors"),
     }
+
+
+def sdxl_files(folder, out) -> dict[str, Path]:
+    """An SDXL all-in-one checkpoint in Stability's layout (sd_xl_base_1.0.safetensors: SGM UNet, LDM VAE, CLIP-L
+    as transformers saves it, OpenCLIP ViT-bigG in OpenCLIP's layout) and a separate VAE (sdxl_vae.safetensors)."""
+    import json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    layers_per_block = json.loads(Path(folder, "unet", "config.json").read_text())["layers_per_block"]
+    vae = vae_to_ldm(folder_weights(folder, "vae"), 4)
+    clip_l = clip_file_layout(folder_weights(folder, "text_encoder"))
+    open_clip = clip_to_open_clip(folder_weights(folder, "text_encoder_2"))
+    checkpoint = {**_prefixed(unet_to_ldm(folder_weights(folder, "unet"), layers_per_block), "model.diffusion_model."),
+                  **_prefixed(vae, "first_stage_model."), **_prefixed(clip_l, "conditioner.embedders.0.transformer."),
+                  **_prefixed(open_clip, "conditioner.embedders.1.model.")}
+    return {"checkpoint": _save(checkpoint, out / "sd_xl_base_1.0.safetensors"),
+            "vae": _save(vae, out / "sdxl_vae.safetensors")}
 
 
 def mistral_text_only(sd: dict) -> dict:

@@ -102,7 +102,8 @@ def cell_handle(source: str, cell: str, device: str):
     from tpu_diffusers_runtime.sources import components, read_model_index
     from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, MeshSpec, Placement
 
-    transformer_class = components(read_model_index(source, is_folder=True))["transformer"][1]
+    index = read_model_index(source, is_folder=True)
+    transformer_class = components(index)[family_for(index["_class_name"]).denoiser][1]  # or SDXL's unet
     # The recipe (docs/compiled_mode.md): under offload, scope auto compiles the repeated blocks; a transformer that
     # declares none (SD3) is compiled whole there, which needs fullgraph off.
     has_blocks = bool(getattr(getattr(diffusers, transformer_class), "_repeated_blocks", None))
@@ -198,6 +199,45 @@ def run_child(spec: dict, out: Path) -> int:
     return 0
 
 
+# ------------------------------------------------- child: ops the device may lack (nearest upsampling)
+# TorchTPU's own SDXL smoke test is marked "missing op upsample_nearest2d.out" (tagged on its CPU target too);
+# every family's VAE decoder (and SDXL's UNet) upsamples that way. The probe runs it alone, then the tiny SDXL
+# VAE's decode, on the device and compares each with the CPU. TorchTPU rounds float32 matmuls to bf16 by
+# default, hence the decode's tolerance; upsampling copies values and must be exact.
+UPSAMPLE_PROBE_FAMILY = "sdxl"
+UPSAMPLE_PROBES = {"upsample_nearest2d": 0.0, "sdxl_vae_decode": 5e-2}  # probe -> max abs difference allowed
+
+
+def probe_upsampling(device: str, source: str) -> dict:
+    """Child: each probe's record: pass (max abs difference to the CPU), FAIL (a wrong result, an error), or
+    missing op (TorchTPU's "is not implemented for TPU", with the op's name)."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    from tpu_diffusers_runtime.device import missing_device_op, resolve_device
+
+    target = resolve_device(device).torch_device()
+    vae = AutoencoderKL.from_pretrained(source, subfolder="vae", local_files_only=True).eval().requires_grad_(False)
+    latents = torch.randn(1, vae.config.latent_channels, 8, 8, generator=torch.Generator().manual_seed(0))
+    runs = {"upsample_nearest2d": lambda model, x: torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"),
+            "sdxl_vae_decode": lambda model, x: model.decode(x / model.config.scaling_factor).sample}
+    records = {}
+    with torch.no_grad():
+        for name, run in runs.items():
+            want = run(vae, latents)
+            try:
+                got = run(vae.to(target), latents.to(target)).cpu()
+                diff = (got.float() - want.float()).abs().max().item()
+                ok = got.shape == want.shape and diff <= UPSAMPLE_PROBES[name]
+                records[name] = {"status": "pass" if ok else "FAIL", "max_abs_diff": diff}
+            except Exception as error:  # the device's own failure is what the probe records
+                op = missing_device_op(error)
+                records[name] = {"status": "missing op" if op else "FAIL", "op": op, "error": first_line(error)}
+            finally:
+                vae.to("cpu")
+    return records
+
+
 # -------------------------------------------------------------------------- parent: orchestration
 @dataclasses.dataclass
 class Context:
@@ -284,6 +324,34 @@ def run_cells(ctx: Context, name: str, cells: list[tuple[str, str, str]], models
                                                f"the process exited with code {ran.code}") +
                    f": {ran.last_words()} (log {ctx.work / name}.err)"}
     return records + [{"family": f, "cell": c, "size": s, **missing} for f, c, s in cells if (f, c, s) not in done]
+
+
+def run_upsampling_probe(ctx: Context, source: str) -> dict:
+    """The probes in a child process (a TPU chip is the first user's); a child that died fails them."""
+    out = ctx.work / "probe-upsampling.json"
+    spec = {"device": ctx.device, "source": source}
+    ran = run_logged(ctx, "probe-upsampling", [sys.executable, __file__, "--child-probe", json.dumps(spec),
+                                               "--child-out", str(out)])
+    if out.exists():
+        return json.loads(out.read_text())
+    why = ran.budget or (("timed out" if ran.code is None else f"the process exited with code {ran.code}") +
+                         f": {ran.last_words()} (log {ctx.work}/probe-upsampling.err)")
+    return {name: {"status": "not run" if ran.budget else "FAIL", "error": why} for name in UPSAMPLE_PROBES}
+
+
+def probe_lines(probe: dict) -> list[str]:
+    lines = ["## Ops the device may lack: nearest upsampling", "",
+             "TorchTPU's own SDXL smoke test is marked \"missing op `upsample_nearest2d.out`\"; every family's VAE "
+             "decoder upsamples that way. Each probe ran on the device and was compared with the CPU "
+             f"(allowed max abs difference: {', '.join(f'{k} {v:g}' for k, v in UPSAMPLE_PROBES.items())}). "
+             "**missing op**: TorchTPU raised \"is not implemented for TPU\" (the runtime turns it into a "
+             "MissingDeviceOpError naming the op); the families' image cells then fail the same way.", "",
+             "| probe | status | detail |", "|---|---|---|"]
+    for name, record in probe.items():
+        detail = (f"max abs diff {record['max_abs_diff']:.2e}" if "max_abs_diff" in record
+                  else f"{record.get('op') or ''} {record.get('error', '')}".strip())
+        lines.append(f"| {name} | {record['status']} | {detail} |")
+    return lines + [""]
 
 
 def chips(device: str) -> int | None:
@@ -494,9 +562,12 @@ def environment(args) -> str:
 
 
 def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: list[dict], sizes: list[str],
-                 cache: dict, benchmarks: list[dict], seconds: float, command: str, env_text: str) -> list[str]:
+                 cache: dict, benchmarks: list[dict], seconds: float, command: str, env_text: str,
+                 probe: dict | None = None) -> list[str]:
     """Write the report; returns its failures."""
     problems = failures(suite, matrix, cache, benchmarks)
+    problems += [f"probe {name}: {record['status']} {record.get('op') or ''} {record.get('error', '')}".rstrip()
+                 for name, record in (probe or {}).items() if record["status"] in ("FAIL", "missing op")]
     left_out = left_out_by_budget(suite, matrix, cache, benchmarks)
     lines = [f"# TPU Diffusers on {ctx.device}: verified {datetime.date.today().isoformat()}", "",
              f"Written by `{command}` in {seconds / 60:.1f} min" + (" (--quick)." if ctx.quick else "."), "",
@@ -520,6 +591,7 @@ def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: lis
             lines += matrix_table(matrix, size_name)
         else:
             lines += [f"### {size_name} models: not run (--sizes {','.join(sizes)})", ""]
+    lines += probe_lines(probe) if probe else []
     lines += ["## Persistent compile cache: restart and reuse", ""]
     family, cell = RESTART_CHECK
     what = f"{FAMILIES[family]} {cache['size']}, {CELLS[cell]}"
@@ -584,9 +656,14 @@ def main(argv=None) -> int:
     parser.add_argument("--wheels", type=Path, help="set by scripts/verify_device.sh --wheels, for the report")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return run_child(json.loads(args.child), args.child_out)
+    if args.child_probe:
+        spec = json.loads(args.child_probe)
+        args.child_out.write_text(json.dumps(probe_upsampling(spec["device"], spec["source"])) + "\n")
+        return 0
 
     from tpu_diffusers_runtime.device import resolve_device
     from tpu_diffusers_runtime.errors import UserInputError
@@ -615,13 +692,14 @@ def main(argv=None) -> int:
         matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in FAMILIES for c in SINGLE_PROCESS_CELLS],
                             models)
         matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, "tp", size] for f in FAMILIES], models)
+    probe = run_upsampling_probe(ctx, models[sizes[0]][UPSAMPLE_PROBE_FAMILY])
     cache = restart_check(ctx, matrix, models, sizes[0])
     plan = benchmark_plan(args.quick, tiny_flux, chips(device), comfyui_importable())
     benchmarks = run_benchmarks(ctx, plan)
     suite = run_suite(ctx, args.suite or ("contract" if args.quick else "all"))
     command = "bash scripts/verify_device.sh " + shlex.join(sys.argv[1:])
     problems = write_report(out, ctx, facts, suite, matrix, sizes, cache, benchmarks, time.perf_counter() - started,
-                            command, environment(args))
+                            command, environment(args), probe)
     print(f"[verify] report: {out}; {len(problems)} failure(s)", *problems, sep="\n", flush=True)
     return 1 if problems else 0
 

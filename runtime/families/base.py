@@ -42,6 +42,10 @@ class FileKind:
     # tensor's input width (its last dimension): that tensor's key in each layout, and the widths this kind has.
     width_keys: tuple[str, ...] = ()
     widths: tuple[int, ...] = ()
+    # For a text encoder whose files keep another layout than transformers' (SDXL's OpenCLIP ViT-bigG):
+    # (transformers class, its config, state dict in that layout) -> the state dict in transformers' layout,
+    # applied when the file carries the kind's first (original-layout) key.
+    to_transformers: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

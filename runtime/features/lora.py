@@ -132,7 +132,7 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
                                  f"({type(e).__name__}: {_first_line(e)}); is it a LoRA for this model? Pick one "
                                  "made for it, or remove it.") from e
         injected = _injected(pipe, adapter)
-        missing = sorted(expected - injected.keys())  # (text-encoder layers in older key layouts are not in `expected`)
+        missing = sorted(expected - injected.keys())
         if not injected or missing:
             raise UserInputError(
                 f"LoRA '{_name(lora)}' matches {'no' if not injected else 'not every'} layer of this "
@@ -165,16 +165,19 @@ def _check_fits(pipe, lora: LoraSpec) -> set[str]:
     layer for a wider LoRA, which changes the model: a control LoRA, or a LoRA for another model)."""
     import torch
 
+    # A UNet pipeline's loader maps kohya's SGM block names (input_blocks.N) with the UNet's config, as
+    # load_lora_weights does.
+    unet = getattr(pipe, "unet", None)
+    options = {"unet_config": unet.config} if unet is not None else {}
     try:
-        converted = pipe.lora_state_dict(_read(lora.path))
+        converted = pipe.lora_state_dict(_read(lora.path), **options)
+        converted = _peft_names(pipe, converted[0] if isinstance(converted, tuple) else converted)
     except UserInputError:
         raise
     except (ValueError, RuntimeError, KeyError, AssertionError, TypeError, IndexError) as e:
         raise UserInputError(f"LoRA '{_name(lora)}' is not in a layout diffusers can read for a "
                              f"{type(pipe).__name__} ({type(e).__name__}: {_first_line(e)}); is it a LoRA for this "
                              "model? Pick one made for it, or remove it.") from e
-    if isinstance(converted, tuple):
-        converted = converted[0]
     wanted = {}
     for key, value in converted.items():
         match = _LAYER.match(key)
@@ -202,6 +205,30 @@ def _check_fits(pipe, lora: LoraSpec) -> set[str]:
                              f"{len(wanted)} layers do not match ({misfits[0]}); it is a LoRA for another model. "
                              "Pick one made for this model, or remove it.")
     return set(wanted)
+
+
+def _peft_names(pipe, converted: dict) -> dict:
+    """diffusers' older LoRA names, which its kohya converter returns for UNet pipelines and text encoders
+    (`.to_q_lora.down`, `.lora.down`, `.lora_linear_layer.down`), as the peft layers they are loaded into
+    (`.to_q.lora_A`), by the mappings diffusers itself applies when loading them: `load_lora_adapter`'s for
+    a diffusers model, `_load_lora_into_text_encoder`'s for a transformers one (and its dropping of
+    'text_model.' for transformers' flattened CLIPTextModel)."""
+    from diffusers.utils import (convert_state_dict_to_diffusers, convert_state_dict_to_peft,
+                                 convert_unet_state_dict_to_peft)
+
+    out = {k: v for k, v in converted.items() if k.split(".")[0] not in pipe._lora_loadable_modules}
+    for component in pipe._lora_loadable_modules:
+        part = {k[len(component) + 1:]: v for k, v in converted.items() if k.startswith(component + ".")}
+        if part and not all(_LAYER.match(k) for k in part):
+            model = getattr(pipe, component, None)
+            if type(model).__module__.startswith("transformers"):
+                part = convert_state_dict_to_peft(convert_state_dict_to_diffusers(part))
+                if not hasattr(model, "text_model"):
+                    part = {k.removeprefix("text_model."): v for k, v in part.items()}
+            else:
+                part = convert_unet_state_dict_to_peft(part)
+        out.update({f"{component}.{k}": v for k, v in part.items()})
+    return out
 
 
 def _lora_layers(pipe):

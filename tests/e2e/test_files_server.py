@@ -94,6 +94,26 @@ def test_a_family_from_single_files_gives_the_image_of_its_folder(files_server, 
     assert run_info(entry)["loaded"]
 
 
+def test_an_sdxl_checkpoint_gives_the_image_of_plain_diffusers_from_single_file(files_server, single_files):
+    """sd_xl_base_1.0.safetensors from models/checkpoints (SGM UNet, OpenCLIP bigG) through the File Loader: the
+    image plain diffusers' StableDiffusionXLPipeline.from_single_file makes for the seed, saved as ComfyUI does."""
+    import torch
+    from diffusers import StableDiffusionXLPipeline
+
+    configs, checkpoint = single_files["sdxl"][0], single_files["sdxl"][1]["checkpoint"]
+    same = dict(seed=9, width=64, height=64, steps=3, guidance=5.0)
+    entry = run_ok(files_server, files_prompt("tiny-sdxl", ("sdxl/sd_xl_base_1.0.safetensors", "none", "none", "none",
+                                                            "none"), negative_prompt="blurry", **same))
+    assert run_info(entry)["pipeline"] == "StableDiffusionXLPipeline"
+    pipe = StableDiffusionXLPipeline.from_single_file(str(checkpoint), config=str(configs), local_files_only=True)
+    text = sampler_prompt()[SAMPLER]["inputs"]["prompt"]
+    with torch.no_grad():
+        plain = pipe(prompt=text, negative_prompt="blurry", height=64, width=64, num_inference_steps=3,
+                     guidance_scale=5.0, generator=torch.Generator("cpu").manual_seed(9), output_type="np").images[0]
+    expected = np.clip(plain * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
+    assert np.abs(pixels(files_server, entry) - expected).max() <= 1
+
+
 def test_a_second_run_from_the_same_files_loads_nothing(files_server):
     configs, picks = FAMILIES["flux2"]
     run_ok(files_server, files_prompt(configs, picks))
