@@ -76,7 +76,7 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
 
 
 @pytest.mark.parametrize("name, pipeline_class", [("flux1-schnell", "FluxPipeline"), ("flux2", "Flux2Pipeline"),
-                                                  ("qwenimage", "QwenImagePipeline")])
+                                                  ("qwenimage", "QwenImagePipeline"), ("zimage", "ZImagePipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
     handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
@@ -86,7 +86,9 @@ def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, 
     assert entry.compiled.scope == "repeated_blocks" and entry.compiled.shapes[(64, 64, 1)].compiles == 1
     transformer = entry.pipe.transformer
     assert transformer._compiled_call_impl is None  # the offload hooks around it stay eager
-    assert all(block._compiled_call_impl is not None for block in transformer.transformer_blocks)
+    # every block of a repeated class (Z-Image's refiners too: they are ZImageTransformerBlocks)
+    blocks = [m for m in transformer.modules() if type(m).__name__ in transformer._repeated_blocks]
+    assert blocks and all(block._compiled_call_impl is not None for block in blocks)
     eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class=pipeline_class), request())
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 

@@ -488,7 +488,8 @@ def zimage_files(folder, out) -> dict[str, Path]:
     transformer = {k: v.to(torch.bfloat16) for k, v in zimage_to_comfy(folder_weights(folder, "transformer")).items()}
     return {
         "transformer": _save(transformer, out / "z_image_turbo_bf16.safetensors"),
-        "text_encoder": _save(_prefixed(folder_weights(folder, "text_encoder"), "model."), out / "qwen_3_4b.safetensors"),
+        "text_encoder": _save(_prefixed(folder_weights(folder, "text_encoder"), "model."),
+                              out / "qwen_3_4b.safetensors"),
         "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "ae.safetensors"),
     }
 

@@ -18,8 +18,8 @@ FAMILY = Family(
     name="Z-Image",
     model_classes={"ZImagePipeline": {
         TEXT2IMAGE: TaskPipeline("ZImagePipeline"),
-        IMAGE2IMAGE: TaskPipeline("ZImageImg2ImgPipeline", images=1, strength=True),
-        INPAINT: TaskPipeline("ZImageInpaintPipeline", images=1, strength=True),
+        IMAGE2IMAGE: TaskPipeline("ZImageImg2ImgPipeline", images=1, strength=True, resize_image=True),
+        INPAINT: TaskPipeline("ZImageInpaintPipeline", images=1, strength=True, resize_image=True),
     }},
     takes_negative_prompt=True,  # used only when guidance > 0
     guidance_kwarg="guidance_scale",
