@@ -27,7 +27,7 @@ class TPULoader(io.ComfyNode):
             node_id="TPULoader",
             display_name="TPU Loader",
             category=CATEGORY,
-            description="Chooses a diffusers pipeline (FLUX.1, SD3/SD3.5, FLUX.2, QwenImage) and checks it. "
+            description="Chooses a diffusers pipeline (FLUX.1, SD3/SD3.5, FLUX.2, QwenImage, Z-Image) and checks it. "
                         "Weights are loaded later, once, by the Sampler, and reused across runs.",
             inputs=[
                 io.Combo.Input("model", options=list_model_folders(model_roots()),
