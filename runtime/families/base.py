@@ -89,6 +89,9 @@ class Family:
     diffusers_model_types: tuple[str, ...] = ()  # single_file_utils.infer_diffusers_model_type values of it
     denoiser: str = "transformer"  # the pipeline component that denoises (SDXL's is a "unet")
     file_variants: tuple[FileVariant, ...] = ()  # checked in order; a file that matches none is the base model
+    # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
+    # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
+    prepare_compile: Callable | None = None
 
     @property
     def base_class(self) -> str:

@@ -10,6 +10,16 @@ from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, 
 from .components import KL_VAE, QWEN3, diffusers_detection_keys
 from .sd3 import spatial_latents
 
+
+def fill_rope_table(transformer) -> None:
+    """Compute the transformer's rotary table now, as its first call would: diffusers' RopeEmbedder fills it
+    lazily inside a `with torch.device("cpu")` block, which torch.compile cannot trace with fullgraph
+    ("Unsupported context manager"). Its own precompute, on the transformer's device."""
+    rope = transformer.rope_embedder
+    if rope.freqs_cis is None:
+        table = rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, theta=rope.theta)
+        rope.freqs_cis = [part.to(transformer.device) for part in table]
+
 # "layers.0.adaLN_modulation.0.weight" is the same in ComfyUI's and diffusers' layouts (Lumina 2's is ".1.").
 TRANSFORMER = FileKind("zimage_transformer", "a Z-Image diffusion model",
                        lambda: diffusers_detection_keys("z-image-turbo"))
@@ -35,4 +45,5 @@ FAMILY = Family(
     ),
     default_config_repo="Tongyi-MAI/Z-Image-Turbo",
     diffusers_model_types=("z-image-turbo",),
+    prepare_compile=fill_rope_table,
 )
