@@ -69,7 +69,7 @@ class TPUFileLoader(io.ComfyNode):
                         "clip_l, t5xxl, ae), SD3.5 (checkpoint, with or without T5, or clip_l/clip_g/t5xxl files), "
                         "FLUX.2 (transformer, Mistral encoder, VAE), QwenImage (transformer, Qwen2.5-VL, VAE), "
                         "FLUX.2 [klein] (transformer, Qwen3 encoder, VAE), "
-                        "SDXL (a checkpoint: everything from it; optional sdxl_vae). "
+                        "SDXL (a checkpoint: everything from it; optional sdxl_vae), Z-Image (transformer, qwen_3_4b, ae). "
                         "fp8 files are upcast; GGUF and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",
             inputs=[
@@ -79,15 +79,15 @@ class TPUFileLoader(io.ComfyNode):
                 io.Combo.Input("text_encoder", options=text_encoders,
                                tooltip="models/text_encoders (or clip). FLUX.1 and SD3.5: clip_l; FLUX.2: the "
                                        "Mistral file; QwenImage: the Qwen2.5-VL file; FLUX.2 [klein]: qwen_3_4b "
-                                       "(4B) or qwen_3_8b (9B). none: from the checkpoint."),
+                                       "(4B) or qwen_3_8b (9B); Z-Image: qwen_3_4b. none: from the checkpoint."),
                 io.Combo.Input("text_encoder_2", options=text_encoders,
                                tooltip="FLUX.1: t5xxl; SD3.5: clip_g; others: none. none: from the checkpoint."),
                 io.Combo.Input("text_encoder_3", options=text_encoders,
                                tooltip="SD3.5: t5xxl (optional: none and a checkpoint without T5 runs without "
                                        "it); others: none."),
                 io.Combo.Input("vae", options=[NONE, *folder_paths.get_filename_list("vae")],
-                               tooltip="models/vae: FLUX.1 ae.safetensors, FLUX.2 flux2-vae, QwenImage "
-                                       "qwen_image_vae. none: from the checkpoint."),
+                               tooltip="models/vae: FLUX.1 and Z-Image ae.safetensors, FLUX.2 flux2-vae, "
+                                       "QwenImage qwen_image_vae. none: from the checkpoint."),
                 io.Combo.Input("configs", options=[AUTO_CONFIGS, *list_model_folders(
                                    folder_paths.get_folder_paths("diffusers"))],
                                tooltip="Where configs and tokenizers come from: a diffusers folder of the same "

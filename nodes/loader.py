@@ -27,8 +27,8 @@ class TPULoader(io.ComfyNode):
             node_id="TPULoader",
             display_name="TPU Loader",
             category=CATEGORY,
-            description="Chooses a diffusers pipeline (FLUX.1, SD3/SD3.5, FLUX.2, QwenImage, FLUX.2 [klein]) and "
-                        "checks it. "
+            description="Chooses a diffusers pipeline (FLUX.1, SD3/SD3.5, FLUX.2, QwenImage, FLUX.2 [klein], SDXL, "
+                        "Z-Image) and checks it. "
                         "Weights are loaded later, once, by the Sampler, and reused across runs.",
             inputs=[
                 io.Combo.Input("model", options=list_model_folders(model_roots()),

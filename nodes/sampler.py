@@ -33,17 +33,19 @@ class TPUSampler(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default="a golden retriever surfing a wave, photorealistic",
                                 tooltip="What to generate, or for an edit model what to change. Required."),
                 io.String.Input("negative_prompt", multiline=True, default="",
-                                tooltip="What to avoid. Used by SD3/SD3.5 and QwenImage; FLUX.1 and FLUX.2 take none."),
+                                tooltip="What to avoid. Used by SD3/SD3.5, QwenImage and Z-Image (with guidance "
+                                        "above 0); FLUX.1 and FLUX.2 take none."),
                 io.Int.Input("width", default=1024, min=0, max=MAX_SIZE, step=16,
                              tooltip="Image width in pixels; a multiple of 16. 0 = the image's width (rounded to "
                                      "16); otherwise the image is resized to width x height."),
                 io.Int.Input("height", default=1024, min=0, max=MAX_SIZE, step=16,
                              tooltip="Image height in pixels; a multiple of 16. 0 = the image's height."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
-                             tooltip="Denoising steps (FLUX.1-schnell 4, SD3.5 40, FLUX.2-dev 28)."),
+                             tooltip="Denoising steps (FLUX.1-schnell 4, SD3.5 40, FLUX.2-dev 28, Z-Image-Turbo 8)."),
                 io.Float.Input("guidance", default=3.5, min=0.0, max=100.0, step=0.1,
                                tooltip="Guidance scale (FLUX.1-schnell 0, SD3.5 4.5, FLUX.2-dev 4). "
-                                       "For QwenImage this is the true-CFG scale."),
+                                       "For QwenImage this is the true-CFG scale; Z-Image runs CFG only above 0 "
+                                       "(Z-Image-Turbo: 0)."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed; the same seed gives the same image on TPU, GPU and CPU."),
                 io.Int.Input("batch_size", default=1, min=1, max=64,

@@ -114,7 +114,8 @@ class Engine:
                 self.cache.clear(device)
                 raise
         entry.compiled = compilation.apply(entry.compiled, self.denoiser(entry, handle), handle.compile or CompileSpec(),
-                                           handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED)
+                                           handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED,
+                                           prepare=family_for(handle.model_class).prepare_compile)
         return entry, device, loaded
 
     @staticmethod

@@ -34,8 +34,7 @@ FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 INT8_FORMAT = "int8_tensorwise"
 # diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
 # lacks, as a refusal names them (a family it has is named by its FileKind).
-UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model",
-                           "z-image-turbo": "a Z-Image diffusion model"}
+UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model"}
 
 # What a file is (families.FILE_KINDS: each kind's identifying keys, in detection order) and which kind each
 # component of each family takes (Family.denoiser_kind, Family.file_slots) live in the family modules.

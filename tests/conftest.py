@@ -133,7 +133,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     Kontext folder shares those weights (hard links), its Fill folder only adds a 384-channel input layer
     (together ~7 s more than FLUX.1-dev's ~18 s). The Qwen-Image-Edit-2509/2511 folders are the tiny
     qwenimage-edit-plus one (2511: zero_cond_t). FLUX.2 [klein]'s folder has the real context width (7680), which
-    tells its files from FLUX.2 [dev]'s."""
+    tells its files from FLUX.2 [dev]'s. Z-Image's folder has bf16-valued transformer weights (its file is
+    bf16)."""
     import tiny_single_files as tsf
 
     root = tmp_path_factory.mktemp("single_files")
@@ -144,6 +145,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     tsf.wan_sized_vae(edit_2509)
     edit_2511 = Path(shutil.copytree(edit_2509, root / "qwenimage-edit-2511"))
     tsf.qwen_edit_2511_configs(edit_2511)
+    zimage = Path(shutil.copytree(tiny_dir / "tiny-zimage", root / "zimage"))
+    tsf.bf16_valued_transformer(zimage)  # z_image_turbo_bf16.safetensors then holds exactly the folder's weights
     writers = {"flux1-wide": (wide, tsf.flux1_files), "flux1-dev": (tiny_dir / "tiny-flux1-dev", tsf.flux1_files),
                "flux1-kontext-wide": (tsf.flux1_kontext_wide(wide, root / "flux1-kontext-wide"), tsf.flux1_kontext_files),
                "flux1-fill-wide": (tsf.flux1_fill_wide(wide, root / "flux1-fill-wide"), tsf.flux1_fill_files),
@@ -152,6 +155,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "qwenimage-edit-2509": (edit_2509, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2509")),
                "qwenimage-edit-2511": (edit_2511, lambda folder, out: tsf.qwenimage_edit_files(folder, out, "2511")),
                "flux2-klein-wide": (tsf.flux2_klein_wide(root / "flux2-klein-wide"), tsf.flux2_klein_files),
-               "sdxl": (tiny_dir / "tiny-sdxl", tsf.sdxl_files)}
+               "sdxl": (tiny_dir / "tiny-sdxl", tsf.sdxl_files),
+               "zimage": (zimage, tsf.zimage_files)}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

@@ -184,7 +184,8 @@ def test_warmup_sizes_are_parsed_or_clearly_refused():
 
 @pytest.mark.parametrize("name, pipeline_class", [("sd3", "StableDiffusion3Pipeline"), ("flux2", "Flux2Pipeline"),
                                                   ("qwenimage", "QwenImagePipeline"),
-                                                  ("flux2-klein", "Flux2KleinPipeline")])
+                                                  ("flux2-klein", "Flux2KleinPipeline"),
+                                                  ("zimage", "ZImagePipeline")])  # a fresh load: prepare_compile
 def test_the_other_families_compile_whole_and_match_eager(tiny, name, pipeline_class):
     compiled = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
                               compile=CompileSpec())

@@ -151,3 +151,21 @@ def test_bad_meshes_are_refused_before_anything_launches(tiny, engine, monkeypat
     # at tp 1 nothing is sharded, so a transformer without a TP plan (SD3) can have replicas
     notes = check_mesh(MeshSpec(chips=2, replicas=2), tiny("sd3"), device_info("cpu"))
     assert "tp 1: nothing is sharded, each replica holds the whole pipeline" in notes
+
+
+def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_process_images(tiny, engine):
+    """diffusers has no TP plan for ZImageTransformer2DModel: the mesh names the families that shard (from their
+    denoisers' _tp_plan) and points to replicas, which run it as one process does."""
+    from tpu_diffusers_runtime.distributed.mesh import shardable_families
+
+    assert shardable_families() == "FLUX.1, FLUX.2 and QwenImage"
+    with pytest.raises(UserInputError, match=r"ZImageTransformer2DModel has no tensor-parallel plan in diffusers, so "
+                                             r"it cannot be sharded \(FLUX.1, FLUX.2 and QwenImage can\). Use "
+                                             r"replicas instead: turn shard_transformer off"):
+        engine.generate(handle_for(tiny, "zimage", mesh=MeshSpec(chips=2)), request())
+    assert engine.workers.current is None  # refused before anything launched
+    inputs = request(batch_size=2)
+    single = Engine(distribute=False).generate(handle_for(tiny, "zimage"), inputs)
+    result = engine.generate(handle_for(tiny, "zimage", mesh=MeshSpec(chips=2, shard_transformer=False)), inputs)
+    assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)

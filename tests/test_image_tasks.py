@@ -75,6 +75,12 @@ CASES = [  # (tiny model, diffusers class that runs, request inputs, the referen
      lambda i: dict(image=Image.fromarray(PIXELS[2]), strength=0.7)),
     ("sdxl", "StableDiffusionXLInpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask(), denoise=0.9),
      lambda i: dict(image=Image.fromarray(PIXELS[0]), mask_image=Image.fromarray(MASK, "L"), strength=0.9)),
+    # Z-Image's pipelines take the image at the output size (plain diffusers crashes on another): resized first
+    ("zimage", "ZImageImg2ImgPipeline", dict(images=(comfy_image(PIXELS[2]),), denoise=0.7),
+     lambda i: dict(image=Image.fromarray(PIXELS[2]).resize((64, 64), Image.LANCZOS), strength=0.7)),
+    ("zimage", "ZImageInpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask(), denoise=0.85),
+     lambda i: dict(image=Image.fromarray(PIXELS[0]).resize((64, 64), Image.LANCZOS),
+                    mask_image=Image.fromarray(MASK, "L"), strength=0.85)),
 ]
 
 

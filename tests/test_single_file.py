@@ -152,6 +152,16 @@ def test_qwenimage_from_files_matches_the_folder(sf_dir):
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
 
 
+def test_zimage_from_comfy_org_files_matches_the_folder(sf_dir):
+    """z_image_turbo_bf16 in ComfyUI's NextDiT layout (fused qkv, norm_final), qwen_3_4b named as ComfyUI's
+    Qwen3_4B ("model.layers...") into the Qwen3Model the repo's model_index names, and FLUX.1's ae."""
+    f = files(sf_dir, "zimage")
+    keys = single_file.HeaderView(f["transformer"]).keys()
+    assert "layers.0.attention.qkv.weight" in keys and "norm_final.weight" in keys
+    assert single_file.model_class_of(f["transformer"]) == "ZImagePipeline"
+    assert single_file.default_config_repo(f["transformer"]) == "Tongyi-MAI/Z-Image-Turbo"
+    assert_same_pipeline(folder(sf_dir, "zimage"), "ZImagePipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
 # ------------------------------------------------------------------- edit models: the text encoder's vision
 EDIT_PLUS = "QwenImageEditPlusPipeline"
 
@@ -383,6 +393,8 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     ("flux2-klein-wide", "transformer", "transformer", "Flux2Pipeline",
      r"is a FLUX.2 \[klein\] diffusion model, but transformer of FLUX.2 needs a FLUX.2 diffusion model"),
     ("flux2", "text_encoder", "text_encoder", "Flux2KleinPipeline", r"Mistral 3 .* FLUX.2 \[klein\] needs a Qwen3"),
+    ("zimage", "text_encoder", "text_encoder", "QwenImagePipeline", r"is a Qwen3 text encoder, .* needs a Qwen2.5-VL"),
+    ("zimage", "transformer", "transformer", "FluxPipeline", r"is a Z-Image diffusion model, but transformer of FLUX"),
 ])
 def test_a_file_in_the_wrong_slot_is_refused_from_its_header(sf_dir, family, file, component, pipeline_class, pattern):
     with pytest.raises(UserInputError, match=pattern):

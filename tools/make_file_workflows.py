@@ -209,6 +209,18 @@ WORKFLOWS = {
                          1024, 1024, 4, 1.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["flux2_klein_4b_edit"])],
         images=(("flux2_reference_mug.png", {"image": 0}), ("flux2_reference_desk.png", {"image_2": 0}))),
+    "z_image_turbo_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 48 GB of host RAM. ComfyUI's Z-Image-Turbo files: models/"
+        "diffusion_models/z_image_turbo_bf16.safetensors, models/text_encoders/qwen_3_4b.safetensors, models/vae/"
+        "ae.safetensors (FLUX.1's VAE); configs: a Z-Image-Turbo folder in models/diffusers or the hub cache. "
+        "Turbo is distilled: 8 steps at guidance 0 (diffusers runs CFG only above 0; its guidance is ComfyUI's "
+        "cfg - 1). Model CPU offload: ~21 GB of bf16 weights, which also fit the chip without it. diffusers has "
+        "no TP plan for its transformer: several chips run it as replicas (TP Mesh with shard_transformer off).",
+        [("TPUFileLoader", ["z_image_turbo_bf16.safetensors", "qwen_3_4b.safetensors", "none", "none",
+                            "ae.safetensors", "auto", "auto", "auto"]),
+         OFFLOAD,
+         ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["z_image_turbo_files"])]),
 }
 
 

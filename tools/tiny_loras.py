@@ -24,6 +24,9 @@ not have; a double block's `qkv` is split in three equal parts, which works at a
 diffusers' module names without a prefix, `transformer_blocks.0.attn.to_q.lora_down.weight` / `.lora_up.weight` /
 `.alpha`, on the twelve linears of every block (the image and text attention projections, their outputs and
 both MLPs), with alpha = rank / 8 as those files have (rank 64, alpha 8).
+`comfyui` for Z-Image is the layout ComfyUI users hold for it (ai-toolkit's, the common trainer): diffusers'
+layer names under `diffusion_model.` with `lora_A`/`lora_B` and an `.alpha` per layer, e.g.
+`diffusion_model.layers.0.attention.to_q.lora_A.weight`; diffusers' Z-Image loader converts it.
 """
 from __future__ import annotations
 
@@ -177,6 +180,22 @@ def lightx2v_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4,
     return out_file
 
 
+def zimage_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4) -> Path:
+    """The diffusers LoRA renamed to ai-toolkit's Z-Image layout: `diffusion_model.` names and alpha = rank
+    (a scale of 1, so it changes the model as the diffusers file does)."""
+    from safetensors.torch import load_file, save_file
+
+    layers = load_file(diffusers_lora(model_dir, out_file, seed, rank))
+    tensors = {}
+    for key, value in layers.items():
+        name = "diffusion_model." + key.removeprefix("transformer.")
+        tensors[name] = value
+        if name.endswith(".lora_A.weight"):
+            tensors[name.replace(".lora_A.weight", ".alpha")] = torch.tensor(float(rank))
+    save_file(tensors, str(out_file))
+    return out_file
+
+
 def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4) -> Path:
     """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path."""
     model_dir, out_file = Path(model_dir), Path(out_file)
@@ -184,6 +203,8 @@ def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int 
         return diffusers_lora(model_dir, out_file, seed, rank)
     if fmt == "kohya" and _pipeline_class(model_dir).__name__ == "StableDiffusionXLPipeline":
         return sdxl_kohya_lora(model_dir, out_file, seed, rank)
+    if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "ZImagePipeline":
+        return zimage_comfyui_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
         return bfl_lora(model_dir, out_file, fmt, seed, rank)
     if fmt == "lightx2v":

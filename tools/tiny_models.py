@@ -40,7 +40,7 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline", "flux1-kontext": "FluxKontextPipeline",
                  "flux1-fill": "FluxFillPipeline", "qwenimage-edit": "QwenImageEditPipeline",
                  "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline",
-                 "sdxl": "StableDiffusionXLPipeline"}
+                 "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -622,6 +622,38 @@ def sdxl(size: str):
     return pipe, {"tokenizer": tok_raw, "tokenizer_2": tok2_raw}
 
 
+def zimage(size: str):
+    """Z-Image-Turbo: a Qwen3 text encoder (Qwen3Model, as in Tongyi-MAI/Z-Image-Turbo's model_index; its
+    second-to-last hidden state is the transformer's text input), FLUX.1's VAE, ZImageTransformer2DModel and
+    Turbo's scheduler (fixed shift 3).
+    bench: the real width (30 heads x 128 = 3840, text width 2560) with one main block and one noise and one
+    context refiner block (~540M parameters, 2.2 GB); the text encoder has Qwen3-4B's width but one layer."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    bench = size == "bench"
+    tok, _ = qwen3_tokenizer()
+    ids = tok.convert_tokens_to_ids
+    hidden, layers, heads, kv_heads, head_dim = (2560, 2, 32, 8, 128) if bench else (32, 2, 2, 1, 16)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=1024, bos_token_id=ids("<|endoftext|>"),
+                      eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
+    torch.manual_seed(0)
+    te = Qwen3Model(cfg)
+    torch.manual_seed(0)
+    if bench:
+        transformer = ZImageTransformer2DModel(dim=3840, n_layers=1, n_refiner_layers=1, n_heads=30, n_kv_heads=30,
+                                               cap_feat_dim=hidden, axes_dims=[32, 48, 48])
+    else:
+        transformer = ZImageTransformer2DModel(dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
+                                               cap_feat_dim=hidden, axes_dims=[4, 6, 6])
+    vae = flux_sd3_vae(scaling_factor=0.3611, shift_factor=0.1159)
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    pipe = ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, transformer=transformer)
+    return pipe, {}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
@@ -634,6 +666,7 @@ _BUILDERS = {
     "qwenimage-edit-plus": lambda size: qwenimage_edit(size, plus=True),
     "flux2-klein": flux2_klein,
     "sdxl": sdxl,
+    "zimage": zimage,
 }
 
 

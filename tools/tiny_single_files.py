@@ -26,6 +26,8 @@ The files use the real layouts and the usual names, so the loader meets what use
                       models of families TPU Diffusers does not run, in their original layouts
   SDXL (Stability):   sd_xl_base_1.0.safetensors (all-in-one: SGM UNet, LDM VAE, CLIP-L, OpenCLIP ViT-bigG in
                       OpenCLIP's layout), sdxl_vae.safetensors
+  Z-Image (Comfy-Org): z_image_turbo_bf16.safetensors (ComfyUI's Lumina 2 / NextDiT layout), qwen_3_4b.safetensors
+                      (Qwen3 named "model.layers...", no lm_head, as ComfyUI's Qwen3_4B), ae.safetensors (LDM VAE)
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -356,6 +358,30 @@ def clip_to_open_clip(sd: dict) -> dict:
                 [sd[f"{src}.self_attn.{p}_proj.{suffix}"] for p in ("q", "k", "v")])
             for d, o in OPEN_CLIP_LAYER.items():
                 out[f"{dst}.{o}.{suffix}"] = sd[f"{src}.{d}.{suffix}"]
+    return out
+
+
+# ------------------------------------------------------------------------------ Z-Image transformer
+ZIMAGE_RENAMES = {  # diffusers key part -> ComfyUI's NextDiT (comfy/ldm/lumina/model.py) key part
+    "all_final_layer.2-1.": "final_layer.", "all_x_embedder.2-1.": "x_embedder.",
+    ".attention.to_out.0.": ".attention.out.", ".attention.norm_q.": ".attention.q_norm.",
+    ".attention.norm_k.": ".attention.k_norm.",
+}
+
+
+def zimage_to_comfy(sd: dict) -> dict:
+    """ZImageTransformer2DModel keys -> ComfyUI's layout (z_image_turbo_bf16.safetensors): q, k and v fused
+    into one qkv, and the top-level norm_final that NextDiT has and diffusers' converter drops."""
+    sd, out = dict(sd), {}
+    for key in [k for k in sd if k.endswith(".attention.to_q.weight")]:
+        block = key[: -len(".to_q.weight")]
+        out[f"{block}.qkv.weight"] = torch.cat([sd.pop(f"{block}.to_{p}.weight") for p in "qkv"])
+    for key, value in sd.items():
+        for d, c in ZIMAGE_RENAMES.items():
+            key = key.replace(d, c)
+        out[key] = value
+    dim = sd["cap_pad_token"].shape[1]
+    out["norm_final.weight"] = torch.ones(dim, dtype=sd["cap_pad_token"].dtype)
     return out
 
 
@@ -706,6 +732,31 @@ def qwen_edit_2511_configs(folder) -> None:
     config = json.loads(path.read_text())
     config["zero_cond_t"] = True
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+def bf16_valued_transformer(folder) -> None:
+    """Round a folder's transformer weights to bf16 values (kept float32), so that a bf16 file of it
+    (z_image_turbo_bf16.safetensors) holds exactly the folder's weights."""
+    from diffusers import ZImageTransformer2DModel
+
+    path = Path(folder, "transformer")
+    model = ZImageTransformer2DModel.from_pretrained(path)
+    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
+    model.save_pretrained(path)
+
+
+
+def zimage_files(folder, out) -> dict[str, Path]:
+    """Comfy-Org's Z-Image-Turbo files: the diffusion model (bf16), the Qwen3-4B text encoder and FLUX.1's VAE."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    transformer = {k: v.to(torch.bfloat16) for k, v in zimage_to_comfy(folder_weights(folder, "transformer")).items()}
+    return {
+        "transformer": _save(transformer, out / "z_image_turbo_bf16.safetensors"),
+        "text_encoder": _save(_prefixed(folder_weights(folder, "text_encoder"), "model."),
+                              out / "qwen_3_4b.safetensors"),
+        "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "ae.safetensors"),
+    }
+
 
 
 def flux1_kontext_files(folder, out) -> dict[str, Path]:

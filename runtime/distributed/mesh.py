@@ -8,7 +8,7 @@ import os
 from .. import settings
 from ..device import TPU_IN_WORKERS_ENV, DeviceInfo, tpu_chip_count
 from ..errors import ModelLoadError, UserInputError
-from ..families import family_for
+from ..families import FAMILIES, Family, family_for
 from ..settings import KEY_ENV, decode_key
 from ..sources import components, is_hub_id, read_model_index
 from ..specs import MeshSpec, Workers
@@ -108,12 +108,37 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     return notes
 
 
+def _denoiser_class(family: Family):
+    """The diffusers class of a family's denoiser, from its base pipeline's __init__ annotation
+    (`FluxTransformer2DModel`, `WanTransformer3DModel | None`, or its name as a string)."""
+    import inspect
+    import typing
+
+    import diffusers
+
+    annotation = inspect.signature(getattr(diffusers, family.base_class)).parameters[family.denoiser].annotation
+    for option in typing.get_args(annotation) or (annotation,):
+        option = getattr(diffusers, option, None) if isinstance(option, str) else option
+        if isinstance(option, type) and option is not type(None):
+            return option
+    return None
+
+
+def shardable_families() -> str:
+    """The families whose denoiser diffusers can shard (its class has a `_tp_plan`), for messages:
+    'FLUX.1, FLUX.2 and QwenImage'."""
+    names = [family.name for family in FAMILIES if getattr(_denoiser_class(family), "_tp_plan", None) is not None]
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def _check_transformer(source: str, denoiser: str, cls: str, tp: int) -> list[str]:
     import diffusers
 
     if getattr(getattr(diffusers, cls), "_tp_plan", None) is None:
         raise UserInputError(f"{cls} has no tensor-parallel plan in diffusers, so it cannot be sharded "
-                             "(FLUX.1, FLUX.2 and QwenImage can). Turn shard_transformer off or drop the TP Mesh.")
+                             f"({shardable_families()} can). Use replicas instead: turn shard_transformer off (each "
+                             "chip then holds the whole pipeline and runs its share of the batch), or drop the TP "
+                             "Mesh.")
     heads = _subfolder_config(source, denoiser).get("num_attention_heads")
     if heads and heads % tp:
         valid = [n for n in range(1, heads + 1) if heads % n == 0]

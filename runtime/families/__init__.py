@@ -10,13 +10,13 @@ not an `if` elsewhere. Adding a family: docs/adding_a_family.md.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl
+from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl, zimage
 from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, VIDEO, Family, FileKind, FileSlot, FileVariant,  # noqa: F401
                    TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
-                               sdxl.FAMILY)
+                               sdxl.FAMILY, zimage.FAMILY)
 
 # Single-file detection order: the first kind with a matching key wins, so more specific kinds come first
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks; FLUX.2
@@ -24,6 +24,7 @@ FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimag
 FILE_KINDS: tuple[FileKind, ...] = (
     flux2_klein.FAMILY.denoiser_kind,
     flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
+    zimage.FAMILY.denoiser_kind,  # its files have no key of the kinds above, and no kind below has its key
     flux2.VAE, WAN_VAE, KL_VAE, CLIP, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
     sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG,
 )

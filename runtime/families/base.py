@@ -23,6 +23,9 @@ class TaskPipeline:
     reference_kwarg: str = ""  # where image_2 goes beside the edited image (FLUX.1 Kontext inpaint: image_reference)
     strength: bool = False  # it takes the Sampler's denoise as diffusers' `strength`
     max_area: bool = False  # FLUX.1 Kontext: it returns ~1 MP whatever was asked unless max_area is width x height
+    # its diffusers class encodes the image at the image's own size, not the asked one (Z-Image's image to image
+    # and inpaint; a size mismatch crashes there): the image is resized to the output size first, as others do
+    resize_image: bool = False
     # (image width, image height) -> the (width, height) it makes whatever is asked, for a class that sets its
     # output size itself (Qwen-Image-Edit inpaint): the Sampler's size must then be 0 or that
     output_size: Callable | None = None
@@ -97,6 +100,9 @@ class Family:
     diffusers_model_types: tuple[str, ...] = ()  # single_file_utils.infer_diffusers_model_type values of it
     denoiser: str = "transformer"  # the pipeline component that denoises (SDXL's is a "unet")
     file_variants: tuple[FileVariant, ...] = ()  # checked in order; a file that matches none is the base model
+    # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
+    # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
+    prepare_compile: Callable | None = None
 
     @property
     def base_class(self) -> str:

@@ -135,9 +135,11 @@ class CompileState:
         return self.request == request
 
 
-def compile_denoiser(denoiser, request: CompileRequest) -> CompileState:
+def compile_denoiser(denoiser, request: CompileRequest, prepare=None) -> CompileState:
     """Mark the denoiser (a pipeline's transformer or unet) for compilation (torch compiles lazily, on the
-    first call per shape)."""
+    first call per shape), after its family's `prepare_compile` (if any)."""
+    if prepare is not None:
+        prepare(denoiser)
     scope = request.resolved_scope()
     blocks = getattr(denoiser, "_repeated_blocks", None)
     if request.scope is CompileScope.AUTO and not blocks:
@@ -161,14 +163,15 @@ def remove(denoiser) -> None:
 
 
 def apply(state: CompileState | None, denoiser, spec: CompileSpec, placement: Placement, device: DeviceInfo,
-          wanted: bool) -> CompileState | None:
-    """Compile, recompile with other options, or go back to eager, as the run options ask; the new state."""
+          wanted: bool, prepare=None) -> CompileState | None:
+    """Compile, recompile with other options, or go back to eager, as the run options ask; the new state.
+    `prepare`: the family's prepare_compile."""
     request = CompileRequest.of(spec, placement, device)
     if state is not None and (not wanted or not state.matches(request)):
         remove(denoiser)
         state = None
     if wanted and state is None:
-        state = compile_denoiser(denoiser, request)
+        state = compile_denoiser(denoiser, request, prepare)
     if wanted:
         state.warmup_sizes = spec.warmup_sizes  # may change without a recompile
     return state

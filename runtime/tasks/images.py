@@ -54,6 +54,15 @@ def pil_image(batch, index: int):
     return Image.fromarray(np.ascontiguousarray(pixels[:, :, :3]), "RGB")
 
 
+def at_output_size(pipeline: TaskPipeline, image, request):
+    """A PIL image resized to the output size for a pipeline whose diffusers class takes it at its own size
+    (`TaskPipeline.resize_image`), with Lanczos as diffusers' image processors resize for the others; else as is."""
+    from PIL import Image
+
+    size = (request.width, request.height)
+    return image.resize(size, Image.LANCZOS) if pipeline.resize_image and image.size != size else image
+
+
 def pil_mask(mask, index: int, size: tuple[int, int]):
     """Item index % M of a MASK batch as an 8-bit grey PIL image of `size` (width, height), its image's."""
     import numpy as np

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..families import INPAINT, TaskPipeline
 from .base import SampleRequest, Task
-from .images import pil_image, pil_mask
+from .images import at_output_size, pil_image, pil_mask
 
 
 class Inpaint(Task):
@@ -13,7 +13,9 @@ class Inpaint(Task):
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         image = pil_image(request.images[0], index)
-        kwargs = {"image": image, "mask_image": pil_mask(request.mask, index, image.size)}
+        # the mask at its image's size: diffusers resizes it to the output size itself
+        kwargs = {"image": at_output_size(pipeline, image, request),
+                  "mask_image": pil_mask(request.mask, index, image.size)}
         if pipeline.reference_kwarg and len(request.images) > 1:
             kwargs[pipeline.reference_kwarg] = pil_image(request.images[1], index)
         return kwargs

@@ -25,6 +25,8 @@ FAMILIES = {
                              "flux2/flux2-vae.safetensors")),
     "qwenimage": ("qwenimage", ("qwenimage/qwen_image.safetensors", "qwenimage/qwen_2.5_vl_7b_fp8_scaled.safetensors",
                                 "none", "none", "qwenimage/qwen_image_vae.safetensors")),
+    "zimage": ("zimage", ("zimage/z_image_turbo_bf16.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none",
+                          "zimage/ae.safetensors")),
 }
 
 

@@ -1,0 +1,49 @@
+"""Z-Image (Alibaba Tongyi-MAI): Z-Image-Turbo text to image, image to image and inpaint.
+
+A single-stream DiT with a Qwen3-4B text encoder and FLUX.1's VAE; it samples FLUX.1's 16-channel latents
+unpacked (B, 16, H/8, W/8), which ComfyUI previews with the Flux latent format. diffusers runs CFG when
+guidance > 0 (its guidance is ComfyUI's cfg - 1): Turbo is distilled and runs 8 steps at guidance 0.
+diffusers has no tensor-parallel plan for its transformer: several chips run it as replicas.
+"""
+
+from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .components import KL_VAE, QWEN3, diffusers_detection_keys
+from .sd3 import spatial_latents
+
+
+def fill_rope_table(transformer) -> None:
+    """Compute the transformer's rotary table now, as its first call would: diffusers' RopeEmbedder fills it
+    lazily inside a `with torch.device("cpu")` block, which torch.compile cannot trace with fullgraph
+    ("Unsupported context manager"). Its own precompute, on the transformer's device."""
+    rope = transformer.rope_embedder
+    if rope.freqs_cis is None:
+        table = rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, theta=rope.theta)
+        rope.freqs_cis = [part.to(transformer.device) for part in table]
+
+# "layers.0.adaLN_modulation.0.weight" is the same in ComfyUI's and diffusers' layouts (Lumina 2's is ".1.").
+TRANSFORMER = FileKind("zimage_transformer", "a Z-Image diffusion model",
+                       lambda: diffusers_detection_keys("z-image-turbo"))
+
+FAMILY = Family(
+    name="Z-Image",
+    model_classes={"ZImagePipeline": {
+        TEXT2IMAGE: TaskPipeline("ZImagePipeline"),
+        IMAGE2IMAGE: TaskPipeline("ZImageImg2ImgPipeline", images=1, strength=True, resize_image=True),
+        INPAINT: TaskPipeline("ZImageInpaintPipeline", images=1, strength=True, resize_image=True),
+    }},
+    takes_negative_prompt=True,  # used only when guidance > 0
+    guidance_kwarg="guidance_scale",
+    size_multiple=16,
+    default_steps=8,
+    latent_grid=spatial_latents,
+    comfy_latent_format="Flux",  # ComfyUI's supported_models.ZImage (a Lumina2): latent_formats.Flux
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("z_image_turbo_bf16.safetensors",),
+    file_slots=(
+        FileSlot("text_encoder", QWEN3, "qwen_3_4b.safetensors"),
+        FileSlot("vae", KL_VAE, "ae.safetensors"),
+    ),
+    default_config_repo="Tongyi-MAI/Z-Image-Turbo",
+    diffusers_model_types=("z-image-turbo",),
+    prepare_compile=fill_rope_table,
+)
