@@ -455,15 +455,12 @@ def _load_diffusers(name, cls, weights, folder, dtype):
     config = cls.load_config(folder, subfolder=name, local_files_only=True)
     with init_empty_weights():
         expected = set(cls.from_config(config).state_dict())
-    given = dict(weights)  # converters pop what they use
-    if set(given) == expected:
-        state = given
-    else:
-        prefix = CONVERTER_PREFIXES.get(cls.__name__, "")
-        state = _converter(cls)(checkpoint={prefix + k: v for k, v in given.items()}, config=config)
+    prefix = CONVERTER_PREFIXES.get(cls.__name__, "")
+    given = {prefix + k: v for k, v in weights.items()}  # a copy: converters pop what they use
+    state = weights if set(weights) == expected else _converter(cls)(checkpoint=given, config=config)
     missing = sorted(expected - set(state))
     unexpected = sorted(set(state) - expected)
-    if cls.__name__ in LEFTOVERS_UNUSED and state is not given:
+    if cls.__name__ in LEFTOVERS_UNUSED and state is not weights:
         unexpected += sorted(given)  # what its converter left behind
     if missing or unexpected:
         return None, missing, unexpected, [], []

@@ -56,9 +56,9 @@ def test_folder_without_model_index_is_not_a_pipeline(tmp_path):
 def test_unsupported_pipeline_class_names_the_supported_ones(copy_of):
     folder = copy_of("flux1-schnell")
     index = json.loads((folder / "model_index.json").read_text())
-    index["_class_name"] = "StableDiffusionXLPipeline"
+    index["_class_name"] = "StableDiffusionPipeline"  # SD 1.x/2.x: not a family of the pack
     (folder / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(UserInputError, match="StableDiffusionXLPipeline.*Supported pipelines: FLUX.1"):
+    with pytest.raises(UserInputError, match="StableDiffusionPipeline.*Supported pipelines: FLUX.1"):
         inspect_source(str(folder))
 
 

@@ -126,7 +126,7 @@ def _denoiser_class(family: Family):
 
 def shardable_families() -> str:
     """The families whose denoiser diffusers can shard (its class has a `_tp_plan`), for messages:
-    'FLUX.1, FLUX.2 and QwenImage'."""
+    'FLUX.1, FLUX.2, QwenImage and FLUX.2 [klein]'."""
     names = [family.name for family in FAMILIES if getattr(_denoiser_class(family), "_tp_plan", None) is not None]
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
