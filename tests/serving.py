@@ -40,10 +40,10 @@ def add_broken_models(diffusers_dir: Path, tiny_dir: Path) -> None:
     plain = diffusers_dir / "not-a-pipeline"
     plain.mkdir()
     (plain / "model_index.json").write_text(json.dumps({"_diffusers_version": "0.42.1"}))
-    unsupported = diffusers_dir / "unsupported-sdxl"
+    unsupported = diffusers_dir / "unsupported-sd15"
     shutil.copytree(tiny_dir / "tiny-flux1-schnell", unsupported)
     index = json.loads((unsupported / "model_index.json").read_text())
-    (unsupported / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionXLPipeline"}))
+    (unsupported / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionPipeline"}))
     corrupt = diffusers_dir / "corrupt-flux"
     shutil.copytree(tiny_dir / "tiny-flux1-schnell", corrupt)
     weights = next((corrupt / "transformer").glob("*.safetensors"))

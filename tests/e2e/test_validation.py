@@ -57,7 +57,7 @@ class TestRefusedWhenQueued:
         (dict(model="../../../../etc"), "model", "is not a folder name inside models/diffusers"),
         (dict(model="tiny-sd3/../tiny-sd3"), "model", "is not a folder name inside models/diffusers"),
         (dict(model="not-a-pipeline"), "model", "names no pipeline class"),
-        (dict(model="unsupported-sdxl"), "model", "'StableDiffusionXLPipeline', which TPU Diffusers does not run"),
+        (dict(model="unsupported-sd15"), "model", "'StableDiffusionPipeline', which TPU Diffusers does not run"),
         (dict(model="corrupt-flux"), "model", "truncated or corrupt"),
         (dict(hub_id="../../../../etc"), "hub_id", "is not a hub id like 'owner/name'"),
         (dict(hub_id="/etc"), "hub_id", "is not a hub id like 'owner/name'"),
