@@ -78,7 +78,9 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
 
 @pytest.mark.parametrize("name, pipeline_class", [("flux1-schnell", "FluxPipeline"), ("flux2", "Flux2Pipeline"),
                                                   ("qwenimage", "QwenImagePipeline"),
-                                                  ("sdxl", "StableDiffusionXLPipeline")])
+                                                  ("sdxl", "StableDiffusionXLPipeline"),
+                                                  ("flux2-klein", "Flux2KleinPipeline"),
+                                                  ("zimage", "ZImagePipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
     handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
@@ -185,7 +187,8 @@ def test_warmup_sizes_are_parsed_or_clearly_refused():
 @pytest.mark.parametrize("name, pipeline_class", [("sd3", "StableDiffusion3Pipeline"), ("flux2", "Flux2Pipeline"),
                                                   ("qwenimage", "QwenImagePipeline"),
                                                   ("flux2-klein", "Flux2KleinPipeline"),
-                                                  ("zimage", "ZImagePipeline")])  # a fresh load: prepare_compile
+                                                  ("zimage", "ZImagePipeline"),  # a fresh load: prepare_compile
+                                                  ("sdxl", "StableDiffusionXLPipeline")])
 def test_the_other_families_compile_whole_and_match_eager(tiny, name, pipeline_class):
     compiled = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
                               compile=CompileSpec())
