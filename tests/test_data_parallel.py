@@ -169,3 +169,17 @@ def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_pr
     result = engine.generate(handle_for(tiny, "zimage", mesh=MeshSpec(chips=2, shard_transformer=False)), inputs)
     assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["sdxl"])
+def test_replicas_of_a_family_without_a_tp_plan_give_the_single_process_images(tiny, engine, name):
+    """SDXL's UNet has no TP plan either: it is refused as TP like Z-Image, and two replicas (one worker-group
+    launch) run it as one process does."""
+    with pytest.raises(UserInputError, match=r"has no tensor-parallel plan in diffusers, so it cannot be sharded"):
+        engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2)), request())
+    assert engine.workers.current is None  # refused before anything launched
+    inputs = request(batch_size=2)
+    single = Engine(distribute=False).generate(handle_for(tiny, name), inputs)
+    result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, shard_transformer=False)), inputs)
+    assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
