@@ -146,14 +146,20 @@ def test_qwen_image_2512_lightning_from_files_gives_plain_diffusers_image_with_t
         str(models / "diffusion_models" / QWEN_2512_FILE), config=str(folder), subfolder="transformer",
         torch_dtype=torch.float32, local_files_only=True)
     pipe = QwenImagePipeline.from_pretrained(folder, transformer=transformer, local_files_only=True)
+    text = sampler_prompt()[SAMPLER]["inputs"]["prompt"]
+
+    def plain_image():
+        with torch.no_grad():
+            image = pipe(prompt=text, height=64, width=64, num_inference_steps=4, true_cfg_scale=1.0,
+                         generator=torch.Generator("cpu").manual_seed(42), output_type="np").images[0]
+        return np.clip(image * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
+
+    without_lora = plain_image()
     pipe.load_lora_weights(str(models / "loras" / QWEN_2512_LIGHTNING))
     pipe.fuse_lora()
-    text = sampler_prompt()[SAMPLER]["inputs"]["prompt"]
-    with torch.no_grad():
-        plain = pipe(prompt=text, height=64, width=64, num_inference_steps=4, true_cfg_scale=1.0,
-                     generator=torch.Generator("cpu").manual_seed(42), output_type="np").images[0]
-    expected = np.clip(plain * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
-    assert np.abs(pixels(files_server, entry) - expected).max() <= 1
+    saved = pixels(files_server, entry)
+    assert np.abs(saved - plain_image()).max() <= 1
+    assert np.abs(saved - without_lora).max() > 1, "the tiny LoRA must change the image beyond the tolerance"
 
 
 def test_a_second_run_from_the_same_files_loads_nothing(files_server):
