@@ -14,6 +14,9 @@ from serving import LOADER, MODE, SAMPLER, comfy_server, outcome, run_info, run_
 
 FILE_LOADER_INPUTS = ("model", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "configs")
 LORA_MODEL = "tiny-flux1-schnell"
+# the files of workflows/qwen_image_2512_lightning_files_offload.json, by their names there
+QWEN_2512_FILE = "qwen_image_2512_fp8_e4m3fn.safetensors"
+QWEN_2512_LIGHTNING = "Qwen-Image-2512-Lightning-4steps-V1.0-fp32.safetensors"
 # family (subfolder of the single_files fixture) -> (configs folder, the File Loader's picks)
 FAMILIES = {
     "flux1": ("flux1-wide", ("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors",
@@ -39,6 +42,11 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     tiny_loras.build(folder, loras / "style_b.safetensors", "diffusers", seed=1)
     tiny_loras.build(folder, loras / "kohya_style.safetensors", "kohya", seed=2)
     tiny_loras.build(tiny_dir / "tiny-sd3", loras / "an_sd3_lora.safetensors", "diffusers", seed=3)
+    qwenimage = single_files["qwenimage"][0]
+    tiny_loras.build(qwenimage, loras / QWEN_2512_LIGHTNING, "lightx2v", seed=4)
+    tiny_single_files.qwenimage_2512_file(qwenimage, base / "models" / "diffusion_models", QWEN_2512_FILE)
+    (base / "models" / "diffusers").mkdir(parents=True, exist_ok=True)
+    (base / "models" / "diffusers" / "Qwen-Image-2512").symlink_to(qwenimage)  # configs auto: named like the repo
     (loras / "cut_short.safetensors").write_bytes((loras / "style_a.safetensors").read_bytes()[:300])
     broken = base / "models" / "diffusion_models" / "broken"
     broken.mkdir(parents=True)
@@ -114,6 +122,44 @@ def test_an_sdxl_checkpoint_gives_the_image_of_plain_diffusers_from_single_file(
                      guidance_scale=5.0, generator=torch.Generator("cpu").manual_seed(9), output_type="np").images[0]
     expected = np.clip(plain * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
     assert np.abs(pixels(files_server, entry) - expected).max() <= 1
+
+
+def test_qwen_image_2512_lightning_from_files_gives_plain_diffusers_image_with_the_lora_fused(files_server,
+                                                                                                single_files):
+    """The graph of workflows/qwen_image_2512_lightning_files_offload.json (File Loader with configs auto, the
+    Lightning LoRA in lightx2v's layout at strength 1, Mode Selector eager + model_cpu_offload, 4 steps, guidance
+    1): the image plain diffusers makes from the same files (the fp8 transformer through from_single_file, the
+    Qwen-Image folder's text encoder and VAE, which the other two files hold) with load_lora_weights + fuse_lora."""
+    import torch
+    from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
+
+    picks = (QWEN_2512_FILE, "qwenimage/qwen_2.5_vl_7b_fp8_scaled.safetensors", "none", "none",
+             "qwenimage/qwen_image_vae.safetensors")
+    same = dict(seed=42, width=64, height=64, steps=4, guidance=1.0)
+    prompt = with_loras(files_prompt("auto", picks, placement="model_cpu_offload", **same), (QWEN_2512_LIGHTNING, 1.0))
+    entry = run_ok(files_server, prompt)
+    info = run_info(entry)
+    assert info["pipeline"] == "QwenImagePipeline" and info["loaded"], info
+    assert any(note.startswith(f"LoRA: {QWEN_2512_LIGHTNING} @ 1 (fused") for note in info["notes"]), info["notes"]
+    folder, models = single_files["qwenimage"][0], files_server.base_dir / "models"
+    transformer = QwenImageTransformer2DModel.from_single_file(
+        str(models / "diffusion_models" / QWEN_2512_FILE), config=str(folder), subfolder="transformer",
+        torch_dtype=torch.float32, local_files_only=True)
+    pipe = QwenImagePipeline.from_pretrained(folder, transformer=transformer, local_files_only=True)
+    text = sampler_prompt()[SAMPLER]["inputs"]["prompt"]
+
+    def plain_image():
+        with torch.no_grad():
+            image = pipe(prompt=text, height=64, width=64, num_inference_steps=4, true_cfg_scale=1.0,
+                         generator=torch.Generator("cpu").manual_seed(42), output_type="np").images[0]
+        return np.clip(image * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
+
+    without_lora = plain_image()
+    pipe.load_lora_weights(str(models / "loras" / QWEN_2512_LIGHTNING))
+    pipe.fuse_lora()
+    saved = pixels(files_server, entry)
+    assert np.abs(saved - plain_image()).max() <= 1
+    assert np.abs(saved - without_lora).max() > 1, "the tiny LoRA must change the image beyond the tolerance"
 
 
 def test_a_second_run_from_the_same_files_loads_nothing(files_server):

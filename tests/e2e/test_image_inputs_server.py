@@ -154,6 +154,11 @@ CASES = [
     ("qwenimage-edit-plus-two-images", "tiny-qwenimage-edit-plus", dict(images=(LOAD_A, LOAD_B)),
      dict(guidance=1.0, negative_prompt=NEGATIVE, steps=1), "edit", "QwenImageEditPlusPipeline",
      lambda px, i: dict(image=[px[LOAD_A], px[LOAD_B]], true_cfg_scale=1.0, negative_prompt=NEGATIVE)),
+    # Z-Image's pipelines take the image at the output size (plain diffusers crashes on another): the pack resizes
+    # the 75x45 picture to 64x64 with Lanczos first, so plain diffusers gets it resized so
+    ("zimage-img2img-resized", "tiny-zimage", dict(images=(LOAD_ODD,)), dict(denoise=0.6, steps=4, guidance=0.0),
+     "image2image", "ZImageImg2ImgPipeline",
+     lambda px, i: dict(image=px[LOAD_ODD].resize((64, 64), Image.LANCZOS), strength=0.6, guidance_scale=0.0)),
 ]
 
 
