@@ -188,8 +188,13 @@ def run_child(spec: dict, out: Path) -> int:
     (the process settings were applied at import, before torch)."""
     from tpu_diffusers_runtime.engine import Engine
 
+    import torch
+
     engine = Engine()
     for family, cell, size_name in spec["cells"]:
+        if cell.startswith("compile"):
+            # fresh dynamo state: FLUX.2's and [klein]'s blocks at one width would reuse each other's graphs
+            torch._dynamo.reset()
         record = run_cell(engine, family, cell, size_name, spec["models"][size_name][family], spec["device"])
         with open(out, "a") as f:
             f.write(json.dumps(record) + "\n")
