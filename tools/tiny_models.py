@@ -40,7 +40,9 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "flux2": "Flux2Pipeline", "qwenimage": "QwenImagePipeline", "flux1-kontext": "FluxKontextPipeline",
                  "flux1-fill": "FluxFillPipeline", "qwenimage-edit": "QwenImageEditPipeline",
                  "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline",
-                 "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline"}
+                 "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline",
+                 "wan22-t2v-a14b": "WanPipeline", "wan22-i2v-a14b": "WanImageToVideoPipeline",
+                 "wan22-ti2v-5b": "WanPipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -654,6 +656,85 @@ def zimage(size: str):
     return pipe, {}
 
 
+def umt5_encoder(tok, d_model: int):
+    """2-layer UMT5 encoder (Wan's text encoder: T5 with a relative attention bias in every layer, gated-gelu);
+    its output is `d_model` wide, while the attention and feed-forward stay narrow."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    cfg = UMT5Config(
+        vocab_size=len(tok), d_model=d_model, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=32, feed_forward_proj="gated-gelu",
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )
+    torch.manual_seed(0)
+    return UMT5EncoderModel(cfg)
+
+
+def wan_vae(wan22: bool):
+    """Wan 2.1's AutoencoderKLWan (16 latent channels, 8x spatial, 4x temporal; also Wan 2.2 A14B's) or Wan 2.2's
+    (48 channels, a 2x2 patchified residual VAE: 16x spatial, TI2V-5B's), with narrow blocks."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    if not wan22:
+        return AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
+                                latents_std=[1.0] * 16)
+    return AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                            temperal_downsample=[False, True, True], latents_mean=[0.0] * 48, latents_std=[1.0] * 48,
+                            is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)
+
+
+def wan_transformer(bench: bool, in_channels: int, out_channels: int, text_dim: int, wide: bool, seed: int):
+    """WanTransformer3DModel. bench: the real width (14B: 40 heads x 128 = 5120, ffn 13824; 5B: 24 x 128 = 3072,
+    ffn 14336) with one block; tiny: 2 heads x 12 (rotary axes 4/4/4), 2 blocks."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    if bench:
+        heads, ffn = (40, 13824) if wide else (24, 14336)
+        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128,
+                                     in_channels=in_channels, out_channels=out_channels, text_dim=text_dim,
+                                     ffn_dim=ffn, num_layers=1)
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                 in_channels=in_channels, out_channels=out_channels, text_dim=text_dim, freq_dim=32,
+                                 ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+
+
+def wan_scheduler(flow_shift: float):
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
+                                   flow_shift=flow_shift)
+
+
+def wan22(size: str, task: str):
+    """Wan 2.2: "t2v" A14B (two experts: `transformer` for the high-noise steps, `transformer_2` for the rest,
+    switched at boundary_ratio 0.875), "i2v" A14B (WanImageToVideoPipeline: the first frame's latents join the
+    noise, 36 input channels; no CLIP image encoder in 2.2; boundary 0.9), "ti2v" 5B (one transformer, Wan 2.2's
+    VAE, expand_timesteps: text and image to video in one model). A UMT5 text encoder (4096 wide in bench)."""
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    bench = size == "bench"
+    tok, raw = t5_tokenizer()
+    text_dim = 4096 if bench else 32
+    text_encoder = umt5_encoder(tok, text_dim)
+    if task == "ti2v":
+        transformer = wan_transformer(bench, 48, 48, text_dim, wide=False, seed=0)
+        return WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=wan_vae(wan22=True),
+                           scheduler=wan_scheduler(5.0), transformer=transformer, expand_timesteps=True), \
+            {"tokenizer": raw}
+    channels = 36 if task == "i2v" else 16
+    experts = dict(transformer=wan_transformer(bench, channels, 16, text_dim, wide=True, seed=0),
+                   transformer_2=wan_transformer(bench, channels, 16, text_dim, wide=True, seed=1))
+    if task == "i2v":
+        return WanImageToVideoPipeline(tokenizer=tok, text_encoder=text_encoder, vae=wan_vae(wan22=False),
+                                       scheduler=wan_scheduler(5.0), image_processor=None, image_encoder=None,
+                                       boundary_ratio=0.9, **experts), {"tokenizer": raw}
+    return WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=wan_vae(wan22=False),
+                       scheduler=wan_scheduler(12.0), boundary_ratio=0.875, **experts), {"tokenizer": raw}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
@@ -667,6 +748,9 @@ _BUILDERS = {
     "flux2-klein": flux2_klein,
     "sdxl": sdxl,
     "zimage": zimage,
+    "wan22-t2v-a14b": lambda size: wan22(size, "t2v"),
+    "wan22-i2v-a14b": lambda size: wan22(size, "i2v"),
+    "wan22-ti2v-5b": lambda size: wan22(size, "ti2v"),
 }
 
 
