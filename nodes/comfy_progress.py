@@ -8,9 +8,10 @@ from PIL import Image
 
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.features.preview import PreviewSpec
+from tpu_diffusers_runtime.sources import model_settings
 
 
-def preview_spec(model_class: str) -> PreviewSpec | None:
+def preview_spec(handle) -> PreviewSpec | None:
     """What the runtime needs for previews of this family, or None when ComfyUI's preview setting is off
     (`--preview-method none`; newer ComfyUI also sets it per prompt from the page's setting).
 
@@ -19,7 +20,8 @@ def preview_spec(model_class: str) -> PreviewSpec | None:
     """
     if args.preview_method == LatentPreviewMethod.NoPreviews:
         return None
-    format_class = getattr(comfy.latent_formats, family_for(model_class).comfy_latent_format, None)
+    family = family_for(handle.model_class, settings=model_settings(handle.source))  # Wan 2.2 5B: Wan22's
+    format_class = getattr(comfy.latent_formats, family.comfy_latent_format, None)
     latent_format = format_class() if format_class else None
     if latent_format is None or not latent_format.latent_rgb_factors:
         return None  # a ComfyUI without factors for this family

@@ -17,6 +17,29 @@ LINK_TYPES = {"pipeline": TPUPipeline.io_type, "prompt": "STRING", "negative_pro
               "denoise": "FLOAT", "image": "IMAGE", "image_2": "IMAGE", "image_3": "IMAGE", "mask": "MASK"}
 
 
+def queue_time_problem(input_types: dict, link_types: dict, prompt, width, height) -> str | None:
+    """What a sampler node refuses when the prompt is queued, whatever the model: a link of the wrong type (ComfyUI
+    leaves link types to a node that reads input_types), an empty prompt, a size no supported model takes (size 0
+    = the image's, so it needs an image). Inputs fed by a link arrive as None and are checked when it runs."""
+    for name, received in input_types.items():
+        if name in link_types and not validate_node_input(received, link_types[name]):
+            article = "an" if str(received)[:1] in tuple("AEIOU") else "a"
+            return f"{name} takes {link_types[name]}, but {article} {received} output is connected to it."
+    if prompt is not None and not prompt.strip():
+        return "prompt is empty: describe the image to generate."
+    for name, value in (("width", width), ("height", height)):
+        if not isinstance(value, int):
+            continue
+        if value > MAX_SIZE:
+            return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
+        if value == 0:
+            if "image" not in input_types:
+                return f"{name} 0 means the image's {name}, but no image is connected: connect one or set {name}."
+        elif problem := size_problem(name, value):
+            return problem
+    return None
+
+
 class TPUSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -85,33 +108,20 @@ class TPUSampler(io.ComfyNode):
         arrives as None; a value that is not a number has already been reported by ComfyUI's own conversion.
         (A ComfyUI that passes no input_types leaves the link checks to the run, which makes them again.)"""
         input_types = input_types or {}
-        for name, received in input_types.items():
-            if name in LINK_TYPES and not validate_node_input(received, LINK_TYPES[name]):
-                article = "an" if str(received)[:1] in tuple("AEIOU") else "a"
-                return f"{name} takes {LINK_TYPES[name]}, but {article} {received} output is connected to it."
         linked = set(input_types)
+        problem = queue_time_problem(input_types, LINK_TYPES, prompt, width, height)
+        if problem:
+            return problem
         if "mask" in linked and "image" not in linked:
             return "a mask is connected but no image: connect the image to repaint to 'image' (Load Image gives both)."
         for name, before in (("image_2", "image"), ("image_3", "image_2")):
             if name in linked and before not in linked:
                 return f"{name} is connected but {before} is not: connect the references in order, {before} first."
-        if prompt is not None and not prompt.strip():
-            return "prompt is empty: describe the image to generate."
         if isinstance(denoise, (int, float)):
             if not 0 < denoise <= 1:
                 return f"denoise {denoise:g} is outside 0..1 (0 would change nothing); use a value above 0, at most 1."
             if denoise < 1 and "image" not in linked:
                 return f"denoise {denoise:g} needs an image to start from: connect an image, or set denoise to 1."
-        for name, value in (("width", width), ("height", height)):
-            if not isinstance(value, int):
-                continue
-            if value > MAX_SIZE:
-                return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
-            if value == 0:
-                if "image" not in linked:
-                    return f"{name} 0 means the image's {name}, but no image is connected: connect one or set {name}."
-            elif problem := size_problem(name, value):
-                return problem
         return True
 
     @classmethod
@@ -123,7 +133,7 @@ class TPUSampler(io.ComfyNode):
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, denoise=denoise,
                                 images=images, mask=mask)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
-                                     preview=preview_spec(pipeline.model_class))
+                                     preview=preview_spec(pipeline))
         info = generation.info
         # ComfyUI sends the ui dict to the page (`executed`, where web/tpu_diffusers.js shows it on
         # our nodes) and keeps it in the prompt's history, where API clients read it.

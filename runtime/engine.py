@@ -27,6 +27,7 @@ from .features.preview import PreviewSpec
 from .handle import PipelineHandle
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
+from .sources import model_settings
 from .specs import CompileSpec, ExecutionMode, MeshSpec, Placement, ProgressCallback, Workers
 from .tasks import SampleRequest, Task, check_host_memory, prepare
 from .tasks import images as image_inputs
@@ -64,6 +65,8 @@ class RunInfo:
     grad_mode: str = ""  # seen inside the denoising loop: TorchTPU cannot compile under inference mode
     compile_cache: dict = dataclasses.field(default_factory=dict)  # compilation.cache_folders()
     compile_cache_lookups: dict = dataclasses.field(default_factory=dict)  # this run's; compilation.cache_lookups()
+    frames: int = 0  # video: frames per video (the images output holds batch x frames of them)
+    fps: float = 0.0  # video: the model's frame rate
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -74,6 +77,8 @@ class RunInfo:
         lines = [f"device: {self.device}", f"task: {self.task} ({self.pipeline})", f"mode: {self.mode}",
                  f"placement: {self.placement}",
                  f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s ({self.grad_mode})", *self.notes]
+        if self.frames:
+            lines.insert(2, f"video: {self.frames} frames at {self.fps:g} fps")
         if self.mesh_shape and self.world_size > 1:
             lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {self.mesh_shape[1]} TP; " + ", ".join(
                 f"replica {i} ranks {list(ranks)}: {images} image(s), {step:.3f}s/step" for i, (ranks, images, step)
@@ -147,7 +152,8 @@ class Engine:
                   preview: PreviewSpec | None) -> Generation:
         """Sample `request` with the pipeline `handle` describes. With a preview spec, each sampling step's
         on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image)."""
-        family, task, pipeline, request = prepare(handle.model_class, request)  # fails before loading anything
+        # fails before loading anything
+        family, task, pipeline, request = prepare(handle.model_class, request, model_settings(handle.source))
         check_host_memory(task, request, available_host_memory_bytes())
         on_workers = self._worker_handle(handle)
         if on_workers is not None:
@@ -158,6 +164,8 @@ class Engine:
         self._free_chips_for_this_process(handle)
         start = time.perf_counter()
         entry, device, loaded = self.realise(handle, on_progress)
+        # the loaded model's own settings decide (a hub model's were not readable before it was downloaded)
+        family, task, pipeline, request = prepare(handle.model_class, request, dict(entry.pipe.config))
         pipe = entry.pipeline(pipeline.cls)
         load_seconds = time.perf_counter() - start
         notes += entry.notes + entry.lora.notes
@@ -198,7 +206,8 @@ class Engine:
                        peak_device_memory_mb=None if peak is None else peak / 2**20,
                        compiled_now=bool(activity.graphs) if entry.compiled else None,
                        compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
-                       compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups, notes=tuple(notes))
+                       compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
+                       frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
         return Generation(images=output, info=info)
 

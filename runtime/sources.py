@@ -83,6 +83,26 @@ def config_values(index: dict) -> dict:
             if not name.startswith("_") and isinstance(value, (bool, int, float, str))}
 
 
+def model_settings(source: str) -> dict:
+    """The model_index settings of a handle's source, read before loading where that needs no download (a folder,
+    or a hub id whose model_index.json is in the local cache); {} otherwise: the loaded pipeline's config is
+    checked again once it is loaded."""
+    if is_hub_id(source):
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(source, "model_index.json") if HUB_ID.match(source) else None
+        if not isinstance(path, str):
+            return {}
+    else:
+        path = os.path.join(source, "model_index.json")
+    try:
+        with open(path) as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        return {}  # the load reports an unreadable model_index.json
+    return config_values(index) if isinstance(index, dict) else {}
+
+
 def is_hub_id(source: str) -> bool:
     """Folders are always absolute paths; anything else must be an 'owner/name' hub id, so a
     workflow cannot smuggle in a relative path that diffusers would read as a local folder."""

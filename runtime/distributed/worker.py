@@ -272,6 +272,7 @@ class RankWorker:
         from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.features.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
+        from tpu_diffusers_runtime.sources import model_settings
         from tpu_diffusers_runtime.tasks import SampleRequest, prepare
 
         handle = PipelineHandle.from_wire(command["handle"])
@@ -279,7 +280,8 @@ class RankWorker:
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         # checked on every rank, even one with no image
         _, task, pipeline, request = prepare(handle.model_class,
-                                             SampleRequest.from_wire(command["request"], command["payloads"]))
+                                             SampleRequest.from_wire(command["request"], command["payloads"]),
+                                             model_settings(handle.source))
         mesh = self.device_mesh(handle.mesh)
         replicas, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")

@@ -10,13 +10,13 @@ not an `if` elsewhere. Adding a family: docs/adding_a_family.md.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl, zimage
-from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, VIDEO, Family, FileKind, FileSlot, FileVariant,  # noqa: F401
-                   TaskPipeline)  # (re-exported)
+from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl, wan, zimage
+from .base import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS, Family,  # noqa: F401
+                   FileKind, FileSlot, FileVariant, TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
-                               sdxl.FAMILY, zimage.FAMILY)
+                               sdxl.FAMILY, zimage.FAMILY, wan.FAMILY)
 
 # Single-file detection order: the first kind with a matching key wins, so more specific kinds come first
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks; FLUX.2
@@ -34,15 +34,16 @@ def supported() -> str:
     return ", ".join(f"{f.name} ({', '.join(f.model_classes)})" for f in FAMILIES)
 
 
-def family_for(model_class, where: str = "") -> Family:
-    """The family a model_index.json `_class_name` belongs to; a clear error for anything else."""
+def family_for(model_class, where: str = "", settings=None) -> Family:
+    """The family a model_index.json `_class_name` belongs to (as a model with these model_index `settings`
+    is: `Family.with_settings`); a clear error for anything else."""
     if not isinstance(model_class, str):  # diffusers' custom-pipeline form: ["module", "Class"]
         raise UserInputError(
             f"{where or 'this model'} names a custom pipeline ({model_class!r} in model_index.json's _class_name), "
             f"which TPU Diffusers does not run (it would execute the model's own code). Supported: {supported()}.")
     for family in FAMILIES:
         if model_class in family.model_classes:
-            return family
+            return family.with_settings(settings or {})
     raise UserInputError(
         f"{where or 'this model'} is a '{model_class}', which TPU Diffusers does not run. "
         f"Supported pipelines: {supported()}. Pick a model folder of one of these."

@@ -10,7 +10,9 @@ TEXT2IMAGE = "text2image"
 IMAGE2IMAGE = "image2image"
 INPAINT = "inpaint"
 EDIT = "edit"
-VIDEO = "video"
+TEXT2VIDEO = "text2video"
+IMAGE2VIDEO = "image2video"  # the image is the first frame
+VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +105,37 @@ class Family:
     # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
     # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
     prepare_compile: Callable | None = None
+    # the __call__'s default negative prompt, used when the node's is empty (QwenImage runs true CFG only with
+    # one, and " " is its own default; Wan's is "")
+    default_negative_prompt: str = " "
+    # Video families: frames per second of what it makes (for the run info and ComfyUI's CreateVideo), and
+    # the VAE's temporal factor: frame counts are temporal_factor x k + 1 (Wan: 4k + 1, 81 by default).
+    fps: float = 0.0
+    temporal_factor: int = 0
+    default_frames: int = 0
+    # (model_index setting, the Family fields it changes when true): facts that follow from a setting of the
+    # model rather than its class (Wan 2.2 TI2V-5B is a WanPipeline with expand_timesteps: another VAE, so
+    # another size step and latent format, and image to video too). `with_settings` applies them.
+    setting_changes: tuple[tuple[str, Mapping], ...] = ()
+    # pipeline components that denoise besides `denoiser` (Wan 2.2 A14B's low-noise expert `transformer_2`):
+    # compiled, offloaded and given LoRAs like it
+    extra_denoisers: tuple[str, ...] = ()
+
+    @property
+    def makes_video(self) -> bool:
+        return self.fps > 0
+
+    @property
+    def denoisers(self) -> tuple[str, ...]:
+        return (self.denoiser, *self.extra_denoisers)
+
+    def with_settings(self, settings: Mapping) -> "Family":
+        """This family as a model with these model_index settings is (the facts `setting_changes` names)."""
+        family = self
+        for name, changes in self.setting_changes:
+            if settings.get(name):
+                family = dataclasses.replace(family, **changes)
+        return family
 
     @property
     def base_class(self) -> str:

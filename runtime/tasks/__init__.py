@@ -9,18 +9,23 @@ checks and the pipeline's call arguments.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from ..families import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, TaskPipeline, family_for
-from .base import (MAX_SEED, SampleRequest, Task, nearest_sizes, resolve_size, size_problem,  # noqa: F401
-                   validate_size)
+from ..families import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, Family, TaskPipeline,
+                        family_for)
+from .base import (MAX_SEED, SampleRequest, Task, frames_problem, nearest_sizes, resolve_size,  # noqa: F401
+                   size_problem, validate_frames, validate_size)
 from .edit import Edit
 from .image2image import Image2Image
 from .inpaint import Inpaint
 from .text2image import Text2Image
+from .video import Image2Video, Text2Video
 
-TASKS: dict[str, Task] = {task.name: task for task in (Text2Image(), Image2Image(), Inpaint(), Edit())}
+TASKS: dict[str, Task] = {task.name: task for task in (Text2Image(), Image2Image(), Inpaint(), Edit(), Text2Video(),
+                                                       Image2Video())}
 
 
 def wanted_task(tasks, request: SampleRequest) -> str:
+    if request.frames:
+        return IMAGE2VIDEO if request.images else TEXT2VIDEO
     if request.mask is not None:
         return INPAINT
     if request.images:
@@ -29,8 +34,10 @@ def wanted_task(tasks, request: SampleRequest) -> str:
 
 
 def _needs(task: str, pipeline: TaskPipeline) -> str:
-    if task == TEXT2IMAGE:
+    if task in (TEXT2IMAGE, TEXT2VIDEO):
         return "no image"
+    if task == IMAGE2VIDEO:
+        return "a start image"
     if task == INPAINT:
         return "image + mask" + (" (+ image_2 as reference)" if pipeline.reference_kwarg else "")
     return f"1 to {pipeline.images} images" if pipeline.images > 1 else "an image"
@@ -39,21 +46,24 @@ def _needs(task: str, pipeline: TaskPipeline) -> str:
 def task_for(family: Family, model_class: str, request: SampleRequest) -> tuple[Task, TaskPipeline]:
     """The task a model of `model_class` runs for the request's inputs, and the diffusers pipeline that runs
     it; refused, saying what the model takes, when it has none for these inputs."""
+    validate_frames(family, request.frames)  # a video model on the image Sampler, or the reverse
     tasks = family.model_classes[model_class]
     wanted = wanted_task(tasks, request)
     if wanted not in tasks:
         given = {TEXT2IMAGE: "no image is connected", INPAINT: "a mask is connected",
-                 IMAGE2IMAGE: "an image without a mask is connected"}[wanted]
+                 IMAGE2IMAGE: "an image without a mask is connected", TEXT2VIDEO: "no image is connected",
+                 IMAGE2VIDEO: "an image is connected (this model takes no image: text to video only)"}[wanted]
         runs = "; ".join(f"{task} with {_needs(task, pipeline)} ({pipeline.cls})" for task, pipeline in tasks.items())
         raise UserInputError(f"{family.name} {model_class} has no {wanted} pipeline, and {given}. It runs: {runs}. "
                              "Connect or disconnect the Sampler's image and mask inputs to match.")
     return TASKS[wanted], tasks[wanted]
 
 
-def prepare(model_class: str, request: SampleRequest) -> tuple[Family, Task, TaskPipeline, SampleRequest]:
-    """What a request on a model of `model_class` runs, checked before anything loads: the family, the task,
-    its diffusers pipeline, and the request with its size resolved (width/height 0)."""
-    family = family_for(model_class)
+def prepare(model_class: str, request: SampleRequest,
+            settings: dict | None = None) -> tuple[Family, Task, TaskPipeline, SampleRequest]:
+    """What a request on a model of `model_class` (with these model_index settings) runs, checked before
+    anything loads: the family, the task, its diffusers pipeline, and the request with its size resolved."""
+    family = family_for(model_class, settings=settings)
     task, pipeline = task_for(family, model_class, request)
     request = resolve_size(family, pipeline, request)
     task.validate(family, pipeline, request)
@@ -65,13 +75,17 @@ def check_host_memory(task: Task, request: SampleRequest, available: int | None)
     otherwise allocate until the allocator fails or the OOM killer ends ComfyUI."""
     needed = task.host_bytes(request)
     if available is not None and needed > available:
-        raise UserInputError(f"batch {request.batch_size} at {request.width}x{request.height} is too large for this "
-                             f"machine's memory: the images alone need {needed / 2**30:.1f} GiB and "
-                             f"{available / 2**30:.1f} GiB are available. Lower the batch size or the image size.")
+        frames = f" x {request.frames} frames" if request.frames else ""
+        raise UserInputError(f"batch {request.batch_size} at {request.width}x{request.height}{frames} is too large for "
+                             f"this machine's memory: the images alone need {needed / 2**30:.1f} GiB and "
+                             f"{available / 2**30:.1f} GiB are available. Lower the batch size or the image size"
+                             f"{' or the frames' if frames else ''}.")
 
 
 def run_pipeline(pipe, family: Family, request: SampleRequest, on_step=None, preview=None):
-    """Sample `request` with a loaded pipeline of one of `family`'s model classes, as its inputs say."""
+    """Sample `request` with a loaded pipeline of one of `family`'s model classes, as its inputs say (and as its
+    config's settings make the family: Wan 2.2 TI2V-5B)."""
+    family = family.with_settings(pipe.config)
     task, pipeline = task_for(family, type(pipe).__name__, request)
     return task.run(pipe, family, pipeline, request, on_step, preview)
 
@@ -84,7 +98,7 @@ def markdown_matrix() -> str:
 
     rows = ["| family | model (model_index / file) | " + " | ".join(names.values()) + " |",
             "|---|---|" + "---|" * len(names)]
-    for family in FAMILIES:
+    for family in (family for family in FAMILIES if not family.makes_video):  # video: docs/video.md
         for model_class, tasks in family.model_classes.items():
             cells = []
             for task in names:

@@ -42,6 +42,7 @@ class SampleRequest:
     batch_size: int = 1
     denoise: float = 1.0  # diffusers' strength: how much of the image is replaced; the last steps x denoise run
     first_image: int = 0  # image 0 here is image first_image of the Sampler's batch (a replica's share): pairing
+    frames: int = 0  # video: frames of each video (Wan: 4k + 1); 0: images
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
 
@@ -91,6 +92,7 @@ class Task:
 
     name: str
     per_image = True  # one pipeline call per output image (see the module docstring)
+    count_kwarg = "num_images_per_prompt"  # the __call__ argument for outputs per prompt
 
     def validate(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
         """Reject what the family and its pipeline cannot take, with a message that says what to change."""
@@ -104,6 +106,7 @@ class Task:
         if not 0 <= request.seed <= MAX_SEED:
             raise UserInputError(f"seed {request.seed} is outside 0..{MAX_SEED}.")
         validate_size(family, request.width, request.height)
+        validate_frames(family, request.frames)
         images.validate(pipeline, request)
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
@@ -124,17 +127,27 @@ class Task:
         kwargs[family.guidance_kwarg] = request.guidance
         if family.takes_negative_prompt:
             # diffusers runs QwenImage's true CFG only when a negative prompt is given; " " is its own default.
-            kwargs["negative_prompt"] = request.negative_prompt or " "
+            kwargs["negative_prompt"] = request.negative_prompt or family.default_negative_prompt
         if pipeline.max_area:
             kwargs["max_area"] = request.width * request.height
         if pipeline.strength:
             kwargs["strength"] = request.denoise
+        kwargs.update(self.extra_kwargs(request))
         every = generators(request)
         if not self.per_image:
-            return [dict(kwargs, generator=every, num_images_per_prompt=request.batch_size)]
-        return [dict(kwargs, generator=generator, num_images_per_prompt=1,
+            return [dict(kwargs, generator=every, **{self.count_kwarg: request.batch_size})]
+        return [dict(kwargs, generator=generator, **{self.count_kwarg: 1},
                      **self.image_kwargs(pipeline, request, request.first_image + i))
                 for i, generator in enumerate(every)]
+
+    def extra_kwargs(self, request: SampleRequest) -> dict:
+        """Call arguments of this task beside the shared ones and the images (a video's frame count)."""
+        return {}
+
+    @staticmethod
+    def output_images(output):
+        """The pipeline output's images as one [N, C, H, W] tensor (a video task's frames, video after video)."""
+        return output.images
 
     def call_batch(self, request: SampleRequest) -> int:
         """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""
@@ -148,7 +161,7 @@ class Task:
     def host_bytes(self, request: SampleRequest) -> int:
         """Host memory the output alone needs, checked before anything is allocated: the pipeline's float32
         output and the IMAGE tensor made from it, 2 x 4 bytes per value."""
-        return 2 * 4 * 3 * request.width * request.height * request.batch_size
+        return 2 * 4 * 3 * request.width * request.height * request.batch_size * max(request.frames, 1)
 
     def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
             on_step: StepCallback | None = None, preview: PreviewSpec | None = None):
@@ -171,7 +184,7 @@ class Task:
                 return callback_kwargs
 
             with outside_inference_mode():
-                made = pipe(**kwargs, callback_on_step_end=step_end).images  # [B, C, H, W]
+                made = self.output_images(pipe(**kwargs, callback_on_step_end=step_end))  # [N, C, H, W]
             results.append(made.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
         return (results[0] if len(results) == 1 else torch.cat(results)).contiguous()
 
@@ -218,6 +231,26 @@ def validate_size(family: Family, width: int, height: int) -> None:
             below, above = nearest_sizes(value, family.size_multiple)
             raise UserInputError(f"{name} {value} cannot be used with {family.name}: it must be a multiple of "
                                  f"{family.size_multiple}. Nearest valid {name}s: {below} or {above}.")
+
+
+def validate_frames(family: Family, frames: int) -> None:
+    """A video family's frame count is temporal_factor x k + 1; an image family takes none."""
+    if not family.makes_video:
+        if frames:
+            raise UserInputError(f"{family.name} makes images, not video: sample it with TPU Sampler, not the TPU "
+                                 "Video Sampler.")
+        return
+    if not frames:
+        raise UserInputError(f"{family.name} makes video: sample it with the TPU Video Sampler (it has the frames "
+                             "input), not TPU Sampler.")
+    if frames < 1 or (frames - 1) % family.temporal_factor:
+        raise UserInputError(frames_problem(frames, family.temporal_factor, family.name))
+
+
+def frames_problem(frames: int, factor: int, model: str = "the model") -> str:
+    below = max(1, (frames - 1) // factor * factor + 1)
+    return (f"frames {frames} cannot be used with {model}: it must be {factor}k + 1 (1, {factor + 1}, "
+            f"{2 * factor + 1}, ..., 81). Nearest valid frame counts: {below} or {below + factor}.")
 
 
 def size_problem(name: str, value: int) -> str | None:

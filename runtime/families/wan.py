@@ -1,0 +1,74 @@
+"""Wan 2.2 (Alibaba Wan): text to video and image to video.
+
+- T2V A14B and I2V A14B: two 14B experts, `transformer` for the high-noise steps and `transformer_2` for the rest
+  (diffusers switches at `boundary_ratio` x 1000 of the timesteps); Wan 2.1's VAE (16 channels, 8x spatial).
+  I2V A14B is a WanImageToVideoPipeline (the first frame's latents join the noise); T2V takes no image.
+- TI2V-5B: one transformer, Wan 2.2's VAE (48 channels, 16x spatial) and `expand_timesteps` (a timestep per
+  latent token, the first frame's tokens kept clean): the same model makes video from text and from an image,
+  through WanImageToVideoPipeline built with `from_pipe`.
+Frames are 4k + 1 (the VAE's temporal factor 4 plus the first frame). A UMT5-XXL text encoder.
+"""
+
+from .base import IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .components import WAN_VAE, diffusers_detection_keys
+
+TRANSFORMER = FileKind("wan_transformer", "a Wan diffusion model", lambda: (
+    *diffusers_detection_keys("wan"), "condition_embedder.time_proj.weight"))
+# UMT5 keeps a relative attention bias in every layer (T5 only in the first): told by the second layer's
+UMT5 = FileKind("umt5", "a UMT5 text encoder (Wan)", lambda: (
+    "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight",))
+# Wan 2.2's VAE (TI2V-5B): Wan 2.1's keys plus residual up blocks
+WAN22_VAE = FileKind("wan22_vae", "a Wan 2.2 VAE (TI2V-5B)", lambda: (
+    "decoder.upsamples.0.upsamples.0.residual.2.weight", "decoder.up_blocks.0.avg_shortcut.weight"))
+
+
+def first_frame_latents(pipe, latents, height, width):
+    """Wan's latents are (B, C, frames, h, w), already in the normalised space ComfyUI's Wan latent formats read:
+    the first frame is the preview."""
+    return latents[:, :, 0]
+
+
+TI2V_5B = {  # what expand_timesteps (Wan 2.2 TI2V-5B) changes
+    "model_classes": {"WanPipeline": {TEXT2VIDEO: TaskPipeline("WanPipeline"),
+                                      IMAGE2VIDEO: TaskPipeline("WanImageToVideoPipeline", images=1)},
+                      "WanImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("WanImageToVideoPipeline", images=1)}},
+    "size_multiple": 32,  # VAE 16 x patch 2
+    "comfy_latent_format": "Wan22",
+    "fps": 24.0,
+    "default_frames": 121,
+}
+
+FAMILY = Family(
+    name="Wan 2.2",
+    model_classes={
+        "WanPipeline": {TEXT2VIDEO: TaskPipeline("WanPipeline")},
+        "WanImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("WanImageToVideoPipeline", images=1)},
+    },
+    takes_negative_prompt=True,
+    guidance_kwarg="guidance_scale",
+    size_multiple=16,  # VAE 8 x patch 2
+    default_steps=40,
+    latent_grid=first_frame_latents,
+    comfy_latent_format="Wan21",
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors",
+                    "wan2.2_ti2v_5B_fp16.safetensors"),
+    file_slots=(
+        # the low-noise expert of the A14B models (its own diffusion-model file); TI2V-5B has none
+        FileSlot("transformer_2", TRANSFORMER, "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", optional=True),
+        FileSlot("text_encoder", UMT5, "umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
+        FileSlot("vae", WAN_VAE, "wan_2.1_vae.safetensors"),
+    ),
+    default_config_repo="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+    diffusers_model_types=("wan-t2v-14B", "wan-i2v-14B"),
+    file_variants=(  # Comfy-Org's names: wan2.2_ti2v_5B_fp16, wan2.2_i2v_{high,low}_noise_14B_fp8_scaled
+        FileVariant("WanPipeline", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", name_contains=("ti2v",)),
+        FileVariant("WanImageToVideoPipeline", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", name_contains=("i2v",)),
+    ),
+    extra_denoisers=("transformer_2",),
+    default_negative_prompt="",
+    fps=16.0,
+    temporal_factor=4,
+    default_frames=81,
+    setting_changes=(("expand_timesteps", TI2V_5B),),
+)

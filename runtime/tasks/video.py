@@ -1,0 +1,31 @@
+"""Video: text to video, and image to video (the image is the first frame). One pipeline call per video (seed +
+i for video i, as image batches); the frames come back as ComfyUI's IMAGE batch, video after video, so
+ComfyUI's own CreateVideo / SaveAnimatedWEBP take them as they are."""
+
+from __future__ import annotations
+
+from ..families import IMAGE2VIDEO, TEXT2VIDEO, TaskPipeline
+from .base import SampleRequest, Task
+from .images import pil_image
+
+
+class Text2Video(Task):
+    name = TEXT2VIDEO
+    count_kwarg = "num_videos_per_prompt"
+
+    def extra_kwargs(self, request: SampleRequest) -> dict:
+        return {"num_frames": request.frames}
+
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        return {}
+
+    @staticmethod
+    def output_images(output):
+        return output.frames.flatten(0, 1)  # [B, F, C, H, W] -> [B x F, C, H, W]
+
+
+class Image2Video(Text2Video):
+    name = IMAGE2VIDEO
+
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        return {"image": pil_image(request.images[0], index)}  # diffusers resizes it to the video's size
