@@ -118,7 +118,7 @@ class Engine:
             except LoraUnloadError:
                 self.cache.clear(device)
                 raise
-        entry.compiled = compilation.apply(entry.compiled, self.denoiser(entry, handle), handle.compile or CompileSpec(),
+        entry.compiled = compilation.apply(entry.compiled, self.denoisers(entry, handle), handle.compile or CompileSpec(),
                                            handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED,
                                            prepare=family_for(handle.model_class).prepare_compile)
         return entry, device, loaded
@@ -127,6 +127,12 @@ class Engine:
     def denoiser(entry: LoadedPipeline, handle: PipelineHandle):
         """The loaded pipeline's denoising model (transformer or unet)."""
         return getattr(entry.pipe, family_for(handle.model_class).denoiser)
+
+    @staticmethod
+    def denoisers(entry: LoadedPipeline, handle: PipelineHandle) -> tuple:
+        """Every denoising model the loaded pipeline has (Wan 2.2 A14B: both experts; TI2V-5B has no second)."""
+        loaded = (getattr(entry.pipe, name, None) for name in family_for(handle.model_class).denoisers)
+        return tuple(model for model in loaded if model is not None)
 
     def generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None = None,
                  preview: PreviewSpec | None = None) -> Generation:
@@ -177,7 +183,7 @@ class Engine:
             if on_progress:
                 on_progress(done, total, "sampling", *preview_image)
 
-        denoiser = self.denoiser(entry, handle)
+        denoisers = self.denoisers(entry, handle)
 
         def run_at(width: int, height: int, image_size, on_warm_step) -> compilation.CompileActivity:
             # the request's own inputs at that size (diffusers resizes them, or image_size says), all steps
@@ -186,14 +192,14 @@ class Engine:
                 batch_size=task.call_batch(request),
                 images=tuple(image_inputs.resized(image, image_size) for image in request.images))
             task.validate(family, pipeline, warm_request)
-            return self._run(entry, pipe, denoiser, task, family, pipeline, warm_request, on_warm_step)[1]
+            return self._run(entry, pipe, denoisers, task, family, pipeline, warm_request, on_warm_step)[1]
 
         lookups_before = compilation.cache_lookups(device)
         with execution_mode(handle.mode, device) as mode_ran:
             warmup = compilation.warm_up(entry.compiled, task.call_batch(request), run_at, on_progress)
             reset_peak_memory(device)
             start = time.perf_counter()
-            output, activity = self._run(entry, pipe, denoiser, task, family, pipeline, request, on_step, preview)
+            output, activity = self._run(entry, pipe, denoisers, task, family, pipeline, request, on_step, preview)
             sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
         lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
@@ -276,12 +282,12 @@ class Engine:
             self.workers.stop()
 
     @staticmethod
-    def _run(entry: LoadedPipeline, pipe, denoiser, task: Task, family: Family, pipeline: TaskPipeline,
+    def _run(entry: LoadedPipeline, pipe, denoisers: tuple, task: Task, family: Family, pipeline: TaskPipeline,
              request: SampleRequest, on_step, preview: PreviewSpec | None = None):
         """One task run on `pipe` (entry's pipeline of the task's class); with a compiled denoiser, its
         compiles are counted and explained."""
         try:
-            return compilation.counted_run(entry.compiled, denoiser, shape_of(task, request),
+            return compilation.counted_run(entry.compiled, denoisers, shape_of(task, request),
                                            lambda: task.run(pipe, family, pipeline, request, on_step, preview))
         except CompileError:
             entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
@@ -307,9 +313,9 @@ def out_of_memory_advice(error: BaseException, handle: PipelineHandle, request: 
             f"Try {', '.join(tries[:-1])}, or {tries[-1]}.")
 
 
-def shape_of(task: Task, request: SampleRequest) -> tuple[int, int, int]:
-    """(width, height, batch) as one pipeline call's denoiser input sees it."""
-    return request.width, request.height, task.call_batch(request)
+def shape_of(task: Task, request: SampleRequest) -> tuple[int, int, int, int]:
+    """(width, height, batch, frames) as one pipeline call's denoiser input sees it (frames 0: images)."""
+    return request.width, request.height, task.call_batch(request), request.frames
 
 
 ENGINE = Engine()

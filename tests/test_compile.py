@@ -69,8 +69,8 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
     state = engine.realise(handle)[0].compiled
     assert state.scope == "whole" and state.request.backend == "inductor"
     assert {shape: record.compiles for shape, record in state.shapes.items()} == \
-        {(96, 64, 1): 1, (64, 64, 1): 1, (112, 64, 1): 1}
-    assert state.shapes[(64, 64, 1)].reuses == 3 and state.shapes[(64, 64, 1)].compile_seconds > 0
+        {(96, 64, 1, 0): 1, (64, 64, 1, 0): 1, (112, 64, 1, 0): 1}
+    assert state.shapes[(64, 64, 1, 0)].reuses == 3 and state.shapes[(64, 64, 1, 0)].compile_seconds > 0
 
     eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class="FluxPipeline"), request())
     torch.testing.assert_close(first.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
@@ -87,12 +87,30 @@ def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, 
                             placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
     result = engine.generate(handle, request())
     entry = engine.realise(handle)[0]
-    assert entry.compiled.scope == "repeated_blocks" and entry.compiled.shapes[(64, 64, 1)].compiles == 1
+    assert entry.compiled.scope == "repeated_blocks" and entry.compiled.shapes[(64, 64, 1, 0)].compiles == 1
     denoiser = getattr(entry.pipe, family_for(pipeline_class).denoiser)  # a transformer, SDXL's unet
     assert denoiser._compiled_call_impl is None  # the offload hooks around it stay eager
     blocks = [module for module in denoiser.modules() if type(module).__name__ in denoiser._repeated_blocks]
     assert blocks and all(block._compiled_call_impl is not None for block in blocks)
     eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class=pipeline_class), request())
+    torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+
+
+def test_wan_compiles_the_blocks_of_both_experts_for_its_frames(tiny):
+    """Wan 2.2 A14B: the high- and the low-noise expert each denoise part of the steps; both are compiled (repeated
+    blocks under offload), the frame count is part of the compiled shape, and the frames equal eager."""
+    video = SampleRequest(prompt="a corgi on a beach", width=64, height=64, steps=2, seed=3, frames=5)
+    handle = PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline", mode=ExecutionMode.COMPILED,
+                               placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
+    engine = Engine()
+    result = engine.generate(handle, video)
+    entry = engine.realise(handle)[0]
+    assert entry.compiled.shapes[(64, 64, 1, 5)].compiles == 1
+    assert any(note.startswith("compile: compiled now for 64x64x5 frames") for note in result.info.notes)
+    for expert in (entry.pipe.transformer, entry.pipe.transformer_2):
+        blocks = [module for module in expert.modules() if type(module).__name__ in expert._repeated_blocks]
+        assert blocks and all(block._compiled_call_impl is not None for block in blocks)
+    eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class="WanPipeline"), video)
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
 

@@ -128,50 +128,52 @@ class CompileState:
     request: CompileRequest
     scope: CompileScope  # what was compiled: WHOLE or REPEATED_BLOCKS
     warmup_sizes: tuple[tuple[int, ...], ...] = ()  # (width, height[, image width, image height])
-    shapes: dict[tuple[int, int, int], ShapeRecord] = dataclasses.field(default_factory=dict)
+    shapes: dict[tuple[int, ...], ShapeRecord] = dataclasses.field(default_factory=dict)  # (w, h, batch, frames)
     warmed: set[tuple] = dataclasses.field(default_factory=set)  # (warm-up size, batch) done
 
     def matches(self, request: CompileRequest) -> bool:
         return self.request == request
 
 
-def compile_denoiser(denoiser, request: CompileRequest, prepare=None) -> CompileState:
-    """Mark the denoiser (a pipeline's transformer or unet) for compilation (torch compiles lazily, on the
-    first call per shape), after its family's `prepare_compile` (if any)."""
-    if prepare is not None:
-        prepare(denoiser)
+def compile_denoiser(denoisers: tuple, request: CompileRequest, prepare=None) -> CompileState:
+    """Mark the denoisers (a pipeline's transformer or unet; Wan 2.2 A14B's two experts) for compilation (torch
+    compiles lazily, on the first call per shape), each after its family's `prepare_compile` (if any)."""
     scope = request.resolved_scope()
-    blocks = getattr(denoiser, "_repeated_blocks", None)
+    blocks = getattr(denoisers[0], "_repeated_blocks", None)
     if request.scope is CompileScope.AUTO and not blocks:
         scope = CompileScope.WHOLE  # e.g. SD3 declares no repeated blocks: the whole model is all there is
+    if scope is not CompileScope.WHOLE and not blocks:
+        raise UserInputError(f"{type(denoisers[0]).__name__} declares no repeated blocks; use scope 'whole'.")
     options = dict(backend=request.backend, fullgraph=request.fullgraph, dynamic=False)
-    if scope is CompileScope.WHOLE:
-        denoiser.compile(**options)
-    elif not blocks:
-        raise UserInputError(f"{type(denoiser).__name__} declares no repeated blocks; use scope 'whole'.")
-    else:
-        denoiser.compile_repeated_blocks(**options)
-    log.info("TPU Diffusers: %s marked for compile (%s, backend %s, fullgraph %s)",
-             type(denoiser).__name__, scope, request.backend, request.fullgraph)
+    for denoiser in denoisers:
+        if prepare is not None:
+            prepare(denoiser)
+        if scope is CompileScope.WHOLE:
+            denoiser.compile(**options)
+        else:
+            denoiser.compile_repeated_blocks(**options)
+    log.info("TPU Diffusers: %d x %s marked for compile (%s, backend %s, fullgraph %s)", len(denoisers),
+             type(denoisers[0]).__name__, scope, request.backend, request.fullgraph)
     return CompileState(request=request, scope=scope)
 
 
-def remove(denoiser) -> None:
-    """Back to eager: forget the compiled call on the denoiser and all its blocks."""
-    for module in denoiser.modules():
-        module._compiled_call_impl = None
+def remove(denoisers: tuple) -> None:
+    """Back to eager: forget the compiled call on the denoisers and all their blocks."""
+    for denoiser in denoisers:
+        for module in denoiser.modules():
+            module._compiled_call_impl = None
 
 
-def apply(state: CompileState | None, denoiser, spec: CompileSpec, placement: Placement, device: DeviceInfo,
+def apply(state: CompileState | None, denoisers: tuple, spec: CompileSpec, placement: Placement, device: DeviceInfo,
           wanted: bool, prepare=None) -> CompileState | None:
     """Compile, recompile with other options, or go back to eager, as the run options ask; the new state.
     `prepare`: the family's prepare_compile."""
     request = CompileRequest.of(spec, placement, device)
     if state is not None and (not wanted or not state.matches(request)):
-        remove(denoiser)
+        remove(denoisers)
         state = None
     if wanted and state is None:
-        state = compile_denoiser(denoiser, request, prepare)
+        state = compile_denoiser(denoisers, request, prepare)
     if wanted:
         state.warmup_sizes = spec.warmup_sizes  # may change without a recompile
     return state
@@ -201,20 +203,21 @@ def watch_compiles():
 
 
 @contextlib.contextmanager
-def explained_compile_failures(state: CompileState, denoiser):
+def explained_compile_failures(state: CompileState, denoisers: tuple):
     """Turn dynamo's failures into a message that says what to try; leave the pipeline eager."""
     import torch._dynamo.exc as dynamo_exc
 
+    denoiser = denoisers[0]
     try:
         yield
     except dynamo_exc.FailOnRecompileLimitHit as e:
-        remove(denoiser)
+        remove(denoisers)
         raise CompileError(
             f"the compiled denoiser hit torch's recompile limit ({settings.get('TPU_DIFFUSERS_RECOMPILE_LIMIT')} shapes, "
             f"{len(state.shapes)} seen here). Use fewer distinct sizes, or raise TPU_DIFFUSERS_RECOMPILE_LIMIT "
             f"and restart ComfyUI. The pipeline runs eager until it is compiled again. ({e})") from e
     except dynamo_exc.TorchDynamoException as e:
-        remove(denoiser)
+        remove(denoisers)
         root = _root_cause(e)
         cause = f"{type(root).__name__}: {_first_line(root)}" if root is not e else _first_line(e)
         folder = cache_folders()["inductor"]
@@ -254,7 +257,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def record_run(state: CompileState, shape: tuple[int, int, int], activity: CompileActivity) -> ShapeRecord:
+def record_run(state: CompileState, shape: tuple[int, ...], activity: CompileActivity) -> ShapeRecord:
     record = state.shapes.setdefault(shape, ShapeRecord())
     if activity.graphs:
         record.compiles += 1
@@ -264,20 +267,21 @@ def record_run(state: CompileState, shape: tuple[int, int, int], activity: Compi
     return record
 
 
-def describe(state: CompileState, shape: tuple[int, int, int], activity: CompileActivity) -> str:
-    width, height, batch = shape
+def describe(state: CompileState, shape: tuple[int, ...], activity: CompileActivity) -> str:
+    """shape: (width, height, batch[, frames]); a video's frame count is part of the compiled shape."""
+    width, height, batch, *frames = shape
+    size = f"{width}x{height}" + (f"x{frames[0]} frames" if frames and frames[0] else "")
     if activity.graphs:
-        return (f"compiled now for {width}x{height} (batch {batch}): {activity.graphs} graph(s) in "
-                f"{activity.seconds:.1f}s")
-    return f"reused compiled graph for {width}x{height} (batch {batch})"
+        return f"compiled now for {size} (batch {batch}): {activity.graphs} graph(s) in {activity.seconds:.1f}s"
+    return f"reused compiled graph for {size} (batch {batch})"
 
 
-def counted_run(state: CompileState | None, denoiser, shape: tuple[int, int, int], call):
+def counted_run(state: CompileState | None, denoisers: tuple, shape: tuple[int, ...], call):
     """call() (one pipeline run) with the compiles it causes counted, recorded for `shape` and explained
     when they fail; returns (its result, the compile activity)."""
     if state is None:
         return call(), CompileActivity()
-    with explained_compile_failures(state, denoiser), dynamo_limits(), watch_compiles() as activity:
+    with explained_compile_failures(state, denoisers), dynamo_limits(), watch_compiles() as activity:
         result = call()
     record_run(state, shape, activity)
     return result, activity

@@ -1,0 +1,138 @@
+"""Video (Wan 2.2): each model's tasks equal plain diffusers for the same seed (seed + i per video), frames out as
+ComfyUI's IMAGE batch video after video, and the refusals that need no model (frames, images, sizes)."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.features.preview import PreviewSpec
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.sources import model_settings
+from tpu_diffusers_runtime.specs import Placement
+from tpu_diffusers_runtime.tasks import SampleRequest, prepare
+
+PROMPT = "a corgi running on a beach"
+PIXELS = (np.random.default_rng(0).random((48, 80, 3)) * 255).astype(np.uint8)  # another size than the video's
+FRAMES = 5
+
+
+def start_image():
+    return PIXELS[None].astype(np.float32) / 255.0  # ComfyUI's IMAGE [1, H, W, 3]
+
+
+def request(**fields):
+    return SampleRequest(**{**dict(prompt=PROMPT, width=64, height=64, steps=3, guidance=3.0, seed=7, batch_size=2,
+                                   frames=FRAMES), **fields})
+
+
+def reference(folder, cls, videos, **kwargs):
+    """Plain diffusers: `cls` from the folder (from_pipe for image to video on TI2V-5B), one call per video with
+    seed + i, frames as [videos x F, H, W, C]."""
+    import diffusers
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    if type(pipe).__name__ != cls:
+        pipe = getattr(diffusers, cls).from_pipe(pipe)
+    frames = [pipe(prompt=PROMPT, height=64, width=64, num_frames=FRAMES, num_inference_steps=3, guidance_scale=3.0,
+                   generator=torch.Generator("cpu").manual_seed(7 + i), output_type="pt", **kwargs).frames[0]
+              for i in range(videos)]
+    return torch.cat(frames).permute(0, 2, 3, 1)
+
+
+CASES = [  # (tiny model, model class, the diffusers class that runs, with a start image)
+    ("wan22-t2v-a14b", "WanPipeline", "WanPipeline", False),
+    ("wan22-ti2v-5b", "WanPipeline", "WanPipeline", False),
+    ("wan22-ti2v-5b", "WanPipeline", "WanImageToVideoPipeline", True),
+    ("wan22-i2v-a14b", "WanImageToVideoPipeline", "WanImageToVideoPipeline", True),
+]
+
+
+@pytest.mark.parametrize("name, model_class, cls, with_image", CASES)
+def test_frames_equal_plain_diffusers_video_after_video(tiny, name, model_class, cls, with_image):
+    engine = Engine()
+    handle = PipelineHandle.of(source=tiny(name), model_class=model_class)
+    images = (start_image(),) if with_image else ()
+    made = engine.generate(handle, request(images=images))
+    assert made.images.shape == (2 * FRAMES, 64, 64, 3) and made.images.dtype == torch.float32
+    assert made.info.task == ("image2video" if with_image else "text2video") and made.info.pipeline == cls
+    family = family_for(model_class, settings=model_settings(tiny(name)))
+    assert made.info.frames == FRAMES and made.info.fps == family.fps and f"{FRAMES} frames at" in made.info.summary()
+    start = {"image": Image.fromarray(PIXELS)} if with_image else {}
+    torch.testing.assert_close(made.images, reference(tiny(name), cls, 2, **start), atol=0, rtol=0)
+
+
+def test_the_5b_model_is_told_by_its_settings_before_loading(tiny):
+    """TI2V-5B is a WanPipeline with expand_timesteps: Wan 2.2's VAE (16x, so sizes step by 32), 24 fps, Wan22
+    previews, and image to video; the A14B T2V model is none of these."""
+    five_b = family_for("WanPipeline", settings=model_settings(tiny("wan22-ti2v-5b")))
+    a14b = family_for("WanPipeline", settings=model_settings(tiny("wan22-t2v-a14b")))
+    assert (five_b.size_multiple, five_b.fps, five_b.comfy_latent_format) == (32, 24.0, "Wan22")
+    assert (a14b.size_multiple, a14b.fps, a14b.comfy_latent_format) == (16, 16.0, "Wan21")
+    with pytest.raises(UserInputError, match=r"width 48 cannot be used with Wan 2.2: it must be a multiple of 32\. "
+                                             r"Nearest valid widths: 32 or 64"):
+        prepare("WanPipeline", request(width=48), model_settings(tiny("wan22-ti2v-5b")))
+    prepare("WanPipeline", request(width=48), model_settings(tiny("wan22-t2v-a14b")))  # 16 is A14B's step
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(frames=8), r"frames 8 cannot be used with Wan 2.2: it must be 4k \+ 1 .* Nearest valid frame counts: 5 or 9"),
+    (dict(frames=0), r"Wan 2.2 makes video: sample it with the TPU Video Sampler"),
+    (dict(images=(start_image(),)), r"WanPipeline has no image2video pipeline, and an image is connected \(this "
+                                    r"model takes no image: text to video only\)"),
+])
+def test_bad_video_requests_are_refused_before_anything_loads(tiny, fields, message):
+    engine = Engine()
+    with pytest.raises(UserInputError, match=message):
+        engine.generate(PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline"), request(**fields))
+    assert not engine.cache  # nothing was loaded
+
+
+def test_an_image_model_refuses_frames():
+    with pytest.raises(UserInputError, match=r"FLUX.1 makes images, not video: sample it with TPU Sampler"):
+        prepare("FluxPipeline", request())
+
+
+def test_i2v_needs_its_start_image():
+    with pytest.raises(UserInputError, match=r"WanImageToVideoPipeline has no text2video pipeline, and no image is "
+                                             r"connected\. It runs: image2video with a start image"):
+        prepare("WanImageToVideoPipeline", request())
+
+
+def test_model_cpu_offload_runs_both_experts_and_equals_on_the_device(tiny):
+    """diffusers' offload sequence moves each expert onto the device only while it denoises (transformer, then
+    transformer_2), so the inactive one stays off the chip."""
+    source = tiny("wan22-t2v-a14b")
+    engine = Engine()
+    offloaded = PipelineHandle.of(source=source, model_class="WanPipeline", placement=Placement.MODEL_CPU_OFFLOAD)
+    made = engine.generate(offloaded, request(batch_size=1))
+    pipe = engine.realise(offloaded)[0].pipe
+    assert pipe.model_cpu_offload_seq.split("->").index("transformer_2") == \
+        pipe.model_cpu_offload_seq.split("->").index("transformer") + 1
+    on_device = Engine().generate(PipelineHandle.of(source=source, model_class="WanPipeline"), request(batch_size=1))
+    torch.testing.assert_close(made.images, on_device.images, atol=1e-5, rtol=0)  # offload hooks: float rounding
+
+
+@pytest.mark.parametrize("name, channels, factor", [("wan22-t2v-a14b", 16, 8), ("wan22-ti2v-5b", 48, 16)])
+def test_previews_show_the_first_frame_at_latent_resolution(tiny, name, channels, factor):
+    rows = torch.randn(channels, 3, generator=torch.Generator().manual_seed(0)) * 0.2
+    spec = PreviewSpec(factors=tuple(tuple(row) for row in rows.tolist()), bias=(0.0, 0.0, 0.0))
+    steps = []
+    Engine().generate(PipelineHandle.of(source=tiny(name), model_class="WanPipeline"), request(batch_size=1),
+                      on_progress=lambda done, total, what, *image: steps.append((what, *image)), preview=spec)
+    images = [image for what, *image in steps if what == "sampling"]
+    assert len(images) == 3 and all(image[0].shape == (64 // factor, 64 // factor, 3) for image in images)
+    assert images[0][0].std() > 0
+
+
+def test_host_memory_counts_every_frame():
+    from tpu_diffusers_runtime.tasks import TASKS, check_host_memory
+
+    task = TASKS["text2video"]
+    needed = task.host_bytes(request(width=832, height=480, frames=81, batch_size=1))
+    assert needed == 2 * 4 * 3 * 832 * 480 * 81
+    with pytest.raises(UserInputError, match=r"batch 1 at 832x480 x 81 frames is too large .* or the frames"):
+        check_host_memory(task, request(width=832, height=480, frames=81, batch_size=1), needed - 1)
