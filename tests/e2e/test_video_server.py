@@ -1,0 +1,139 @@
+"""Video through the real server: the TPU Video Sampler's frames go into ComfyUI's own video nodes (Save Animated
+WEBP, lossless, whose frames are read back exactly; Create Video + Save Video with the sampler's fps) and Save
+Image, and equal plain diffusers for the same prompt and seed (video i with seed + i), quantized as ComfyUI's
+savers do (clip(255 * x, 0, 255) as uint8). Image to video takes ComfyUI's Load Image. Bad video inputs are
+refused on the node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageSequence
+
+from serving import clear_error, run_info, run_ok
+
+PROMPT = "a corgi running on a beach"
+SEED = 31
+FRAMES = 5
+LOADER, SAMPLER, SAVE, LOAD_IMAGE, CREATE = "1", "3", "4", "10", "11"
+START = "tpu_video_start.png"
+
+
+def video_prompt(model: str, save: str = "SaveImage", image: bool = False, **sampler_inputs) -> dict:
+    prompt = {
+        LOADER: {"class_type": "TPULoader", "inputs": {"model": model, "hub_id": "", "dtype": "auto", "device": "auto"}},
+        SAMPLER: {"class_type": "TPUVideoSampler", "inputs": {
+            "pipeline": [LOADER, 0], "prompt": PROMPT, "negative_prompt": "", "width": 64, "height": 64,
+            "frames": FRAMES, "steps": 2, "guidance": 3.0, "seed": SEED, "batch_size": 1, **sampler_inputs}},
+    }
+    if image:
+        prompt[LOAD_IMAGE] = {"class_type": "LoadImage", "inputs": {"image": START}}
+        prompt[SAMPLER]["inputs"]["image"] = [LOAD_IMAGE, 0]
+    if save == "SaveAnimatedWEBP":
+        prompt[SAVE] = {"class_type": "SaveAnimatedWEBP", "inputs": {
+            "images": [SAMPLER, 0], "filename_prefix": f"{model}_video", "fps": 16.0, "lossless": True,
+            "quality": 100, "method": "default"}}
+    elif save == "SaveVideo":
+        prompt[CREATE] = {"class_type": "CreateVideo", "inputs": {"images": [SAMPLER, 0], "fps": [SAMPLER, 1]}}
+        prompt[SAVE] = {"class_type": "SaveVideo", "inputs": {
+            "video": [CREATE, 0], "filename_prefix": f"{model}_video", "format": "mp4", "codec": "h264"}}
+    else:
+        prompt[SAVE] = {"class_type": "SaveImage", "inputs": {"images": [SAMPLER, 0], "filename_prefix": model}}
+    return prompt
+
+
+@pytest.fixture(scope="module")
+def start_image(server) -> Image.Image:
+    """A 80x48 PNG in the server's input folder; returns it as Load Image gives it to the pack (RGB)."""
+    folder = server.base_dir / "input"
+    folder.mkdir(exist_ok=True)
+    Image.fromarray((np.random.default_rng(5).random((48, 80, 3)) * 255).astype(np.uint8)).save(folder / START)
+    with Image.open(folder / START) as image:
+        return image.convert("RGB")
+
+
+def plain_diffusers(tiny, model: str, cls: str, videos: int = 1, **kwargs) -> list[np.ndarray]:
+    """Plain diffusers' frames for the same call (from_pipe for TI2V-5B's image to video), video after video,
+    quantized as ComfyUI's savers do."""
+    import diffusers
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tiny(model), local_files_only=True)
+    if type(pipe).__name__ != cls:
+        pipe = getattr(diffusers, cls).from_pipe(pipe)
+    frames = []
+    for i in range(videos):
+        video = pipe(prompt=PROMPT, height=64, width=64, num_frames=FRAMES, num_inference_steps=2, guidance_scale=3.0,
+                     generator=torch.Generator("cpu").manual_seed(SEED + i), output_type="pt", **kwargs).frames[0]
+        frames += list(np.clip(255.0 * video.permute(0, 2, 3, 1).numpy(), 0, 255).astype(np.uint8))
+    return frames
+
+
+def assert_equal_frames(ours: list[np.ndarray], theirs: list[np.ndarray]) -> None:
+    assert len(ours) == len(theirs), (len(ours), len(theirs))
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        most = np.abs(a.astype(int) - b).max()
+        assert np.array_equal(a, b), f"frame {i} differs from plain diffusers (by up to {most})"
+
+
+def webp_frames(path) -> list[np.ndarray]:
+    with Image.open(path) as image:
+        return [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
+
+
+def test_text_to_video_into_save_animated_webp_equals_plain_diffusers(server, tiny):
+    """Wan 2.2 T2V A14B (both experts) -> ComfyUI's Save Animated WEBP (lossless): every frame as diffusers'."""
+    entry = run_ok(server, video_prompt("tiny-wan22-t2v-a14b", save="SaveAnimatedWEBP"))
+    info = run_info(entry)
+    assert (info["task"], info["pipeline"], info["frames"], info["fps"]) == ("text2video", "WanPipeline", FRAMES, 16)
+    [webp] = server.output_images(entry)
+    assert webp.suffix == ".webp"
+    assert_equal_frames(webp_frames(webp), plain_diffusers(tiny, "wan22-t2v-a14b", "WanPipeline"))
+
+
+def test_image_to_video_from_load_image_equals_plain_diffusers(server, tiny, start_image):
+    """Wan 2.2 I2V A14B with Load Image's picture as the first frame (diffusers resizes it to 64x64); a batch of
+    two videos comes out as 2 x frames images, video i with seed + i."""
+    entry = run_ok(server, video_prompt("tiny-wan22-i2v-a14b", image=True, batch_size=2))
+    assert (run_info(entry)["task"], run_info(entry)["pipeline"]) == ("image2video", "WanImageToVideoPipeline")
+    saved = []
+    for path in server.output_images(entry):
+        with Image.open(path) as image:
+            saved.append(np.asarray(image.convert("RGB")))
+    assert_equal_frames(saved, plain_diffusers(tiny, "wan22-i2v-a14b", "WanImageToVideoPipeline", videos=2,
+                                               image=start_image))
+
+
+def test_the_samplers_fps_feeds_create_video_and_save_video(server):
+    """TI2V-5B (24 fps) -> Create Video (fps linked from the sampler) -> Save Video: an mp4 of the frames."""
+    import av
+
+    entry = run_ok(server, video_prompt("tiny-wan22-ti2v-5b", save="SaveVideo"))
+    assert run_info(entry)["fps"] == 24
+    [saved] = [server.output_dir / item.get("subfolder", "") / item["filename"]
+               for output in entry["outputs"].values() for item in output.get("images", [])]
+    with av.open(str(saved)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+        assert (len(frames), stream.average_rate, stream.width, stream.height) == (FRAMES, 24, 64, 64)
+
+
+@pytest.mark.parametrize("inputs, image, patterns", [
+    (dict(frames=8), False, (r"frames 8 cannot be used", r"4k \+ 1", r"5 or 9")),
+    (dict(frames=81, prompt="  "), False, (r"prompt is empty",)),
+    (dict(width=100), False, (r"width 100 cannot be used", r"multiple of 16")),
+])
+def test_bad_video_inputs_are_refused_when_queued(server, inputs, image, patterns, then_a_good_prompt_succeeds):
+    clear_error(server, video_prompt("tiny-wan22-t2v-a14b", **inputs), SAMPLER, *patterns)
+
+
+def test_an_image_into_text_to_video_only_is_refused_on_the_sampler(server, start_image, then_a_good_prompt_succeeds):
+    clear_error(server, video_prompt("tiny-wan22-t2v-a14b", image=True), SAMPLER,
+                r"has no image2video pipeline", r"text to video only")
+
+
+def test_a_video_model_on_the_image_sampler_says_which_sampler(server, workflow, then_a_good_prompt_succeeds):
+    prompt = workflow()
+    prompt[LOADER]["inputs"]["model"] = "tiny-wan22-t2v-a14b"
+    prompt[SAMPLER]["inputs"].update(width=64, height=64, steps=1)
+    clear_error(server, prompt, SAMPLER, r"makes video: sample it with the TPU Video Sampler")
