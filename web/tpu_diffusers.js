@@ -89,7 +89,7 @@ app.registerExtension({
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (output, ...rest) {
       onExecuted?.call(this, output, ...rest);
-      const info = output?.tpu_run_info?.[0]; // only the Sampler has a ui output
+      const info = output?.tpu_run_info?.[0]; // only the Samplers have a ui output
       if (info) showRunInfo(this, info);
     };
     const onDrawForeground = nodeType.prototype.onDrawForeground;
