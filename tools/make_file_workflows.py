@@ -14,9 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PIPE, IMAGE, MASK = "TPU_PIPELINE", "IMAGE", "MASK"
 SIZES = {"TPULoader": [320, 130], "TPUFileLoader": [340, 250], "TPULora": [320, 82], "TPUModeSelector": [320, 82],
          "TPUCompileTransformer": [320, 130], "TPUMesh": [320, 206], "TPUSampler": [400, 420],
-         "SaveImage": [400, 440], "LoadImage": [320, 330]}
-# The Sampler's sockets in the frontend's order (widget inputs follow them); a link's target slot is the index here
-SAMPLER_SOCKETS = {"pipeline": PIPE, "image": IMAGE, "image_2": IMAGE, "image_3": IMAGE, "mask": MASK}
+         "TPUVideoSampler": [400, 440], "SaveImage": [400, 440], "LoadImage": [320, 330], "CreateVideo": [320, 110],
+         "SaveVideo": [400, 440]}
+# Each sampler's sockets in the frontend's order (widget inputs follow them); a link's target slot is the index here
+SAMPLER_SOCKETS = {"TPUSampler": {"pipeline": PIPE, "image": IMAGE, "image_2": IMAGE, "image_3": IMAGE, "mask": MASK},
+                   "TPUVideoSampler": {"pipeline": PIPE, "image": IMAGE}}
+SAMPLERS = tuple(SAMPLER_SOCKETS)
+SAVERS = ("SaveImage", "CreateVideo")  # what a sampler's first output feeds (Create Video then feeds Save Video)
 LOAD_IMAGE_OUTPUTS = (("IMAGE", IMAGE), ("MASK", MASK))  # Load Image: the picture, and 1 - its alpha channel
 FOX = "a red fox in a snowy birch forest at dawn, soft golden light, detailed fur, photograph"
 FLUX1_DEV_FILES = ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none", "ae.safetensors",
@@ -232,35 +236,51 @@ def node(node_id: int, node_type: str, pos: list, inputs: list, outputs: list, v
 
 def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> dict:
     """The pipeline nodes in a column, the Load Image nodes (if any) in the next, then the Sampler and Save
-    Image. Node ids: the chain's in order, then the Load Image nodes'. Link ids: link i enters chain node
-    i + 1, then one link per Sampler image input."""
+    Image (a video sampler: Create Video, its fps linked from the sampler's fps, and Save Video). Node ids: the
+    chain's in order, then the Load Image nodes'. Link ids: link i enters chain node i + 1, then one link per
+    Sampler image input, then Create Video's fps."""
     nodes, links = [], []
-    sampler_id = 1 + [node_type for node_type, _ in steps].index("TPUSampler")
+    types = [node_type for node_type, _ in steps]
+    sampler_type = next(node_type for node_type in types if node_type in SAMPLERS)
+    sampler_id = 1 + types.index(sampler_type)
+    sockets = SAMPLER_SOCKETS[sampler_type]
     image_links = []  # (link id, Load Image id, its output slot, Sampler input)
     for n, (_, targets) in enumerate(images):
         for target, slot in targets.items():
             image_links.append((len(steps) + len(image_links), len(steps) + 1 + n, slot, target))
     image_x = 420
     sampler_x = image_x + (SIZES["LoadImage"][0] + 40 if images else 0)
+    fps_link = len(steps) + len(image_links)  # a video sampler's fps -> Create Video's fps
     x, y = 40, 80
     for index, (node_type, values) in enumerate(steps):
         node_id = index + 1
-        is_save, is_sampler = node_type == "SaveImage", node_type == "TPUSampler"
-        if is_save:
+        is_save, is_sampler = node_type in (*SAVERS, "SaveVideo"), node_type == sampler_type
+        if node_type == "SaveImage":
             inputs, outputs = [{"name": "images", "type": IMAGE, "link": index}], []
+        elif node_type == "CreateVideo":
+            inputs = [{"name": "images", "type": IMAGE, "link": index}, {"name": "audio", "type": "AUDIO", "link": None},
+                      {"name": "fps", "type": "FLOAT", "widget": {"name": "fps"}, "link": fps_link}]
+            outputs = [{"name": "VIDEO", "type": "VIDEO", "links": [node_id], "slot_index": 0}]
+        elif node_type == "SaveVideo":
+            inputs, outputs = [{"name": "video", "type": "VIDEO", "link": index}], []
         elif is_sampler:
             linked = {target: link for link, _, _, target in image_links}
             inputs = [{"name": name, "type": kind, "link": index if name == "pipeline" else linked.get(name)}
-                      for name, kind in SAMPLER_SOCKETS.items()]
+                      for name, kind in sockets.items()]
             outputs = [{"name": "images", "type": IMAGE, "links": [node_id], "slot_index": 0},
                        {"name": "info", "type": "STRING", "links": None, "slot_index": 1}]
+            if node_type == "TPUVideoSampler":
+                outputs[0]["name"] = "frames"
+                outputs.insert(1, {"name": "fps", "type": "FLOAT", "links": [fps_link], "slot_index": 1})
+                outputs[2]["slot_index"] = 2
         else:
             inputs = [] if index == 0 else [{"name": "pipeline", "type": PIPE, "link": index}]
             outputs = [{"name": "pipeline", "type": PIPE, "links": [node_id], "slot_index": 0}]
         if index:
-            links.append([index, index, 0, node_id, 0, IMAGE if is_save else PIPE])
+            kind = {"SaveImage": IMAGE, "CreateVideo": IMAGE, "SaveVideo": "VIDEO"}.get(node_type, PIPE)
+            links.append([index, index, 0, node_id, 0, kind])
         if is_sampler or is_save:  # the big nodes go in a row of their own
-            x, y = sampler_x if is_sampler else x + SIZES["TPUSampler"][0] + 40, 80
+            x, y = sampler_x if is_sampler else x + SIZES[steps[index - 1][0]][0] + 40, 80
         nodes.append(node(node_id, node_type, [x, y], inputs, outputs, values))
         if not (is_sampler or is_save):
             y += SIZES[node_type][1] + 60
@@ -271,9 +291,10 @@ def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> d
                    for slot, (name, kind) in enumerate(LOAD_IMAGE_OUTPUTS)]
         y = 80 + n * (SIZES["LoadImage"][1] + 60)
         nodes.append(node(node_id, "LoadImage", [image_x, y], [], outputs, [file_name, "image"]))
-    sockets = list(SAMPLER_SOCKETS)
-    links += [[link, origin, slot, sampler_id, sockets.index(target), SAMPLER_SOCKETS[target]]
+    links += [[link, origin, slot, sampler_id, list(sockets).index(target), sockets[target]]
               for link, origin, slot, target in image_links]
+    if "CreateVideo" in types:
+        links.append([fps_link, sampler_id, 1, 1 + types.index("CreateVideo"), 2, "FLOAT"])
     return {"last_node_id": len(nodes), "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [],
             "config": {}, "extra": {"tpu_diffusers": {"hardware": hardware}}, "version": 0.4}
 
