@@ -240,8 +240,11 @@ def test_wan_lightx2v_loras_on_the_two_experts_give_plain_diffusers_frames_and_t
         pipe.unload_lora_weights()
         plain = run_pipeline(pipe, family_for("WanPipeline"), video)
     torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
-    for alone in pair:
-        assert differs(engine.generate(with_loras(base_handle, alone), video).images, base), alone
+    alone = {lora[2]: engine.generate(with_loras(base_handle, lora), video).images for lora in pair}
+    assert all(differs(images, base) for images in alone.values())
+    both = engine.generate(with_loras(base_handle, (loras["wan-high"], 1.0, "both")), video)
+    assert both.info.notes[-1].endswith(f"(fused, {2 * layers} layers, both: transformer + transformer_2)")
+    assert differs(both.images, alone["high_noise"])  # the low-noise expert's step changed too
     assert torch.equal(engine.generate(base_handle, video).images, base)
     assert engine.cache.stats.loads == 1
 
