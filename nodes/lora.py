@@ -11,7 +11,7 @@ from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.features.lora import LORA_WITH_MESH, check_lora_file, check_lora_fits
 from tpu_diffusers_runtime.model_files import resolve_model_file
 from tpu_diffusers_runtime.single_file import config_folder
-from tpu_diffusers_runtime.specs import LoraSpec
+from tpu_diffusers_runtime.specs import LoraExpert, LoraSpec
 from .types import CATEGORY, TPUPipeline
 
 MAX_STRENGTH = 10.0
@@ -31,7 +31,8 @@ class TPULora(io.ComfyNode):
             display_name="TPU LoRA",
             category=CATEGORY,
             description="Adds a LoRA (diffusers, kohya or ComfyUI format, for the pipeline's family) at a strength; "
-                        "chain several. The LoRA is fused into the loaded weights when the Sampler runs: no "
+                        "chain several (Wan 2.2 A14B: one per expert, e.g. the lightx2v 4-step high_noise and "
+                        "low_noise LoRAs). The LoRA is fused into the loaded weights when the Sampler runs: no "
                         "per-step cost, no reload of the base model, and in compiled mode no recompile when the "
                         "LoRA or its strength changes. Not with a TP Mesh (refused with the reason).",
             inputs=[
@@ -40,6 +41,13 @@ class TPULora(io.ComfyNode):
                                tooltip="A LoRA .safetensors file in models/loras."),
                 io.Float.Input("strength", default=1.0, min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.05,
                                tooltip="How strongly the LoRA applies. 0 leaves the model exactly as it is."),
+                # optional: a prompt saved before this input existed has no expert and runs as before (high_noise)
+                io.Combo.Input("expert", options=[e.value for e in LoraExpert], default=LoraExpert.HIGH_NOISE.value,
+                               optional=True,
+                               tooltip="Which transformer the LoRA goes into. high_noise: the model's transformer "
+                                       "(every model; Wan 2.2 A14B's high-noise expert). low_noise: Wan 2.2 A14B's "
+                                       "low-noise expert (transformer_2), e.g. the lightx2v 4-step *_low_noise LoRA. "
+                                       "both: the same LoRA into each. Models with one transformer take high_noise."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline with this LoRA added.")],
         )
@@ -52,11 +60,13 @@ class TPULora(io.ComfyNode):
         return await asyncio.to_thread(check_choice, lora_name, strength)
 
     @classmethod
-    def execute(cls, pipeline, lora_name: str, strength: float) -> io.NodeOutput:
+    def execute(cls, pipeline, lora_name: str, strength: float, expert: str = LoraExpert.HIGH_NOISE.value
+                ) -> io.NodeOutput:
         if pipeline.mesh is not None:
             raise UserInputError(LORA_WITH_MESH)
-        lora = LoraSpec(path=lora_path(lora_name), strength=strength)
-        # a LoRA of another family fails here, on this node, against the model's configs (no weights loaded)
+        lora = LoraSpec(path=lora_path(lora_name), strength=strength, expert=expert)
+        # a LoRA of another family, or for a low-noise expert the model lacks, fails here, on this node, against
+        # the model's configs (no weights loaded)
         check_lora_fits(pipeline.model_class, config_folder(pipeline.source), lora)
         return io.NodeOutput(pipeline.replace(loras=(*pipeline.loras, lora)))
 

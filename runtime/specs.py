@@ -62,6 +62,13 @@ class Workers(Choice):
     ATTACH = "attach"  # workers already started with torchrun, maybe on other hosts
 
 
+class LoraExpert(Choice):
+    """Which denoiser a LoRA goes into: Wan 2.2 A14B has two experts, every other model one transformer."""
+    HIGH_NOISE = "high_noise"  # `transformer`: A14B's high-noise expert, the only one of other models
+    LOW_NOISE = "low_noise"  # `transformer_2`: Wan 2.2 A14B's low-noise expert
+    BOTH = "both"  # the same LoRA into each
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileSpec:
     scope: CompileScope = CompileScope.AUTO
@@ -92,6 +99,8 @@ class MeshSpec:
 class LoraSpec:
     path: str  # absolute path of a LoRA file inside ComfyUI's models/loras
     strength: float = 1.0  # 0 leaves the base weights exactly as they are
+    expert: LoraExpert = LoraExpert.HIGH_NOISE
 
     def __post_init__(self):
         object.__setattr__(self, "strength", float(self.strength))
+        object.__setattr__(self, "expert", LoraExpert(self.expert))

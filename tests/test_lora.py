@@ -2,6 +2,8 @@
 a reload or a recompile, and the base restored bit for bit. Tiny LoRAs come from tools/tiny_loras.py."""
 
 import dataclasses
+import os
+import re
 
 import pytest
 import torch
@@ -28,7 +30,8 @@ CHANGED = 1e-3  # a LoRA that changes the image changes some pixel by more than 
 def loras(tiny_dir, tmp_path_factory):
     """name -> LoRA file: '<family>' and '<family>-b' (diffusers format, two seeds), 'flux1-kohya' (with a CLIP
     layer), 'flux1-comfyui' (BFL names), 'qwenimage-lightx2v' (the Lightning LoRAs' layout) and 'zimage'
-    (ai-toolkit's diffusion_model. layout), built once."""
+    (ai-toolkit's diffusion_model. layout), 'wan-high' / 'wan-low' (lightx2v's Wan 2.2 4-step layout, one per
+    expert of the tiny T2V A14B), built once."""
     root = tmp_path_factory.mktemp("loras")
     files = {}
     for family in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein"):
@@ -41,6 +44,9 @@ def loras(tiny_dir, tmp_path_factory):
     files["qwenimage-lightx2v"] = tiny_loras.build(tiny_dir / "tiny-qwenimage", root / "qwenimage-lightx2v.safetensors",
                                                    "lightx2v", seed=4)
     files["sdxl-kohya"] = tiny_loras.build(tiny_dir / "tiny-sdxl", root / "sdxl-kohya.safetensors", "kohya", seed=4)
+    for seed, (name, expert) in enumerate((("wan-high", "transformer"), ("wan-low", "transformer_2")), start=5):
+        files[name] = tiny_loras.build(tiny_dir / "tiny-wan22-t2v-a14b", root / f"{name}.safetensors", "lightx2v",
+                                       seed=seed, expert=expert)
     return {name: str(path) for name, path in files.items()}
 
 
@@ -201,6 +207,70 @@ def test_an_sdxl_kohya_lora_fuses_into_the_unet_and_both_text_encoders_as_plain_
     assert differs(result.images, base)
     torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
     assert torch.equal(engine.generate(base_handle, request()).images, base)
+
+
+# the tiny T2V A14B's 3 steps run at timesteps 999, 960 (high-noise expert) and 857 (below its boundary 875: low)
+WAN_REQUEST = dict(frames=5, guidance=1.0, steps=3)
+
+
+def test_wan_lightx2v_loras_on_the_two_experts_give_plain_diffusers_frames_and_the_base_back(tiny, loras):
+    """ComfyUI's Wan 2.2 4-step templates: lightx2v's high_noise LoRA on `transformer`, its low_noise LoRA on
+    `transformer_2`. The frames are those of plain diffusers' load_lora_weights / load_lora_weights(...,
+    load_into_transformer_2=True) + fuse_lora; each LoRA on its own changes them (so each lands in its expert),
+    and no LoRA gives the base frames back bit for bit."""
+    engine = Engine()
+    base_handle = handle(tiny, "wan22-t2v-a14b")
+    video = request(**WAN_REQUEST)
+    base = engine.generate(base_handle, video).images
+    pair = ((loras["wan-high"], 1.0, "high_noise"), (loras["wan-low"], 0.7, "low_noise"))
+    result = engine.generate(with_loras(base_handle, *pair), video)
+    layers = len(tiny_loras.WAN_LIGHTX2V_LINEARS) * 2  # the tiny experts' two blocks
+    assert result.info.notes[-2:] == (f"LoRA: wan-high.safetensors @ 1 (fused, {layers} layers, high_noise: "
+                                      "transformer)",
+                                      f"LoRA: wan-low.safetensors @ 0.7 (fused, {layers} layers, low_noise: "
+                                      "transformer_2)")
+    state = engine.realise(with_loras(base_handle, *pair))[0].lora
+    assert {key.split(".")[0] for key in state.backups} == {"transformer", "transformer_2"}
+    with outside_inference_mode():
+        pipe = load_pipeline(base_handle, resolve_device(base_handle.device))
+        pipe.load_lora_weights(loras["wan-high"], adapter_name="high")
+        pipe.load_lora_weights(loras["wan-low"], adapter_name="low", load_into_transformer_2=True)
+        pipe.set_adapters(["high", "low"], [1.0, 0.7])
+        pipe.fuse_lora(components=["transformer", "transformer_2"], adapter_names=["high", "low"])
+        pipe.unload_lora_weights()
+        plain = run_pipeline(pipe, family_for("WanPipeline"), video)
+    torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
+    alone = {lora[2]: engine.generate(with_loras(base_handle, lora), video).images for lora in pair}
+    assert all(differs(images, base) for images in alone.values())
+    both = engine.generate(with_loras(base_handle, (loras["wan-high"], 1.0, "both")), video)
+    assert both.info.notes[-1].endswith(f"(fused, {2 * layers} layers, both: transformer + transformer_2)")
+    assert differs(both.images, alone["high_noise"])  # the low-noise expert's step changed too
+    assert torch.equal(engine.generate(base_handle, video).images, base)
+    assert engine.cache.stats.loads == 1
+
+
+def test_a_lora_for_a_second_expert_is_refused_on_a_one_transformer_model(tiny, loras):
+    """low_noise and both ask for transformer_2: Wan 2.2 TI2V-5B and every image family have none. Refused from the
+    configs alone (the node's check) and when fusing, with what to set; the base is left as it was."""
+    def refusal(lora, model_class):
+        return re.escape(f"LoRA '{os.path.basename(lora.path)}' is set to expert '{lora.expert}', which needs a "
+                         f"second transformer (transformer_2, the low-noise expert of Wan 2.2 A14B), but this "
+                         f"{model_class} has only one. Set the LoRA's expert to high_noise")
+
+    low, flux_both = LoraSpec(loras["wan-low"], 1.0, "low_noise"), LoraSpec(loras["flux1-schnell"], 1.0, "both")
+    check_lora_fits("WanPipeline", tiny("wan22-t2v-a14b"), low)
+    check_lora_fits("WanPipeline", tiny("wan22-t2v-a14b"), LoraSpec(loras["wan-high"], 1.0, "both"))
+    with pytest.raises(UserInputError, match=refusal(low, "WanPipeline")):
+        check_lora_fits("WanPipeline", tiny("wan22-ti2v-5b"), low)
+    with pytest.raises(UserInputError, match=refusal(flux_both, "FluxPipeline")):
+        check_lora_fits("FluxPipeline", tiny("flux1-schnell"), flux_both)
+    engine = Engine()
+    five_b = handle(tiny, "wan22-ti2v-5b")
+    video = request(**WAN_REQUEST, width=32, height=32)
+    base = engine.generate(five_b, video).images
+    with pytest.raises(UserInputError, match=refusal(low, "WanPipeline")):
+        engine.generate(five_b.replace(loras=(low,)), video)
+    assert torch.equal(engine.generate(five_b, video).images, base)
 
 
 def test_a_lora_for_another_family_is_refused_and_the_base_is_left_bit_for_bit(tiny, loras):

@@ -2,6 +2,7 @@
 """Tiny LoRA files for the tiny pipelines of tools/tiny_models.py, made offline.
 
     python tools/tiny_loras.py MODEL_DIR OUT_FILE [--seed 0] [--format diffusers|kohya|comfyui|lightx2v] [--rank 4]
+                               [--expert transformer|transformer_2]
 
 `diffusers` (every family): peft's `LoraConfig` on the transformer's attention linears (to_q, to_k, to_v,
 to_out.0, where the family has them), lora_A and lora_B drawn at random from `seed` (B is not zero, so the
@@ -19,11 +20,18 @@ Only four BFL layers are used: diffusers splits a single block's fused
 `linear1` (q, k, v and the MLP) at FLUX.1's real widths (3072, 3072, 3072, 12288), which a tiny model does
 not have; a double block's `qkv` is split in three equal parts, which works at any width.
 
-`lightx2v` (QwenImage only) is the layout of lightx2v's Qwen-Image Lightning LoRAs (Qwen-Image-2512-Lightning-
+`lightx2v` for QwenImage is the layout of lightx2v's Qwen-Image Lightning LoRAs (Qwen-Image-2512-Lightning-
 4steps-V1.0-bf16/fp32, Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16, the files ComfyUI's templates download):
 diffusers' module names without a prefix, `transformer_blocks.0.attn.to_q.lora_down.weight` / `.lora_up.weight` /
 `.alpha`, on the twelve linears of every block (the image and text attention projections, their outputs and
 both MLPs), with alpha = rank / 8 as those files have (rank 64, alpha 8).
+`lightx2v` for Wan 2.2 (WanPipeline, WanImageToVideoPipeline) is the layout of lightx2v's 4-step LoRAs as ComfyUI's
+Wan 2.2 templates load them (wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise / _low_noise, wan2.2_i2v_lightx2v_4steps_
+lora_v1_high_noise / _low_noise): Wan's original module names under `diffusion_model.`, e.g.
+`diffusion_model.blocks.0.self_attn.q.lora_down.weight` / `.lora_up.weight` / `.alpha`, on the self- and cross-attention
+projections (q, k, v, o) and both FFN linears of every block; one file per expert, from that expert's widths
+(`--expert transformer` for the high-noise file, `transformer_2` for the low-noise one), alpha = rank / 2 (a scale
+that is not 1, so its handling shows). diffusers' `_convert_non_diffusers_wan_lora_to_diffusers` reads it.
 `comfyui` for Z-Image is the layout ComfyUI users hold for it (ai-toolkit's, the common trainer): diffusers'
 layer names under `diffusion_model.` with `lora_A`/`lora_B` and an `.alpha` per layer, e.g.
 `diffusion_model.layers.0.attention.to_q.lora_A.weight`; diffusers' Z-Image loader converts it.
@@ -180,6 +188,41 @@ def lightx2v_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4,
     return out_file
 
 
+# Wan's original names of a block's linears that lightx2v's LoRAs change -> diffusers' WanTransformer3DModel names
+WAN_LIGHTX2V_LINEARS = {
+    **{f"{attn}.{o}": f"{ours}.{d}" for attn, ours in (("self_attn", "attn1"), ("cross_attn", "attn2"))
+       for o, d in zip("qkvo", ("to_q", "to_k", "to_v", "to_out.0"))},
+    "ffn.0": "ffn.net.0.proj", "ffn.2": "ffn.net.2"}
+
+
+def wan_lightx2v_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4, std: float = 0.3,
+                      expert: str = "transformer") -> Path:
+    """A Wan 2.2 LoRA in lightx2v's layout (`diffusion_model.blocks.N.self_attn.q.lora_down.weight`, alpha) for one
+    expert (`transformer` = high noise, `transformer_2` = low noise), with that expert's layer widths."""
+    import diffusers
+    from safetensors.torch import save_file
+
+    index = json.loads((model_dir / "model_index.json").read_text())
+    if (index.get(expert) or [None])[0] != "diffusers":
+        raise ValueError(f"{model_dir} has no {expert}")
+    transformer = getattr(diffusers, index[expert][1]).from_pretrained(model_dir, subfolder=expert,
+                                                                        local_files_only=True)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for block in range(len(transformer.blocks)):
+        for original, name in WAN_LIGHTX2V_LINEARS.items():
+            layer = transformer.get_submodule(f"blocks.{block}.{name}")
+            key = f"diffusion_model.blocks.{block}.{original}"
+            down, up = torch.empty(rank, layer.in_features), torch.empty(layer.out_features, rank)
+            _random_(down, generator, std / layer.in_features ** 0.5)
+            _random_(up, generator, 2 * std / rank ** 0.5)  # alpha / rank = 1/2 scales it down again
+            tensors[f"{key}.lora_down.weight"], tensors[f"{key}.lora_up.weight"] = down, up
+            tensors[f"{key}.alpha"] = torch.tensor(rank / 2)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_file))
+    return out_file
+
+
 def zimage_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4) -> Path:
     """The diffusers LoRA renamed to ai-toolkit's Z-Image layout: `diffusion_model.` names and alpha = rank
     (a scale of 1, so it changes the model as the diffusers file does)."""
@@ -196,9 +239,13 @@ def zimage_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: in
     return out_file
 
 
-def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4) -> Path:
-    """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path."""
+def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4,
+          expert: str = "transformer") -> Path:
+    """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path.
+    `expert`: the Wan 2.2 expert a lightx2v LoRA is made for."""
     model_dir, out_file = Path(model_dir), Path(out_file)
+    if fmt == "lightx2v" and _pipeline_class(model_dir).__name__ in ("WanPipeline", "WanImageToVideoPipeline"):
+        return wan_lightx2v_lora(model_dir, out_file, seed, rank, expert=expert)
     if fmt == "diffusers":
         return diffusers_lora(model_dir, out_file, seed, rank)
     if fmt == "kohya" and _pipeline_class(model_dir).__name__ == "StableDiffusionXLPipeline":
@@ -219,8 +266,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=FORMATS, default="diffusers")
     parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--expert", choices=("transformer", "transformer_2"), default="transformer",
+                        help="Wan 2.2 lightx2v: the expert the LoRA is for (high noise, low noise)")
     args = parser.parse_args(argv)
-    print(build(args.model_dir, args.out_file, args.format, args.seed, args.rank))
+    print(build(args.model_dir, args.out_file, args.format, args.seed, args.rank, args.expert))
 
 
 if __name__ == "__main__":

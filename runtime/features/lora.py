@@ -10,6 +10,10 @@ its compiled graphs, as only weight values change, in place.
 Before a layer's weights are first changed, they are copied to the CPU once; switching LoRAs copies them
 back (an exact restore, not unfuse arithmetic), so strength 0 or no LoRA gives the base image bit for bit.
 On any error the pipeline is left as the base.
+
+A LoRA goes into the denoiser its `expert` names: `transformer` (high_noise, the default, and the only one of
+one-transformer models), Wan 2.2 A14B's `transformer_2` (low_noise: diffusers' `load_into_transformer_2`), or
+both; the backups cover whichever expert's weights changed.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import os
 import re
 
 from ..errors import LoraUnloadError, UserInputError
-from ..specs import LoraSpec
+from ..specs import LoraExpert, LoraSpec
 
 log = logging.getLogger("tpu_diffusers")
 
 LORA_KEY = re.compile(r"(^|\.)(lora_A|lora_B|lora_down|lora_up)(\.|$)|\.alpha$")
 _LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
 ADAPTER_PREFIX = "tpu_diffusers_lora_"
+# the pipeline components each expert choice loads a LoRA into
+EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), LoraExpert.LOW_NOISE: ("transformer_2",),
+                     LoraExpert.BOTH: ("transformer", "transformer_2")}
 LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) yet: the sharded transformer's weights "
                   "are DTensors split over the ranks, and diffusers' LoRA loading and fusing handles only whole "
                   "weights. Remove the LoRAs, or make the TP Mesh all replicas (replicas = chips, tp 1), or remove it.")
@@ -125,8 +132,10 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
         expected = _check_fits(pipe, lora)
         try:
             with _quiet_about_components_without_keys():
-                pipe.load_lora_weights(os.path.dirname(lora.path), weight_name=os.path.basename(lora.path),
-                                       adapter_name=adapter)
+                for component in EXPERT_COMPONENTS[lora.expert]:  # one adapter name, in each expert's own model
+                    into = {"load_into_transformer_2": True} if component == "transformer_2" else {}
+                    pipe.load_lora_weights(os.path.dirname(lora.path), weight_name=os.path.basename(lora.path),
+                                           adapter_name=adapter, **into)
         except (ValueError, RuntimeError, KeyError, AssertionError, TypeError) as e:
             raise UserInputError(f"LoRA '{_name(lora)}' could not be loaded into this {type(pipe).__name__} "
                                  f"({type(e).__name__}: {_first_line(e)}); is it a LoRA for this model? Pick one "
@@ -153,7 +162,9 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
     notes = []
     for index, lora in enumerate(loras):
         if index in layers:
-            notes.append(f"LoRA: {_name(lora)} @ {lora.strength:g} (fused, {layers[index]} layers)")
+            experts = " + ".join(EXPERT_COMPONENTS[lora.expert])
+            where = f", {lora.expert}: {experts}" if _second_expert(pipe) is not None else ""
+            notes.append(f"LoRA: {_name(lora)} @ {lora.strength:g} (fused, {layers[index]} layers{where})")
         else:
             notes.append(f"LoRA: {_name(lora)} @ 0 (strength 0: not applied)")
     return notes
@@ -178,6 +189,7 @@ def _check_fits(pipe, lora: LoraSpec) -> set[str]:
         raise UserInputError(f"LoRA '{_name(lora)}' is not in a layout diffusers can read for a "
                              f"{type(pipe).__name__} ({type(e).__name__}: {_first_line(e)}); is it a LoRA for this "
                              "model? Pick one made for it, or remove it.") from e
+    converted = _into_experts(pipe, lora, converted)
     wanted = {}
     for key, value in converted.items():
         match = _LAYER.match(key)
@@ -205,6 +217,33 @@ def _check_fits(pipe, lora: LoraSpec) -> set[str]:
                              f"{len(wanted)} layers do not match ({misfits[0]}); it is a LoRA for another model. "
                              "Pick one made for this model, or remove it.")
     return set(wanted)
+
+
+def _second_expert(pipe):
+    """Wan 2.2 A14B's low-noise expert `transformer_2`; None for a model with one transformer (TI2V-5B too)."""
+    import torch
+
+    model = getattr(pipe, "transformer_2", None) if "transformer_2" in pipe._lora_loadable_modules else None
+    return model if isinstance(model, torch.nn.Module) else None
+
+
+def _into_experts(pipe, lora: LoraSpec, converted: dict) -> dict:
+    """The converted layers as the experts the LoRA goes into hold them: diffusers names a Wan LoRA's layers
+    `transformer.` and loads them into `transformer_2` for load_into_transformer_2. Refused when the LoRA asks
+    for a second expert this model does not have."""
+    components = EXPERT_COMPONENTS[lora.expert]
+    if components == ("transformer",):
+        return converted
+    if _second_expert(pipe) is None:
+        raise UserInputError(
+            f"LoRA '{_name(lora)}' is set to expert '{lora.expert}', which needs a second transformer "
+            f"(transformer_2, the low-noise expert of Wan 2.2 A14B), but this {type(pipe).__name__} has only one. "
+            "Set the LoRA's expert to high_noise (the model's transformer), or load a Wan 2.2 T2V/I2V A14B model.")
+    out = {k: v for k, v in converted.items() if not k.startswith("transformer.")}
+    for component in components:
+        out.update({f"{component}.{k.removeprefix('transformer.')}": v for k, v in converted.items()
+                    if k.startswith("transformer.")})
+    return out
 
 
 def _peft_names(pipe, converted: dict) -> dict:

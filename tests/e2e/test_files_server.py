@@ -17,6 +17,9 @@ LORA_MODEL = "tiny-flux1-schnell"
 # the files of workflows/qwen_image_2512_lightning_files_offload.json, by their names there
 QWEN_2512_FILE = "qwen_image_2512_fp8_e4m3fn.safetensors"
 QWEN_2512_LIGHTNING = "Qwen-Image-2512-Lightning-4steps-V1.0-fp32.safetensors"
+# the 4-step LoRAs ComfyUI's Wan 2.2 T2V template turns on, by their names there (high noise, low noise)
+WAN_T2V_LIGHTX2V = ("wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+                    "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors")
 # family (subfolder of the single_files fixture) -> (configs folder, the File Loader's picks)
 FAMILIES = {
     "flux1": ("flux1-wide", ("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors",
@@ -44,6 +47,8 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     tiny_loras.build(tiny_dir / "tiny-sd3", loras / "an_sd3_lora.safetensors", "diffusers", seed=3)
     qwenimage = single_files["qwenimage"][0]
     tiny_loras.build(qwenimage, loras / QWEN_2512_LIGHTNING, "lightx2v", seed=4)
+    for seed, (name, expert) in enumerate(zip(WAN_T2V_LIGHTX2V, ("transformer", "transformer_2")), start=5):
+        tiny_loras.build(tiny_dir / "tiny-wan22-t2v-a14b", loras / name, "lightx2v", seed=seed, expert=expert)
     tiny_single_files.qwenimage_2512_file(qwenimage, base / "models" / "diffusion_models", QWEN_2512_FILE)
     (base / "models" / "diffusers").mkdir(parents=True, exist_ok=True)
     (base / "models" / "diffusers" / "Qwen-Image-2512").symlink_to(qwenimage)  # configs auto: named like the repo
@@ -68,13 +73,13 @@ def files_prompt(configs: str, picks: tuple, **sampler_inputs) -> dict:
     return prompt
 
 
-def with_loras(prompt: dict, *loras: tuple[str, float]) -> dict:
-    """TPU LoRA nodes "11", "12", ... chained between the loader and the Mode Selector."""
+def with_loras(prompt: dict, *loras: tuple) -> dict:
+    """TPU LoRA nodes "11", "12", ... chained between the loader and the Mode Selector: (name, strength[, expert])."""
     upstream = prompt[MODE]["inputs"]["pipeline"]
-    for index, (name, strength) in enumerate(loras):
+    for index, (name, strength, *expert) in enumerate(loras):
         node = str(11 + index)
         prompt[node] = {"class_type": "TPULora", "inputs": {"pipeline": upstream, "lora_name": name,
-                                                            "strength": strength}}
+                                                            "strength": strength, **dict(zip(["expert"], expert))}}
         upstream = [node, 0]
     prompt[MODE]["inputs"]["pipeline"] = upstream
     return prompt
@@ -160,6 +165,46 @@ def test_qwen_image_2512_lightning_from_files_gives_plain_diffusers_image_with_t
     saved = pixels(files_server, entry)
     assert np.abs(saved - plain_image()).max() <= 1
     assert np.abs(saved - without_lora).max() > 1, "the tiny LoRA must change the image beyond the tolerance"
+
+
+def test_wan_t2v_with_the_lightx2v_loras_on_its_two_experts_gives_plain_diffusers_frames(files_server, tiny_dir):
+    """ComfyUI's Wan 2.2 T2V 4-step template's LoRAs through two TPU LoRA nodes, the high_noise file with expert
+    high_noise and the low_noise file with expert low_noise, into the TPU Video Sampler (5 frames, 3 steps: the
+    last below the tiny model's boundary, on transformer_2): the frames Save Image writes are plain diffusers'
+    with load_lora_weights / load_lora_weights(..., load_into_transformer_2=True) + fuse_lora."""
+    import torch
+    from diffusers import WanPipeline
+
+    prompt = sampler_prompt(model="tiny-wan22-t2v-a14b")
+    text = prompt[SAMPLER]["inputs"]["prompt"]
+    prompt[SAMPLER] = {"class_type": "TPUVideoSampler", "inputs": {
+        "pipeline": prompt[SAMPLER]["inputs"]["pipeline"], "prompt": text, "negative_prompt": "", "width": 64,
+        "height": 64, "frames": 5, "steps": 3, "guidance": 1.0, "seed": 21, "batch_size": 1}}
+    high, low = WAN_T2V_LIGHTX2V
+    entry = run_ok(files_server, with_loras(prompt, (high, 1.0, "high_noise"), (low, 1.0, "low_noise")))
+    info = run_info(entry)
+    assert info["pipeline"] == "WanPipeline" and info["frames"] == 5, info
+    assert [note for note in info["notes"] if note.startswith("LoRA")] == [
+        f"LoRA: {high} @ 1 (fused, 20 layers, high_noise: transformer)",
+        f"LoRA: {low} @ 1 (fused, 20 layers, low_noise: transformer_2)"], info["notes"]
+    saved = np.stack([np.asarray(Image.open(path), dtype=np.int16) for path in files_server.output_images(entry)])
+    pipe = WanPipeline.from_pretrained(tiny_dir / "tiny-wan22-t2v-a14b", local_files_only=True)
+
+    def plain_frames():
+        with torch.no_grad():
+            frames = pipe(prompt=text, negative_prompt="", height=64, width=64, num_frames=5, num_inference_steps=3,
+                          guidance_scale=1.0, generator=torch.Generator("cpu").manual_seed(21),
+                          output_type="np").frames[0]
+        return np.clip(frames * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
+
+    without_loras = plain_frames()
+    loras = files_server.base_dir / "models" / "loras"
+    pipe.load_lora_weights(str(loras / high), adapter_name="high")
+    pipe.load_lora_weights(str(loras / low), adapter_name="low", load_into_transformer_2=True)
+    pipe.fuse_lora(components=["transformer", "transformer_2"])
+    assert saved.shape == (5, 64, 64, 3)
+    assert np.abs(saved - plain_frames()).max() <= 1
+    assert np.abs(saved - without_loras).max() > 1, "the tiny LoRAs must change the frames beyond the tolerance"
 
 
 def test_a_second_run_from_the_same_files_loads_nothing(files_server):
