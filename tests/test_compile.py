@@ -99,7 +99,7 @@ def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, 
 def test_wan_compiles_the_blocks_of_both_experts_for_its_frames(tiny):
     """Wan 2.2 A14B: the high- and the low-noise expert each denoise part of the steps; both are compiled (repeated
     blocks under offload), the frame count is part of the compiled shape, and the frames equal eager."""
-    video = SampleRequest(prompt="a corgi on a beach", width=64, height=64, steps=2, seed=3, frames=5)
+    video = SampleRequest(prompt="a corgi on a beach", width=64, height=64, steps=3, seed=3, frames=5)  # 3: both experts
     handle = PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline", mode=ExecutionMode.COMPILED,
                                placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
     engine = Engine()

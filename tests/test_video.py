@@ -136,3 +136,21 @@ def test_host_memory_counts_every_frame():
     assert needed == 2 * 4 * 3 * 832 * 480 * 81
     with pytest.raises(UserInputError, match=r"batch 1 at 832x480 x 81 frames is too large .* or the frames"):
         check_host_memory(task, request(width=832, height=480, frames=81, batch_size=1), needed - 1)
+
+
+def test_both_experts_denoise_the_high_noise_one_first(tiny):
+    """A14B at 3 steps: the tiny T2V model's boundary (0.875 x 1000) puts timesteps 999 and 923 on `transformer` and
+    the last (857) on `transformer_2`, as diffusers' WanPipeline switches."""
+    engine = Engine()
+    handle = PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline")
+    pipe = engine.realise(handle)[0].pipe
+    calls = []
+    hooks = [expert.register_forward_pre_hook(lambda module, args, kwargs, name=name: calls.append(name),
+                                              with_kwargs=True)
+             for name, expert in (("transformer", pipe.transformer), ("transformer_2", pipe.transformer_2))]
+    try:
+        engine.generate(handle, request(batch_size=1, guidance=1.0))  # guidance 1: one call per step
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == ["transformer", "transformer", "transformer_2"]

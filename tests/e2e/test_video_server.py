@@ -25,7 +25,7 @@ def video_prompt(model: str, save: str = "SaveImage", image: bool = False, **sam
         LOADER: {"class_type": "TPULoader", "inputs": {"model": model, "hub_id": "", "dtype": "auto", "device": "auto"}},
         SAMPLER: {"class_type": "TPUVideoSampler", "inputs": {
             "pipeline": [LOADER, 0], "prompt": PROMPT, "negative_prompt": "", "width": 64, "height": 64,
-            "frames": FRAMES, "steps": 2, "guidance": 3.0, "seed": SEED, "batch_size": 1, **sampler_inputs}},
+            "frames": FRAMES, "steps": 3, "guidance": 3.0, "seed": SEED, "batch_size": 1, **sampler_inputs}},
     }
     if image:
         prompt[LOAD_IMAGE] = {"class_type": "LoadImage", "inputs": {"image": START}}
@@ -63,7 +63,7 @@ def plain_diffusers(tiny, model: str, cls: str, videos: int = 1, **kwargs) -> li
         pipe = getattr(diffusers, cls).from_pipe(pipe)
     frames = []
     for i in range(videos):
-        video = pipe(prompt=PROMPT, height=64, width=64, num_frames=FRAMES, num_inference_steps=2, guidance_scale=3.0,
+        video = pipe(prompt=PROMPT, height=64, width=64, num_frames=FRAMES, num_inference_steps=3, guidance_scale=3.0,
                      generator=torch.Generator("cpu").manual_seed(SEED + i), output_type="pt", **kwargs).frames[0]
         frames += list(np.clip(255.0 * video.permute(0, 2, 3, 1).numpy(), 0, 255).astype(np.uint8))
     return frames
