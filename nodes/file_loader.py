@@ -17,6 +17,7 @@ from tpu_diffusers_runtime.specs import DeviceChoice, DType
 from .types import CATEGORY, TPUPipeline
 
 ENCODER_SLOTS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+SECOND_MODEL_SLOT = "transformer_2"  # model_2: Wan 2.2 A14B's low-noise expert
 
 
 def model_files() -> list[str]:
@@ -32,24 +33,30 @@ def model_path(name: str) -> str:
         return resolve_model_file(name, folder_paths.get_folder_paths("checkpoints"), "checkpoints")
 
 
-def plan_choices(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str, configs: str):
+def plan_choices(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str, configs: str,
+                 model_2: str = NONE):
     """The node's choices (names inside ComfyUI's folders) resolved to paths and planned by the runtime:
     (configs source, model class, files); raises UserInputError. The model is resolved first: its error
     is the one to show when several files are missing."""
     model_file = model_path(model)
+    if model_2 not in (None, NONE):
+        second = {SECOND_MODEL_SLOT: resolve_model_file(model_2, folder_paths.get_folder_paths("diffusion_models"),
+                                                        "diffusion_models")}
+    else:
+        second = {}
     picked = {slot: resolve_model_file(name, folder_paths.get_folder_paths("text_encoders"), "text_encoders")
               for slot, name in zip(ENCODER_SLOTS, (text_encoder, text_encoder_2, text_encoder_3)) if name != NONE}
     if vae != NONE:
         picked["vae"] = resolve_model_file(vae, folder_paths.get_folder_paths("vae"), "vae")
-    return plan(model_file, picked, configs, folder_paths.get_folder_paths("diffusers"))
+    return plan(model_file, {**second, **picked}, configs, folder_paths.get_folder_paths("diffusers"))
 
 
-def check_choices(choices: tuple, device: str | None) -> bool | str:
+def check_choices(choices: tuple, device: str | None, model_2: str | None = NONE) -> bool | str:
     try:
         if device is not None:
             resolve_device(device)
         if None not in choices:
-            plan_choices(*choices)
+            plan_choices(*choices, model_2=model_2)
     except (UserInputError, ModelLoadError) as e:
         return str(e)
     except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses (NUL)
@@ -69,7 +76,9 @@ class TPUFileLoader(io.ComfyNode):
                         "clip_l, t5xxl, ae), SD3.5 (checkpoint, with or without T5, or clip_l/clip_g/t5xxl files), "
                         "FLUX.2 (transformer, Mistral encoder, VAE), QwenImage (transformer, Qwen2.5-VL, VAE), "
                         "FLUX.2 [klein] (transformer, Qwen3 encoder, VAE), "
-                        "SDXL (a checkpoint: everything from it; optional sdxl_vae), Z-Image (transformer, qwen_3_4b, ae). "
+                        "SDXL (a checkpoint: everything from it; optional sdxl_vae), Z-Image (transformer, qwen_3_4b, ae), "
+                        "Wan 2.2 (high-noise model + low-noise model_2, umt5_xxl, wan_2.1_vae; TI2V-5B: one model, "
+                        "wan2.2_vae). "
                         "fp8 files are upcast; GGUF and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",
             inputs=[
@@ -99,6 +108,12 @@ class TPUFileLoader(io.ComfyNode):
                                        "are upcast to it."),
                 io.Combo.Input("device", options=DeviceChoice, default=DeviceChoice.AUTO,
                                tooltip="Where to run. auto = TPU if TorchTPU finds a chip, else CUDA, else CPU."),
+                # last, so that workflows saved before it keep their widget values
+                io.Combo.Input("model_2", options=[NONE, *folder_paths.get_filename_list("diffusion_models")],
+                               default=NONE, optional=True,
+                               tooltip="A second diffusion model, for models with two: Wan 2.2 T2V/I2V A14B's "
+                                       "low-noise expert (wan2.2_t2v_low_noise_14B_fp8_scaled, or i2v's), with its "
+                                       "high-noise expert in model. none for every other model (TI2V-5B too)."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline",
                                         tooltip="The model choice; connect to Mode Selector, TPU LoRA or Sampler.")],
@@ -107,18 +122,22 @@ class TPUFileLoader(io.ComfyNode):
     @classmethod
     async def validate_inputs(cls, model: str | None = None, text_encoder: str | None = None,
                         text_encoder_2: str | None = None, text_encoder_3: str | None = None,
-                        vae: str | None = None, configs: str | None = None, device: str | None = None) -> bool | str:
+                        vae: str | None = None, configs: str | None = None, device: str | None = None,
+                        model_2: str | None = NONE) -> bool | str:
         """Checked when the prompt is queued (headers only), so a wrong file is refused on this node before
         any node runs. ComfyUI awaits this on its event loop: the file reads run in a thread, so the server
         keeps answering. Inputs fed by links arrive as None and are checked when the node runs."""
         choices = (model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
-        return await asyncio.to_thread(check_choices, choices, device)
+        if model_2 is None:  # fed by a link: checked when the node runs
+            choices = (*choices, None)
+        return await asyncio.to_thread(check_choices, choices, device, model_2)
 
     @classmethod
     def execute(cls, model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str,
-                configs: str, dtype: str, device: str) -> io.NodeOutput:
+                configs: str, dtype: str, device: str, model_2: str = NONE) -> io.NodeOutput:
         resolve_device(device)
-        source, model_class, files = plan_choices(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
+        source, model_class, files = plan_choices(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs,
+                                                  model_2)
         check_against_configs(source, model_class, files, model)
         return io.NodeOutput(PipelineHandle.of(source=source, model_class=model_class, files=files,
                                                dtype=dtype, device=device))

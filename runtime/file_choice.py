@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 
 from .errors import UserInputError
-from .families import Family, supported
+from .families import Family, family_for, supported
 from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
-                          config_folder, default_config_repo, family_of_file, model_class_of)
-from .sources import has_weights, list_model_folders, read_model_index, resolve_model_folder
+                          config_folder, default_config_repo, family_of_file, model_class_of, settings_of, variant_of)
+from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
 
 AUTO_CONFIGS = "auto"
 
@@ -26,14 +26,15 @@ def plan(model: str, picked: dict[str, str], configs: str, diffusers_roots: list
     `diffusers_roots`); raises UserInputError."""
     model_header = HeaderView(model)
     picked_headers = {component: HeaderView(path) for component, path in picked.items()}
-    family = family_of_file(model_header)
+    settings = settings_of(model_header)  # Wan 2.2 TI2V-5B's files are WanPipelines with expand_timesteps
+    family = family_of_file(model_header).with_settings(settings)
     model_class = model_class_of(model_header)
     if configs == AUTO_CONFIGS:
         source = auto_configs(default_config_repo(model_header), diffusers_roots)
     else:
         source = resolve_model_folder(configs, diffusers_roots)
     if os.path.isabs(source):
-        check_configs_class(source, model_class, model_header.name)
+        check_configs_class(source, model_class, model_header.name, settings)
     with_weights = components_with_weights(source) if os.path.isabs(source) else set()  # a hub id: configs only
     return source, model_class, choose_files(model_header, family, picked_headers, with_weights)
 
@@ -43,7 +44,8 @@ def check_against_configs(source: str, model_class: str, files, model_name: str)
     the model's class (auto's hub configs too, e.g. FLUX.1 Fill's), and the text encoder files' shapes
     against them, so a wrong file fails on the File Loader and not in the Sampler's load."""
     folder = config_folder(source)
-    check_configs_class(folder, model_class, model_name)
+    model_file = dict(files).get(family_for(model_class).denoiser)
+    check_configs_class(folder, model_class, model_name, settings_of(model_file) if model_file else {})
     check_files_against_configs(files, folder, model_class)
 
 
@@ -51,33 +53,87 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
                  configs_have_weights: set[str] = frozenset()) -> tuple[tuple[str, str], ...]:
     """((component, path), ...): the model file for its denoiser and whatever else it carries, each picked
     file for its component (it overrides the checkpoint's own); `configs_have_weights` are components the
-    config folder can load itself (a full diffusers folder picked as configs)."""
+    config folder can load itself (a full diffusers folder picked as configs). `family` is the model's as its
+    file variant's settings make it (`settings_of`)."""
     files = {name: model.path for name in components_in_checkpoint(model, family)}
     files[family.denoiser] = model.path
     slots = {slot.component: slot for slot in family.file_slots}
+    settings, comfy_files = settings_of(model), comfy_files_of(model)
     for name, header in picked.items():
         if name not in slots:
+            what = f"'{model.name}' is {family.name}" + (f" ({', '.join(settings)})" if settings else "")
+            if name in family.extra_denoisers:  # Wan 2.2 TI2V-5B: one diffusion model
+                raise UserInputError(f"{what}, which has one diffusion model: it takes no second diffusion model "
+                                     f"({name}); leave it at 'none'. It takes: {describe_slots(family, comfy_files)}.")
             raise UserInputError(f"{family.name} has no {name}; leave it at 'none'. {family.name} takes: "
-                                 f"{describe_slots(family)}.")
-        check_file_for_slot(header, name, family.base_class)
+                                 f"{describe_slots(family, comfy_files)}.")
+        check_file_for_slot(header, name, family.base_class, settings)
+        check_file_name(header, slots[name], comfy_files)
+        if name in family.extra_denoisers:
+            check_same_model(model, header, name, comfy_files.get(name, slots[name].comfy_file))
         files[name] = header.path
     missing = [name for name, slot in slots.items() if name not in files and name not in configs_have_weights
                and not slot.optional]
     if missing:
         raise UserInputError(f"{family.name} from single files also needs " + ", ".join(
-            f"{name} ({slots[name].comfy_file})" for name in missing) + f". {family.name} takes: "
-            f"{describe_slots(family)}.")
+            f"{name} ({comfy_files.get(name, slots[name].comfy_file)})" for name in missing) + f". {family.name} "
+            f"takes: {describe_slots(family, comfy_files)}.")
     return tuple(sorted(files.items()))
 
 
-def describe_slots(family: Family) -> str:
-    return ", ".join(f"{slot.component} = {slot.comfy_file}" + (" (optional)" if slot.optional else "")
-                     for slot in family.file_slots)
+def comfy_files_of(model: HeaderView) -> dict:
+    """{component: ComfyUI's file for it} where the model file's variant pairs it with another than the slot's."""
+    variant = variant_of(model)
+    return dict(variant.comfy_files) if variant else {}
 
 
-def check_configs_class(folder: str, model_class: str, model_name: str) -> None:
-    """The configs are of the model's class: not another family's, nor e.g. FLUX.1 Fill's."""
-    held = read_model_index(folder, is_folder=True)["_class_name"]
+def check_file_name(header: HeaderView, slot, comfy_files: dict) -> None:
+    """A file of the right kind whose name says it belongs elsewhere (Wan 2.2's high-noise expert picked as the
+    low-noise one: the same keys and shapes, so only its name tells)."""
+    part = next((part for part in slot.not_named if part in header.name.lower()), None)
+    if part:
+        raise UserInputError(f"'{header.name}' is named '{part}', so it is not the file for {slot.component} (it "
+                             f"takes {comfy_files.get(slot.component, slot.comfy_file)} or that file of your model); "
+                             f"a '{part}' file goes in the model input. Pick the right file for {slot.component}.")
+
+
+def check_same_model(model: HeaderView, other: HeaderView, component: str, comfy_file: str) -> None:
+    """A second diffusion model (Wan 2.2 A14B's low-noise expert) must be of the model's own variant, with its
+    shapes: a T2V expert with an I2V one (or TI2V-5B) would mix two models."""
+    def words(header):
+        variant = variant_of(header)
+        return (variant.config_repo if variant else family_of_file(header).default_config_repo).split("/")[-1]
+
+    if other.path == model.path:
+        raise UserInputError(f"'{other.name}' is picked twice: {component} takes the model's other expert "
+                             f"({comfy_file}), not the model file itself.")
+    shape = next((k for k in model if k in other and model[k].shape != other[k].shape), None)
+    if variant_of(other) != variant_of(model) or shape:
+        detail = f": {shape} is {list(other[shape].shape)} there, {list(model[shape].shape)} here" if shape else ""
+        raise UserInputError(f"'{other.name}' ({words(other)}) is not of the same model as '{model.name}' "
+                             f"({words(model)}){detail}. {component} takes the other expert of the model picked: "
+                             f"{comfy_file}.")
+
+
+def describe_slots(family: Family, comfy_files: dict | None = None) -> str:
+    return ", ".join(f"{slot.component} = {(comfy_files or {}).get(slot.component, slot.comfy_file)}"
+                     + (" (optional)" if slot.optional else "") for slot in family.file_slots)
+
+
+def check_configs_class(folder: str, model_class: str, model_name: str, settings: dict | None = None) -> None:
+    """The configs are of the model's class: not another family's, nor e.g. FLUX.1 Fill's; and of its model_index
+    settings where they change the family (Wan 2.2 TI2V-5B's expand_timesteps, which A14B's WanPipeline lacks)."""
+    index = read_model_index(folder, is_folder=True)
+    held = index["_class_name"]
+    if held == model_class:
+        held_settings = config_values(index)
+        for name, _ in family_for(model_class).setting_changes:
+            has, needs = bool(held_settings.get(name)), bool((settings or {}).get(name))
+            if has != needs:
+                raise UserInputError(
+                    f"configs: '{os.path.basename(folder)}' holds a {held} {'with' if has else 'without'} {name}, but "
+                    f"'{model_name}' is one {'with' if needs else 'without'} it (told by its name); pick a diffusers "
+                    "folder of the same model (or auto).")
     if held != model_class:
         raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model_name}' loads as a "
                              f"{model_class}; pick a diffusers folder of the same model (or auto). FLUX.1 Kontext and "

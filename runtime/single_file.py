@@ -18,8 +18,8 @@ import json
 import os
 
 from .errors import ModelLoadError, UserInputError
-from .families import FAMILIES, FILE_KINDS, Family, FileKind, family_for, supported
-from .sources import check_hub_id
+from .families import FAMILIES, FILE_KINDS, Family, FileKind, FileVariant, family_for, supported
+from .sources import check_hub_id, config_values
 
 SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8), or ComfyUI's "
                      "int8 without ConvRot")
@@ -54,7 +54,8 @@ CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "token
 # Keys a text-encoder file may carry that the transformers class does not keep (buffers, CLIP's logit scale,
 # a projection CLIPTextModel has no use for), and parts a text-to-image pipeline never runs, so a file
 # without them (ComfyUI's text-only Mistral/Qwen files) still loads. Everything else must match exactly.
-IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight")
+IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight",
+                      "spiece_model")  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
 UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
 VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
 # Components whose presence in model_index.json means the pipeline feeds images to its text encoder, so its
@@ -298,6 +299,19 @@ def model_class_of(path) -> str:
     return variant.model_class if variant else family.base_class
 
 
+def variant_of(path) -> FileVariant | None:
+    """The file variant of its family a diffusion-model file is (FLUX.1 Kontext, Wan 2.2 TI2V-5B, ...), or None."""
+    header = _header(path)
+    return _variant(header, family_of_file(header))
+
+
+def settings_of(path) -> dict:
+    """The model_index settings a diffusion-model file's variant is (Wan 2.2 TI2V-5B: expand_timesteps): its
+    family's facts for it are `family_for(model_class, settings=...)`'s."""
+    variant = variant_of(path)
+    return dict(variant.settings) if variant else {}
+
+
 def _variant(header: HeaderView, family: Family):
     """The file variant of `family` a diffusion-model file is (by its name, model type and width), or None."""
     width = _width(header, family.denoiser_kind, _denoiser_prefix(header))
@@ -343,12 +357,13 @@ def slot_kind(family: Family, component: str) -> FileKind:
     return slot.kind
 
 
-def check_file_for_slot(path, component: str, model_class: str) -> str:
-    """Refuse a file that cannot fill `component` of a `model_class` pipeline (a text encoder in the VAE
-    slot, a T5 where CLIP goes, a FLUX.1 model picked for SD3, a truncated file); returns the key prefix of
-    that component inside the file ('' unless it is an all-in-one checkpoint)."""
+def check_file_for_slot(path, component: str, model_class: str, settings: dict | None = None) -> str:
+    """Refuse a file that cannot fill `component` of a `model_class` pipeline (with these model_index
+    `settings`: Wan 2.2 TI2V-5B's VAE is another kind) (a text encoder in the VAE slot, a T5 where CLIP goes, a
+    FLUX.1 model picked for SD3, a truncated file); returns the key prefix of that component inside the file
+    ('' unless it is an all-in-one checkpoint)."""
     header = _header(path)
-    family = family_for(model_class)
+    family = family_for(model_class, settings=settings)
     want = slot_kind(family, component)
     parts = components_in_checkpoint(header, family)
     if parts and component not in parts:
@@ -446,10 +461,10 @@ def _converter(cls):
     raise UserInputError(f"{cls.__name__} cannot be loaded from a single file; use a diffusers folder for it.")
 
 
-def _load_diffusers(name, cls, weights, folder, dtype):
-    """Convert with diffusers' converter, compare the keys with the model's (diffusers itself only logs
-    unused keys and leaves missing ones unset), then load with from_single_file, which takes the converted
-    state dict as it is."""
+def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = None):
+    """Convert with diffusers' converter (or the kind's own, for a layout diffusers' converters do not read),
+    compare the keys with the model's (diffusers itself only logs unused keys and leaves missing ones unset),
+    then load with from_single_file, which takes the converted state dict as it is."""
     from accelerate import init_empty_weights
 
     config = cls.load_config(folder, subfolder=name, local_files_only=True)
@@ -457,20 +472,37 @@ def _load_diffusers(name, cls, weights, folder, dtype):
         expected = set(cls.from_config(config).state_dict())
     prefix = CONVERTER_PREFIXES.get(cls.__name__, "")
     given = {prefix + k: v for k, v in weights.items()}  # a copy: converters pop what they use
-    state = weights if set(weights) == expected else _converter(cls)(checkpoint=given, config=config)
+    own = kind is not None and kind.to_diffusers is not None and kind.keys()[0] in weights
+    if set(weights) == expected:
+        state = weights
+    else:
+        state = kind.to_diffusers(weights) if own else _converter(cls)(checkpoint=given, config=config)
     missing = sorted(expected - set(state))
     unexpected = sorted(set(state) - expected)
     if cls.__name__ in LEFTOVERS_UNUSED and state is not weights:
         unexpected += sorted(given)  # what its converter left behind
     if missing or unexpected:
         return None, missing, unexpected, [], []
-    if cls.__name__ in EXTRA_CONVERTERS:
+    if cls.__name__ in EXTRA_CONVERTERS or own:
         with init_empty_weights():
             model = cls.from_config(config)
         model.load_state_dict(state, strict=True, assign=True)
     else:
         model = cls.from_single_file(state, config=folder, subfolder=name, local_files_only=True)
-    return model.to(dtype), [], [], [], []
+    return _to_dtype(model, dtype), [], [], [], []
+
+
+def _to_dtype(model, dtype):
+    """The model in `dtype`, but for the modules its class keeps in float32 (`_keep_in_fp32_modules`: Wan's time
+    embedder, norms and modulation), which stay float32 as `from_pretrained` keeps them for a folder's model."""
+    import torch
+
+    model.to(dtype)
+    keep = model._keep_in_fp32_modules or []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and any(part in name.split(".") for part in keep):
+            tensor.data = tensor.data.to(torch.float32)
+    return model
 
 
 # Text-only files of a multimodal encoder that name the language model as a plain causal LM ("model.layers...",
@@ -504,8 +536,9 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     with open(os.path.join(config_folder, "model_index.json")) as f:
         index = json.load(f)
     model_class = index["_class_name"]
-    family = family_for(model_class)
-    prefix = check_file_for_slot(path, name, model_class)
+    settings = config_values(index)
+    family = family_for(model_class, settings=settings)
+    prefix = check_file_for_slot(path, name, model_class, settings)
     file = os.path.basename(path)
     runs_vision = cls.__module__.startswith("transformers") and any(p in index for p in IMAGE_TO_TEXT_ENCODER)
     if runs_vision:  # refused from the header, before a 7B text encoder is read for nothing
@@ -526,7 +559,7 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
                 name, cls, weights, config_folder, dtype, kind)
         else:
             model, missing, unexpected, mismatched, random_vision = _load_diffusers(
-                name, cls, weights, config_folder, dtype)
+                name, cls, weights, config_folder, dtype, kind)
     except (RuntimeError, ValueError, KeyError, IndexError) as e:  # shape mismatches, missing converter keys
         raise ModelLoadError(f"'{file}' is not {want} for {family.name} as "
                              f"'{os.path.basename(config_folder)}' describes it ({type(e).__name__}: {e}).") from e
@@ -578,14 +611,15 @@ def check_files_against_configs(files, config_folder: str, model_class: str) -> 
     Sampler's load. Weights the file names differently are left to the load's own check."""
     with open(os.path.join(config_folder, "model_index.json")) as f:
         index = json.load(f)
-    family = family_for(model_class)
+    settings = config_values(index)
+    family = family_for(model_class, settings=settings)
     for component, path in files:
         library, cls_name = (index.get(component) or [None, None])[:2]
         if library != "transformers":
             continue  # diffusers converts transformers and VAEs from other layouts; checked when loading
         model = meta_model(config_folder, component, library, cls_name)
         header = _header(path)
-        prefix = check_file_for_slot(header, component, model_class)
+        prefix = check_file_for_slot(header, component, model_class, settings)
         in_file = _by_suffix(k[len(prefix):] for k in header if k.startswith(prefix))
         for key, tensor in model.state_dict().items():
             file_key = prefix + in_file.get(key, "\0")

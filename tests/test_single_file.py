@@ -7,6 +7,7 @@ memory-mapped change CPU matmul rounding by an ulp (measured: 2e-7 per layer, 4e
 """
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -44,8 +45,8 @@ def image(pipe):
                 generator=torch.Generator().manual_seed(0), max_sequence_length=16).images
 
 
-def assert_same_pipeline(source, pipeline_class, picked):
-    """Same weights (exactly) and the same image as the diffusers folder."""
+def assert_same_pipeline(source, pipeline_class, picked, sample=image):
+    """Same weights (exactly) and the same image (or what `sample` makes: video frames) as the diffusers folder."""
     from_folder = load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class), CPU)
     from_files = load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class, files=picked), CPU)
     for name, _ in picked:
@@ -53,7 +54,7 @@ def assert_same_pipeline(source, pipeline_class, picked):
         assert sorted(expected) == sorted(got), name
         assert all(torch.equal(expected[k], got[k]) for k in expected), name
         assert type(from_files.components[name]) is type(from_folder.components[name])
-    a, b = image(from_folder), image(from_files)
+    a, b = sample(from_folder), sample(from_files)
     assert abs(a - b).max() < 2e-5
 
 
@@ -162,6 +163,200 @@ def test_zimage_from_comfy_org_files_matches_the_folder(sf_dir):
     assert single_file.default_config_repo(f["transformer"]) == "Tongyi-MAI/Z-Image-Turbo"
     assert_same_pipeline(folder(sf_dir, "zimage"), "ZImagePipeline", (
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+# ------------------------------------------------------------------------------------------ Wan 2.2 video
+WAN = {  # the single_files fixture's Wan 2.2 models: (pipeline class, components from files, configs repo of auto)
+    "wan22-t2v-a14b": ("WanPipeline", ("transformer", "transformer_2", "text_encoder", "vae"),
+                       "Wan-AI/Wan2.2-T2V-A14B-Diffusers"),
+    "wan22-i2v-a14b": ("WanImageToVideoPipeline", ("transformer", "transformer_2", "text_encoder", "vae"),
+                       "Wan-AI/Wan2.2-I2V-A14B-Diffusers"),
+    "wan22-ti2v-5b": ("WanPipeline", ("transformer", "text_encoder", "vae"), "Wan-AI/Wan2.2-TI2V-5B-Diffusers"),
+}
+
+
+def video(pipe):
+    """5 frames at 64x64; image to video (WanImageToVideoPipeline) from a fixed start image."""
+    from PIL import Image
+
+    start = {}
+    if type(pipe).__name__ == "WanImageToVideoPipeline":
+        pixels = torch.Generator().manual_seed(1)
+        start["image"] = Image.fromarray((torch.rand(64, 64, 3, generator=pixels) * 255).byte().numpy())
+    return pipe(prompt="a cat walks", negative_prompt="", height=64, width=64, num_frames=5, num_inference_steps=2,
+                output_type="np", generator=torch.Generator().manual_seed(0), max_sequence_length=16, **start).frames
+
+
+@pytest.mark.parametrize("name", WAN)
+def test_wan22_from_comfy_org_files_gives_the_frames_of_its_folder(sf_dir, name):
+    """Both A14B experts (high-noise `transformer`, low-noise `transformer_2`) and TI2V-5B's one model in Wan's
+    original layout, umt5_xxl (with its spiece_model tensor), wan_2.1_vae / wan2.2_vae: the folder's weights
+    exactly and its frames; the File Loader's plan picks the model class and configs from the model file."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    model_class, components, repo = WAN[name]
+    f = files(sf_dir, name)
+    picked = {component: f[component] for component in components if component != "transformer"}
+    assert plan(f["transformer"], picked, "auto", [])[:2] == (repo, model_class)
+    assert_same_pipeline(folder(sf_dir, name), model_class, tuple((c, f[c]) for c in components), sample=video)
+
+
+def test_wan22_fp8_scaled_files_load_within_fp8_rounding(sf_dir):
+    """Comfy-Org's wan2.2_*_14B_fp8_scaled and umt5_xxl_fp8_e4m3fn_scaled (ComfyUI's older scaled fp8) are
+    de-scaled into the pipeline: each weight within e4m3's rounding of the folder's, and the video is made."""
+    name = "wan22-t2v-a14b"
+    source, f = folder(sf_dir, name), files(sf_dir, name)
+    assert all("scaled_fp8" in single_file.HeaderView(f[f"{c}_fp8"]) for c in ("transformer", "transformer_2",
+                                                                                 "text_encoder"))
+    picked = [(c, f[f"{c}_fp8"]) for c in ("transformer", "transformer_2", "text_encoder")] + [("vae", f["vae"])]
+    pipe = load_pipeline(PipelineHandle.of(source=source, model_class="WanPipeline", files=picked), CPU)
+    ref = load_pipeline(PipelineHandle.of(source=source, model_class="WanPipeline"), CPU)
+    for component in ("transformer", "transformer_2", "text_encoder"):
+        got, want = pipe.components[component].state_dict(), ref.components[component].state_dict()
+        assert sorted(got) == sorted(want), component
+        assert all(torch.allclose(got[k], want[k], rtol=0.07, atol=want[k].abs().max().item() * 2 ** -9)
+                   for k in want), component
+        assert not all(torch.equal(got[k], want[k]) for k in want), component  # read from fp8 indeed
+    assert video(pipe).shape == (1, 5, 64, 64, 3)
+
+
+def test_wan22_files_have_comfyuis_own_key_layout(sf_dir):
+    """The tiny Wan files hold exactly the keys and shapes of ComfyUI's own Wan modules built at the folders'
+    sizes (comfy/ldm/wan/model.py, vae.py, vae2_2.py, comfy/text_encoders/t5.py), not only what diffusers'
+    converters read."""
+    import json
+
+    from comfy_host import prepare_comfyui
+
+    sys.path.append(str(prepare_comfyui()))
+    from comfy.cli_args import args
+
+    args.cpu = True
+    import comfy.ldm.wan.model
+    import comfy.ldm.wan.vae
+    import comfy.ldm.wan.vae2_2
+    import comfy.ops
+    import comfy.text_encoders.t5
+
+    def config(name, component):
+        return json.loads((sf_dir[name][0] / component / "config.json").read_text())
+
+    def wan_model(name):
+        c = config(name, "transformer")
+        return comfy.ldm.wan.model.WanModel(
+            model_type="t2v", in_dim=c["in_channels"], dim=c["num_attention_heads"] * c["attention_head_dim"],
+            ffn_dim=c["ffn_dim"], freq_dim=c["freq_dim"], text_dim=c["text_dim"], out_dim=c["out_channels"],
+            num_heads=c["num_attention_heads"], num_layers=c["num_layers"], operations=comfy.ops.disable_weight_init)
+
+    def wan_vae(name):
+        c = config(name, "vae")
+        if c["is_residual"]:
+            return comfy.ldm.wan.vae2_2.WanVAE(dim=c["base_dim"], dec_dim=c["decoder_base_dim"], z_dim=c["z_dim"],
+                                               dim_mult=c["dim_mult"], num_res_blocks=c["num_res_blocks"],
+                                               temperal_downsample=c["temperal_downsample"])
+        return comfy.ldm.wan.vae.WanVAE(dim=c["base_dim"], z_dim=c["z_dim"], dim_mult=c["dim_mult"],
+                                        num_res_blocks=c["num_res_blocks"],
+                                        temperal_downsample=c["temperal_downsample"])
+
+    def umt5(name):
+        c = config(name, "text_encoder")
+        t5 = {"num_layers": c["num_layers"], "d_model": c["d_model"], "d_kv": c["d_kv"], "num_heads": c["num_heads"],
+              "d_ff": c["d_ff"], "dense_act_fn": "gelu_pytorch_tanh", "is_gated_act": True, "model_type": "umt5",
+              "vocab_size": c["vocab_size"]}
+        return comfy.text_encoders.t5.T5(t5, torch.float32, "cpu", comfy.ops.disable_weight_init)
+
+    checked = 0
+    for name in WAN:
+        f = files(sf_dir, name)
+        for kind, build in (("transformer", wan_model), ("transformer_2", wan_model), ("vae", wan_vae),
+                            ("text_encoder", umt5)):
+            if kind not in f:
+                continue
+            header = single_file.HeaderView(f[kind])
+            comfy_keys = {k: tuple(v.shape) for k, v in build(name).state_dict().items()}
+            file_keys = {k: header[k].shape for k in header if k != "spiece_model"}
+            if kind == "text_encoder":  # ComfyUI's T5 has 32 relative-attention buckets always, the tiny config 8
+                file_keys = {k: (32, *v[1:]) if "relative_attention_bias" in k else v for k, v in file_keys.items()}
+            assert file_keys == comfy_keys, (name, kind, sorted(set(file_keys) ^ set(comfy_keys))[:5])
+            checked += 1
+    assert checked == 11  # A14B: both experts, umt5, VAE; TI2V-5B: one model, umt5, VAE
+    assert "spiece_model" in single_file.HeaderView(files(sf_dir, "wan22-ti2v-5b")["text_encoder"])
+
+
+def test_a_wan_transformer_from_a_file_keeps_the_float32_modules_of_from_pretrained(sf_dir):
+    """In bf16 a folder's WanTransformer3DModel keeps its time embedder, norms and modulation in float32
+    (_keep_in_fp32_modules); from a file it has the same dtypes, so the two compute alike on a chip."""
+    name = "wan22-ti2v-5b"
+    source, f = folder(sf_dir, name), files(sf_dir, name)
+    picked = [("transformer", f["transformer"])]
+    got = load_pipeline(PipelineHandle.of(source=source, model_class="WanPipeline", files=picked, dtype="bfloat16"),
+                        CPU).transformer.state_dict()
+    want = load_pipeline(PipelineHandle.of(source=source, model_class="WanPipeline", dtype="bfloat16"),
+                         CPU).transformer.state_dict()
+    assert {k: v.dtype for k, v in got.items()} == {k: v.dtype for k, v in want.items()}
+    assert {v.dtype for v in want.values()} == {torch.float32, torch.bfloat16}
+
+
+WAN_T2V, WAN_I2V, WAN_5B = "wan22-t2v-a14b", "wan22-i2v-a14b", "wan22-ti2v-5b"
+
+
+@pytest.mark.parametrize("model, picks, pattern", [
+    ((WAN_5B, "transformer"), {"transformer_2": (WAN_T2V, "transformer_2")},
+     r"'wan2.2_ti2v_5B_fp16.safetensors' is Wan 2.2 \(expand_timesteps\), which has one diffusion model: it takes "
+     r"no second diffusion model \(transformer_2\); leave it at 'none'"),
+    ((WAN_T2V, "transformer"), {}, r"Wan 2.2 from single files also needs transformer_2 "
+                                   r"\(wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors\)"),
+    ((WAN_I2V, "transformer_fp8"), {}, r"also needs transformer_2 \(wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors\)"),
+    ((WAN_T2V, "transformer"), {"transformer_2": (WAN_I2V, "transformer_2")},
+     r"'wan2.2_i2v_low_noise_14B_fp16.safetensors' \(Wan2.2-I2V-A14B-Diffusers\) is not of the same model as "
+     r"'wan2.2_t2v_high_noise_14B_fp16.safetensors' \(Wan2.2-T2V-A14B-Diffusers\): patch_embedding.weight is "
+     r"\[24, 36, 1, 2, 2\] there, \[24, 16, 1, 2, 2\] here. transformer_2 takes the other expert of the model picked: "
+     r"wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
+    ((WAN_I2V, "transformer"), {"transformer_2": (WAN_T2V, "transformer_2_fp8")},
+     r"'wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors' \(Wan2.2-T2V-A14B-Diffusers\) is not of the same model .*"
+     r"takes the other expert of the model picked: wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors"),
+    ((WAN_T2V, "transformer"), {"transformer_2": (WAN_5B, "transformer")}, r"is not of the same model"),
+    ((WAN_T2V, "transformer"), {"transformer_2": (WAN_T2V, "transformer_fp8")},
+     r"'wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors' is named 'high_noise', so it is not the file for "
+     r"transformer_2 .* goes in the model input"),
+    ((WAN_T2V, "transformer_2"), {"transformer_2": (WAN_T2V, "transformer_2")}, r"is picked twice"),
+    ((WAN_5B, "transformer"), {"vae": (WAN_T2V, "vae")},
+     r"'wan_2.1_vae.safetensors' is a Wan 2.1 / QwenImage VAE, but vae of Wan 2.2 needs a Wan 2.2 VAE \(TI2V-5B\)"),
+    ((WAN_T2V, "transformer"), {"text_encoder": ("flux1-dev", "t5xxl")},
+     r"'t5xxl_fp16.safetensors' is a T5 text encoder, but text_encoder of Wan 2.2 needs a UMT5 text encoder"),
+], ids=["5b-with-model_2", "t2v-without-model_2", "i2v-without-model_2", "t2v-with-i2v-expert", "i2v-with-t2v-expert",
+        "t2v-with-5b", "high-noise-as-model_2", "same-file-twice", "5b-with-2.1-vae", "t5-as-umt5"])
+def test_wrong_wan_files_are_refused_from_their_headers(sf_dir, model, picks, pattern):
+    """What the File Loader refuses when the prompt is queued (plan reads headers only)."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    f = files(sf_dir, model[0])
+    picked = {"text_encoder": f["text_encoder"], "vae": f["vae"],
+              **({"transformer_2": f["transformer_2"]} if "transformer_2" in f else {})}
+    picked.update({component: files(sf_dir, name)[kind] for component, (name, kind) in picks.items()})
+    if not picks and model[0] != WAN_5B:
+        del picked["transformer_2"]
+    with pytest.raises(UserInputError, match=pattern):
+        plan(f[model[1]], picked, "auto", [])
+
+
+def test_wan22_configs_of_the_other_wan_pipeline_are_refused(sf_dir, tmp_path):
+    """TI2V-5B and T2V A14B are both WanPipelines; expand_timesteps (in model_index.json) tells their configs apart."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    for name in (WAN_T2V, WAN_5B):
+        (tmp_path / name).symlink_to(folder(sf_dir, name))
+    five_b, t2v = files(sf_dir, WAN_5B), files(sf_dir, WAN_T2V)
+    with pytest.raises(UserInputError, match=r"configs: 'wan22-t2v-a14b' holds a WanPipeline without "
+                                             r"expand_timesteps, but 'wan2.2_ti2v_5B_fp16.safetensors' is one with it"):
+        plan(five_b["transformer"], {"text_encoder": five_b["text_encoder"], "vae": five_b["vae"]}, WAN_T2V,
+             [str(tmp_path)])
+    with pytest.raises(UserInputError, match=r"holds a WanPipeline with expand_timesteps, but "
+                                             r"'wan2.2_t2v_high_noise_14B_fp16.safetensors' is one without it"):
+        plan(t2v["transformer"], {k: t2v[k] for k in ("transformer_2", "text_encoder", "vae")}, WAN_5B,
+             [str(tmp_path)])
+    assert plan(five_b["transformer"], {"vae": five_b["vae"]}, WAN_5B, [str(tmp_path)])[:2] == (
+        str(tmp_path / WAN_5B), "WanPipeline")  # its full folder gives the text encoder
+
+
 # ------------------------------------------------------------------- edit models: the text encoder's vision
 EDIT_PLUS = "QwenImageEditPlusPipeline"
 
@@ -395,6 +590,11 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     ("flux2", "text_encoder", "text_encoder", "Flux2KleinPipeline", r"Mistral 3 .* FLUX.2 \[klein\] needs a Qwen3"),
     ("zimage", "text_encoder", "text_encoder", "QwenImagePipeline", r"is a Qwen3 text encoder, .* needs a Qwen2.5-VL"),
     ("zimage", "transformer", "transformer", "FluxPipeline", r"is a Z-Image diffusion model, but transformer of FLUX"),
+    ("wan22-ti2v-5b", "vae", "vae", "WanPipeline", r"is a Wan 2.2 VAE \(TI2V-5B\), but vae of Wan 2.2 needs a Wan 2.1"),
+    ("wan22-t2v-a14b", "text_encoder", "text_encoder_2", "FluxPipeline", r"is a UMT5 text encoder \(Wan\), but "
+                                                                         r"text_encoder_2 of FLUX.1 needs a T5"),
+    ("wan22-t2v-a14b", "transformer", "transformer", "FluxPipeline",
+     r"is a Wan diffusion model, but transformer of FLUX"),
 ])
 def test_a_file_in_the_wrong_slot_is_refused_from_its_header(sf_dir, family, file, component, pipeline_class, pattern):
     with pytest.raises(UserInputError, match=pattern):

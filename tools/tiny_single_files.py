@@ -28,6 +28,11 @@ The files use the real layouts and the usual names, so the loader meets what use
                       OpenCLIP's layout), sdxl_vae.safetensors
   Z-Image (Comfy-Org): z_image_turbo_bf16.safetensors (ComfyUI's Lumina 2 / NextDiT layout), qwen_3_4b.safetensors
                       (Qwen3 named "model.layers...", no lm_head, as ComfyUI's Qwen3_4B), ae.safetensors (LDM VAE)
+  Wan 2.2 (Comfy-Org): wan2.2_{t2v,i2v}_{high,low}_noise_14B_{fp16,fp8_scaled}.safetensors and
+                      wan2.2_ti2v_5B_fp16.safetensors (Wan's original layout, ComfyUI's older scaled fp8),
+                      umt5_xxl_fp16.safetensors / umt5_xxl_fp8_e4m3fn_scaled.safetensors (HF T5 names plus the
+                      SentencePiece model as a "spiece_model" tensor), wan_2.1_vae.safetensors (A14B; the folder
+                      needs `wan_sized_vae` first) and wan2.2_vae.safetensors (TI2V-5B), in Wan's original layouts
 
 diffusers has converters from these layouts but none back, so the inverse key mappings below are written
 here, kept small: the tests check that diffusers' converters map every file back to exactly the folder's
@@ -145,14 +150,17 @@ def vae_to_wan(sd: dict) -> dict:
 
 
 def wan_sized_vae(folder) -> None:
-    """Replace a tiny QwenImage folder's VAE by one with Wan 2.1's block structure (num_res_blocks=2,
-    dim_mult 1,2,4,4) but base width 4 (0.24M parameters), which diffusers' Wan converter can read."""
-    from diffusers import AutoencoderKLQwenImage
+    """Replace a tiny QwenImage (or Wan 2.2 A14B) folder's VAE by one of its class with Wan 2.1's block structure
+    (num_res_blocks=2, dim_mult 1,2,4,4) but base width 4 (0.24M parameters), which diffusers' Wan converter can
+    read (it hard-codes that structure)."""
+    import json
 
+    import diffusers
+
+    cls = getattr(diffusers, json.loads(Path(folder, "model_index.json").read_text())["vae"][1])
     torch.manual_seed(0)
-    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
-                                 latents_std=[1.0] * 16)
+    vae = cls(base_dim=4, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, temperal_downsample=[False, True, True],
+              latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
     vae.save_pretrained(Path(folder, "vae"))
 
 
@@ -537,6 +545,106 @@ def int8_convrot_files(out) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     return {model_type: _save(comfy_int8(layout(model.state_dict()), convrot=True), out / name)
             for model_type, (name, layout, model) in models.items()}
+
+# ------------------------------------------------------------------------------------------ Wan 2.2
+WAN_NAMES = (  # diffusers key part -> Wan's original (diffusers' convert_wan_transformer_to_diffusers, inverted)
+    ("condition_embedder.time_embedder.linear_1.", "time_embedding.0."),
+    ("condition_embedder.time_embedder.linear_2.", "time_embedding.2."),
+    ("condition_embedder.text_embedder.linear_1.", "text_embedding.0."),
+    ("condition_embedder.text_embedder.linear_2.", "text_embedding.2."),
+    ("condition_embedder.time_proj.", "time_projection.1."),
+    (".attn1.", ".self_attn."), (".attn2.", ".cross_attn."),
+    (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."),
+    (".ffn.net.0.proj.", ".ffn.0."), (".ffn.net.2.", ".ffn.2."),
+    ("proj_out.", "head.head."),
+)
+
+
+def wan_to_original(sd: dict) -> dict:
+    """WanTransformer3DModel keys -> Wan's original layout (ComfyUI's comfy/ldm/wan/model.py, Comfy-Org's
+    wan2.2_*_14B / 5B files): blocks.N.self_attn.q, cross_attn, ffn.0, modulation, head.head, head.modulation;
+    diffusers' norm2 (the cross-attention norm) is the original's norm3."""
+    out = {}
+    for key, value in sd.items():
+        key = "head.modulation" if key == "scale_shift_table" else key.replace(".scale_shift_table", ".modulation")
+        for d, o in WAN_NAMES:
+            key = key.replace(d, o)
+        out[re.sub(r"^(blocks\.\d+)\.norm2\.", r"\1.norm3.", key)] = value
+    return out
+
+
+def vae22_to_wan(sd: dict) -> dict:
+    """AutoencoderKLWan(is_residual=True) keys (Wan 2.2's VAE) -> its original layout (ComfyUI's
+    comfy/ldm/wan/vae2_2.py, wan2.2_vae.safetensors): each down/up block a Sequential `downsamples` / `upsamples`
+    of resnets, then its resampler."""
+    resnets = {}
+    for key in sd:
+        m = re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.", key)
+        if m:
+            resnets[m[1], m[2]] = max(resnets.get((m[1], m[2]), 0), int(m[3]) + 1)
+    rules = [
+        (r"^(encoder|decoder)\.conv_in\.(.*)$", lambda m: f"{m[1]}.conv1.{m[2]}"),
+        (r"^(encoder|decoder)\.norm_out\.(.*)$", lambda m: f"{m[1]}.head.0.{m[2]}"),
+        (r"^(encoder|decoder)\.conv_out\.(.*)$", lambda m: f"{m[1]}.head.2.{m[2]}"),
+        (r"^quant_conv\.(.*)$", lambda m: f"conv1.{m[1]}"),
+        (r"^post_quant_conv\.(.*)$", lambda m: f"conv2.{m[1]}"),
+        (r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.*)$",
+         lambda m: f"{m[1]}.middle.{2 * int(m[2])}.{_wan_resnet(m[3])}"),
+        (r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.*)$", lambda m: f"{m[1]}.middle.1.{m[2]}"),
+        (r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$",
+         lambda m: f"{m[1]}samples.{m[2]}.{m[1].split('.')[1]}samples.{m[3]}.{_wan_resnet(m[4])}"),
+        (r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.(down|up)sampler\.(.*)$",
+         lambda m: f"{m[1]}samples.{m[2]}.{m[3]}samples.{resnets[m[1], m[2]]}.{m[4]}"),
+    ]
+    out = {}
+    for key, value in sd.items():
+        for pattern, repl in rules:
+            m = re.match(pattern, key)
+            if m:
+                out[repl(m)] = value
+                break
+        else:
+            raise ValueError(f"no Wan 2.2 name for {key}")
+    return out
+
+
+def umt5_file_layout(folder) -> dict:
+    """ComfyUI's UMT5-XXL files (umt5_xxl_fp16 / fp8_e4m3fn_scaled): transformers' T5 names ("shared.weight",
+    "encoder.block.N.layer...") and the tokenizer's SentencePiece model as a uint8 "spiece_model" tensor, which
+    ComfyUI's Wan text encoder loader reads its tokenizer from."""
+    spiece = Path(folder, "tokenizer", "spiece.model").read_bytes()
+    return {**folder_weights(folder, "text_encoder"),
+            "spiece_model": torch.frombuffer(bytearray(spiece), dtype=torch.uint8)}
+
+
+# Comfy-Org's diffusion-model file names of each Wan 2.2 model: {folder component: name without the precision}
+WAN22_MODEL_FILES = {
+    "t2v": {"transformer": "wan2.2_t2v_high_noise_14B", "transformer_2": "wan2.2_t2v_low_noise_14B"},
+    "i2v": {"transformer": "wan2.2_i2v_high_noise_14B", "transformer_2": "wan2.2_i2v_low_noise_14B"},
+    "ti2v": {"transformer": "wan2.2_ti2v_5B"},
+}
+
+
+def wan22_files(folder, out, model: str) -> dict[str, Path]:
+    """Comfy-Org's Wan 2.2 files of a tiny `model` ("t2v", "i2v" A14B or "ti2v" 5B) folder: each diffusion model
+    as <name>_fp16 (the folder's weights, as t5xxl_fp16's) and, A14B's, <name>_fp8_scaled (ComfyUI's older scaled fp8), keyed
+    by its component (and component + "_fp8"); the UMT5 files; wan_2.1_vae (A14B: the folder needs `wan_sized_vae`)
+    or wan2.2_vae (TI2V-5B)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for component, name in WAN22_MODEL_FILES[model].items():
+        original = wan_to_original(folder_weights(folder, component))
+        files[component] = _save(original, out / f"{name}_fp16.safetensors")
+        if model != "ti2v":  # Comfy-Org ships TI2V-5B in fp16 only
+            files[f"{component}_fp8"] = _save(scaled_fp8(original), out / f"{name}_fp8_scaled.safetensors")
+    umt5 = umt5_file_layout(folder)
+    files["text_encoder"] = _save(umt5, out / "umt5_xxl_fp16.safetensors")
+    files["text_encoder_fp8"] = _save(scaled_fp8(umt5), out / "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
+    vae = folder_weights(folder, "vae")
+    files["vae"] = (_save(vae22_to_wan(vae), out / "wan2.2_vae.safetensors") if model == "ti2v"
+                    else _save(vae_to_wan(vae), out / "wan_2.1_vae.safetensors"))
+    return files
 
 
 # ---------------------------------------------------------------------------------------- writers

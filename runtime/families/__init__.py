@@ -25,7 +25,9 @@ FILE_KINDS: tuple[FileKind, ...] = (
     flux2_klein.FAMILY.denoiser_kind,
     flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
     zimage.FAMILY.denoiser_kind,  # its files have no key of the kinds above, and no kind below has its key
-    flux2.VAE, WAN_VAE, KL_VAE, CLIP, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
+    wan.FAMILY.denoiser_kind,  # as Z-Image's
+    # Wan 2.2's VAE has Wan 2.1's keys, UMT5 has T5's: each before the other
+    flux2.VAE, wan.WAN22_VAE, WAN_VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
     sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG,
 )
 

@@ -51,6 +51,10 @@ class FileKind:
     # (transformers class, its config, state dict in that layout) -> the state dict in transformers' layout,
     # applied when the file carries the kind's first (original-layout) key.
     to_transformers: Callable | None = None
+    # For a diffusers model whose original layout diffusers' single-file converters do not read (Wan 2.2's VAE):
+    # (state dict in that layout) -> the state dict in diffusers' layout, applied when the file carries the
+    # kind's first (original-layout) key.
+    to_diffusers: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,9 @@ class FileSlot:
     comfy_file: str  # the file ComfyUI's own templates download for it (Comfy-Org names)
     checkpoint_prefix: str = ""  # where an all-in-one checkpoint keeps it ("" = never in one)
     optional: bool = False  # the pipeline runs without it (left None when no file or weights give it)
+    # lower-case parts of a file name that say the file belongs elsewhere, though its kind fits (Wan 2.2's
+    # high-noise expert picked for the low-noise expert's slot)
+    not_named: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +83,12 @@ class FileVariant:
     name_contains: tuple[str, ...] = ()  # lower-case parts of the file name, e.g. "kontext"
     model_types: tuple[str, ...] = ()  # diffusers' single_file_utils.infer_diffusers_model_type values
     widths: tuple[int, ...] = ()  # input widths of the denoiser kind's `width_keys` tensor (FLUX.2 [klein] 9B's)
+    # the model_index settings its files are (Wan 2.2 TI2V-5B: expand_timesteps), so the family's facts for them
+    # are `Family.with_settings(settings)`'s (its file slots), and a config folder must have the same settings
+    settings: Mapping = dataclasses.field(default_factory=dict)
+    # {component: the file ComfyUI's templates pair with this variant's model} where it is not the slot's
+    # `comfy_file` (Wan 2.2 I2V A14B's low-noise expert), for messages
+    comfy_files: Mapping = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

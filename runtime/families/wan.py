@@ -17,9 +17,54 @@ TRANSFORMER = FileKind("wan_transformer", "a Wan diffusion model", lambda: (
 # UMT5 keeps a relative attention bias in every layer (T5 only in the first): told by the second layer's
 UMT5 = FileKind("umt5", "a UMT5 text encoder (Wan)", lambda: (
     "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight",))
+# Wan 2.2 VAE (ComfyUI's comfy/ldm/wan/vae2_2.py, Wan2.2_VAE.pth) -> AutoencoderKLWan(is_residual=True): the
+# mapping of diffusers' scripts/convert_wan_to_diffusers.py (convert_vae_22), which diffusers' package lacks.
+# Each down/up block is a Sequential of resnets then its resampler; AvgDown3D / DupUp3D shortcuts hold no weights.
+WAN22_VAE_RULES = (
+    (r"^(encoder|decoder)\.conv1\.", r"\1.conv_in."),
+    (r"^conv1\.", "quant_conv."),
+    (r"^conv2\.", "post_quant_conv."),
+    (r"^(encoder|decoder)\.head\.0\.", r"\1.norm_out."),
+    (r"^(encoder|decoder)\.head\.2\.", r"\1.conv_out."),
+    (r"^(encoder|decoder)\.middle\.1\.", r"\1.mid_block.attentions.0."),
+    (r"^(encoder|decoder)\.middle\.0\.", r"\1.mid_block.resnets.0."),
+    (r"^(encoder|decoder)\.middle\.2\.", r"\1.mid_block.resnets.1."),
+    (r"^encoder\.downsamples\.(\d+)\.downsamples\.\d+\.(resample|time_conv)\.",
+     r"encoder.down_blocks.\1.downsampler.\2."),
+    (r"^encoder\.downsamples\.(\d+)\.downsamples\.(\d+)\.", r"encoder.down_blocks.\1.resnets.\2."),
+    (r"^decoder\.upsamples\.(\d+)\.upsamples\.\d+\.(resample|time_conv)\.",
+     r"decoder.up_blocks.\1.upsampler.\2."),
+    (r"^decoder\.upsamples\.(\d+)\.upsamples\.(\d+)\.", r"decoder.up_blocks.\1.resnets.\2."),
+)
+WAN_RESNET_PARTS = (("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
+                    ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut."))
+
+
+def wan22_vae_to_diffusers(state: dict) -> dict:
+    """A Wan 2.2 VAE file's state dict (wan2.2_vae.safetensors) in diffusers' AutoencoderKLWan layout."""
+    import re
+
+    out = {}
+    for key, value in state.items():
+        new = key
+        for pattern, replacement in WAN22_VAE_RULES:
+            new, found = re.subn(pattern, replacement, key)
+            if found:
+                break
+        if ".resnets." in new:
+            new = next((new.replace(f".{old}", f".{part}", 1) for old, part in WAN_RESNET_PARTS if f".{old}" in new),
+                       new)
+        out[new] = value
+    return out
+
+
 # Wan 2.2's VAE (TI2V-5B): Wan 2.1's keys plus residual up blocks
+# (its first up block always upsamples: `upsamples.0.upsamples.N` there, `up_blocks.0.upsampler` in diffusers';
+# Wan 2.1's are `upsamples.3` and `up_blocks.0.upsamplers.0`). diffusers' Wan VAE converter reads only Wan 2.1's
+# layout: wan22_vae_to_diffusers converts this one.
 WAN22_VAE = FileKind("wan22_vae", "a Wan 2.2 VAE (TI2V-5B)", lambda: (
-    "decoder.upsamples.0.upsamples.0.residual.2.weight", "decoder.up_blocks.0.avg_shortcut.weight"))
+    "decoder.upsamples.0.upsamples.0.residual.2.weight", "decoder.up_blocks.0.upsampler.resample.1.weight"),
+    to_diffusers=wan22_vae_to_diffusers)
 
 
 def first_frame_latents(pipe, latents, height, width):
@@ -36,6 +81,9 @@ TI2V_5B = {  # what expand_timesteps (Wan 2.2 TI2V-5B) changes
     "comfy_latent_format": "Wan22",
     "fps": 24.0,
     "default_frames": 121,
+    # one diffusion model (no low-noise expert) and Wan 2.2's VAE
+    "file_slots": (FileSlot("text_encoder", UMT5, "umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
+                   FileSlot("vae", WAN22_VAE, "wan2.2_vae.safetensors")),
 }
 
 FAMILY = Family(
@@ -54,16 +102,19 @@ FAMILY = Family(
     denoiser_files=("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors",
                     "wan2.2_ti2v_5B_fp16.safetensors"),
     file_slots=(
-        # the low-noise expert of the A14B models (its own diffusion-model file); TI2V-5B has none
-        FileSlot("transformer_2", TRANSFORMER, "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", optional=True),
+        # the low-noise expert of the A14B models (its own diffusion-model file); TI2V-5B has none (TI2V_5B's slots)
+        FileSlot("transformer_2", TRANSFORMER, "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+                 not_named=("high_noise",)),
         FileSlot("text_encoder", UMT5, "umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
         FileSlot("vae", WAN_VAE, "wan_2.1_vae.safetensors"),
     ),
     default_config_repo="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
-    diffusers_model_types=("wan-t2v-14B", "wan-i2v-14B"),
+    # (no diffusers_model_types: diffusers' Wan model types name Wan 2.1's repos, whose configs are not Wan 2.2's)
     file_variants=(  # Comfy-Org's names: wan2.2_ti2v_5B_fp16, wan2.2_i2v_{high,low}_noise_14B_fp8_scaled
-        FileVariant("WanPipeline", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", name_contains=("ti2v",)),
-        FileVariant("WanImageToVideoPipeline", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", name_contains=("i2v",)),
+        FileVariant("WanPipeline", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", name_contains=("ti2v",),
+                    settings={"expand_timesteps": True}),
+        FileVariant("WanImageToVideoPipeline", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", name_contains=("i2v",),
+                    comfy_files={"transformer_2": "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors"}),
     ),
     extra_denoisers=("transformer_2",),
     default_negative_prompt="",

@@ -207,6 +207,55 @@ def test_wan_t2v_with_the_lightx2v_loras_on_its_two_experts_gives_plain_diffuser
     assert np.abs(saved - without_loras).max() > 1, "the tiny LoRAs must change the frames beyond the tolerance"
 
 
+def test_wan22_t2v_a14b_from_its_two_expert_files_gives_the_frames_of_plain_diffusers(files_server, single_files):
+    """Comfy-Org's Wan 2.2 T2V A14B files through the File Loader (high-noise expert in model, low-noise in
+    model_2, umt5_xxl, wan_2.1_vae) and the TPU Video Sampler: the frames plain diffusers makes from the same files
+    (its from_single_file for the experts and the VAE, the folder's UMT5, which the umt5 file holds), saved as
+    ComfyUI does. 3 steps: the last one is the low-noise expert's (boundary 0.875 at flow shift 12)."""
+    import torch
+    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+
+    name = "wan22-t2v-a14b"
+    picks = (f"{name}/wan2.2_t2v_high_noise_14B_fp16.safetensors", f"{name}/umt5_xxl_fp16.safetensors", "none",
+             "none", f"{name}/wan_2.1_vae.safetensors")
+    prompt = files_prompt(name, picks)
+    prompt[LOADER]["inputs"]["model_2"] = f"{name}/wan2.2_t2v_low_noise_14B_fp16.safetensors"
+    text = "a corgi runs on a beach"
+    prompt[SAMPLER] = {"class_type": "TPUVideoSampler", "inputs": {
+        "pipeline": prompt[SAMPLER]["inputs"]["pipeline"], "prompt": text, "negative_prompt": "blurry", "width": 64,
+        "height": 64, "frames": 5, "steps": 3, "guidance": 4.0, "seed": 21, "batch_size": 1}}
+    entry = run_ok(files_server, prompt)
+    info = run_info(entry)
+    assert info["pipeline"] == "WanPipeline" and info["frames"] == 5, info
+    saved = np.stack([np.asarray(Image.open(p), dtype=np.int16) for p in sorted(files_server.output_images(entry))])
+    folder, made = single_files[name]
+    experts = {component: WanTransformer3DModel.from_single_file(str(made[component]), config=str(folder),
+                                                                 subfolder="transformer", local_files_only=True)
+               for component in ("transformer", "transformer_2")}
+    vae = AutoencoderKLWan.from_single_file(str(made["vae"]), config=str(folder), subfolder="vae",
+                                            local_files_only=True)
+    pipe = WanPipeline.from_pretrained(folder, vae=vae, **experts, local_files_only=True)
+    with torch.no_grad():
+        plain = pipe(prompt=text, negative_prompt="blurry", height=64, width=64, num_frames=5, num_inference_steps=3,
+                     guidance_scale=4.0, generator=torch.Generator("cpu").manual_seed(21), output_type="np").frames[0]
+    assert saved.shape == (5, 64, 64, 3)
+    assert np.abs(saved - np.clip(plain * 255.0, 0, 255).astype(np.int16)).max() <= 1  # SaveImage's 8 bits
+
+
+@pytest.mark.parametrize("model, model_2, message", [
+    ("wan22-ti2v-5b/wan2.2_ti2v_5B_fp16.safetensors", "wan22-t2v-a14b/wan2.2_t2v_low_noise_14B_fp16.safetensors",
+     "which has one diffusion model"),
+    ("wan22-t2v-a14b/wan2.2_t2v_high_noise_14B_fp16.safetensors", "none",
+     "also needs transformer_2 (wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors)"),
+], ids=["5b-with-model_2", "a14b-without-model_2"])
+def test_a_wrong_second_wan_model_is_refused_on_the_file_loader_when_queued(files_server, model, model_2, message):
+    folder = model.split("/")[0]
+    prompt = files_prompt("auto", (model, f"{folder}/umt5_xxl_fp16.safetensors", "none", "none",
+                                   f"{folder}/{'wan2.2_vae' if '5B' in model else 'wan_2.1_vae'}.safetensors"))
+    prompt[LOADER]["inputs"]["model_2"] = model_2
+    assert message in refused_on(files_server, prompt, LOADER)
+
+
 def test_a_second_run_from_the_same_files_loads_nothing(files_server):
     configs, picks = FAMILIES["flux2"]
     run_ok(files_server, files_prompt(configs, picks))
