@@ -290,8 +290,8 @@ class RankWorker:
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         # checked on every rank, even one with no image
         family, task, pipeline, request = prepare(handle.model_class,
-                                             SampleRequest.from_wire(command["request"], command["payloads"]),
-                                             model_settings(handle.source))
+                                                  SampleRequest.from_wire(command["request"], command["payloads"]),
+                                                  model_settings(handle.source))
         mesh, replica_group = self.device_mesh(handle.mesh)
         replicas, _, cp, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
