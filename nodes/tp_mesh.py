@@ -1,4 +1,4 @@
-"""TPU TP Mesh: replicas x tensor parallelism over several chips, one worker process per chip."""
+"""TPU TP Mesh: replicas x tensor (or context) parallelism over several chips, one worker process per chip."""
 
 import os
 
@@ -52,6 +52,14 @@ class TPUMesh(io.ComfyNode):
                                      "that fits one chip, e.g. FLUX.1-schnell on a v6e: 8 chips = 8 replicas), "
                                      "one over all chips when it is on. Replicas beyond the batch stay idle. "
                                      "(Last, so workflows saved before it existed keep their values.)"),
+                io.Int.Input("context_parallel", default=1, min=1, max=1024, optional=True,
+                             tooltip="Chips per replica that split each video's tokens (context parallelism, "
+                                     "Ulysses attention): every chip holds the whole model and runs 1/N of the "
+                                     "frames' tokens, so a long video's activations are spread. Wan 2.2 (and the "
+                                     "FLUX / QwenImage transformers) have a CP plan. Not with TP: replicas x "
+                                     "context_parallel must equal chips (replicas 0 = chips / context_parallel). "
+                                     "The latent tokens (latent frames x h x w) and the attention heads must "
+                                     "divide by it. 1 = off. (Added last, so older workflows keep their values.)"),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline, replicated and sharded over "
                                                                          "the mesh.")],
@@ -80,7 +88,8 @@ class TPUMesh(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, chips: int, shard_transformer: bool, shard_text_encoder: bool, workers: str,
-                address: str, key: str, replicas: int = 0) -> io.NodeOutput:
+                address: str, key: str, replicas: int = 0, context_parallel: int = 1) -> io.NodeOutput:
         mesh = MeshSpec(chips=chips, replicas=replicas, shard_transformer=shard_transformer,
-                        shard_text_encoder=shard_text_encoder, workers=workers, address=address.strip(), key=key.strip())
+                        shard_text_encoder=shard_text_encoder, workers=workers, address=address.strip(),
+                        key=key.strip(), context_parallel=context_parallel)
         return io.NodeOutput(pipeline.replace(mesh=mesh))

@@ -17,7 +17,7 @@ from . import settings, single_file
 from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, missing_device_op, missing_op_advice,
                      peak_memory_bytes, reset_peak_memory, resolve_device)
 from .distributed.group import WorkerGroups
-from .distributed.mesh import check_mesh, mesh_shape, world_size
+from .distributed.mesh import check_mesh, context_parallel_notes, mesh_shape, world_size
 from .errors import (CompileError, DeviceOutOfMemoryError, LoraUnloadError, MissingDeviceOpError, UserInputError,
                      WorkerGroupError)
 from .families import Family, TaskPipeline, family_for
@@ -57,6 +57,8 @@ class RunInfo:
     sharded_fraction_per_rank: tuple[float, ...] = ()  # share of the sharded weights each rank holds
     worker_pids: tuple[int, ...] = ()  # the worker group's launcher process (tensor parallelism, local launch)
     mesh_shape: tuple[int, ...] = ()  # (replicas, tp) of a worker group
+    context_parallel: int = 1  # ranks per replica that split each video's tokens
+    tokens_per_rank: tuple[int, ...] = ()  # latent tokens each rank's transformer runs (1/cp of them under CP)
     replica_images: tuple[int, ...] = ()  # images each replica made, in batch order
     replica_sample_seconds: tuple[float, ...] = ()
     replica_step_seconds: tuple[float, ...] = ()  # each replica's sampling seconds per step
@@ -80,7 +82,8 @@ class RunInfo:
         if self.frames:
             lines.insert(2, f"video: {self.frames} frames at {self.fps:g} fps")
         if self.mesh_shape and self.world_size > 1:
-            lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {self.mesh_shape[1]} TP; " + ", ".join(
+            parallel = f"{self.context_parallel} CP" if self.context_parallel > 1 else f"{self.mesh_shape[1]} TP"
+            lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {parallel}; " + ", ".join(
                 f"replica {i} ranks {list(ranks)}: {images} image(s), {step:.3f}s/step" for i, (ranks, images, step)
                 in enumerate(zip(self.replica_ranks, self.replica_images, self.replica_step_seconds))))
         if self.compile_cache and (self.compiled_now is not None or self.device == "tpu"):
@@ -163,7 +166,7 @@ class Engine:
         check_host_memory(task, request, available_host_memory_bytes())
         on_workers = self._worker_handle(handle)
         if on_workers is not None:
-            return self._generate_on_workers(on_workers, request, on_progress, preview)
+            return self._generate_on_workers(on_workers, family, request, on_progress, preview)
         notes = image_inputs.notes(request)
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
@@ -236,20 +239,23 @@ class Engine:
             return handle.replace(mesh=SINGLE_CHIP)
         return None
 
-    def _generate_on_workers(self, handle: PipelineHandle, request: SampleRequest,
+    def _generate_on_workers(self, handle: PipelineHandle, family: Family, request: SampleRequest,
                              on_progress: ProgressCallback | None, preview: PreviewSpec | None) -> Generation:
         """One process per chip, replicas x tp of them: checked here, before anything launches; run by
         the worker group, which splits the batch over the replicas."""
         device = resolve_device(handle.device)
         shape = mesh_shape(handle.mesh, world_size(handle.mesh, device))
-        if shape[1] > 1 and handle.placement is not Placement.DEVICE:
+        _, cp, tp = shape
+        if tp > 1 and handle.placement is not Placement.DEVICE:
             raise UserInputError("tensor parallelism keeps every shard on its chip; set the Mode Selector's "
                                  "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
-        if shape[1] > 1 and handle.loras:
+        if tp > 1 and handle.loras:
             raise UserInputError(LORA_WITH_MESH)
         # single files: the mesh is checked against their configs folder (local, or the hub's config files)
-        source = single_file.config_folder(handle.source) if handle.files and shape[1] > 1 else handle.source
+        source = single_file.config_folder(handle.source) if handle.files and (tp > 1 or cp > 1) else handle.source
         notes = check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))
+        if cp > 1:
+            notes += context_parallel_notes(cp, family, request.width, request.height, request.frames, source)
         if device.type != "cpu" and handle.mesh.workers is Workers.LAUNCH_LOCAL:
             self.cache.clear(device)  # the local ranks need every chip, this process's pipelines included
         start = time.perf_counter()
@@ -265,6 +271,7 @@ class Engine:
         info = {k: v for k, v in info.items() if k in fields}
         info.update({name: tuple(info[name]) for name in (
             "transformer_bytes_per_rank", "sharded_fraction_per_rank", "mesh_shape", "replica_images",
+            "tokens_per_rank",
             "replica_sample_seconds", "replica_step_seconds", "replica_compile_seconds")})
         info.update(load_seconds=time.perf_counter() - start - info["sample_seconds"] if launched
                     else info["load_seconds"],

@@ -83,13 +83,15 @@ class CompileSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    chips: int = 0  # ranks in the whole mesh (replicas x tp); 0 = every local chip
+    chips: int = 0  # ranks in the whole mesh (replicas x context_parallel x tp); 0 = every local chip
     replicas: int = 0  # data-parallel degree; 0 = as many as fit (see distributed.mesh.mesh_shape)
     shard_transformer: bool = True
     shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
     workers: Workers = Workers.LAUNCH_LOCAL
     address: str = ""  # attach: host:port of rank 0's control channel
     key: str = dataclasses.field(default="", repr=False)  # attach: the control key (hex); "" = $TPU_DIFFUSERS_CONTROL_KEY
+    # ranks per replica that split each video's tokens (sequence-parallel attention); 1 = none. Not with tp > 1.
+    context_parallel: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "workers", Workers(self.workers))

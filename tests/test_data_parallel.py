@@ -51,9 +51,41 @@ def test_the_batch_is_split_into_contiguous_slices_the_first_replicas_taking_the
 
 
 def test_replicas_default_to_as_many_as_fit():
-    assert mesh_shape(MeshSpec(), 8) == (1, 8)  # sharded: one replica over every chip
-    assert mesh_shape(MeshSpec(shard_transformer=False), 8) == (8, 1)  # fits one chip: one replica per chip
-    assert mesh_shape(MeshSpec(replicas=2), 8) == (2, 4)
+    assert mesh_shape(MeshSpec(), 8) == (1, 1, 8)  # sharded: one replica over every chip
+    assert mesh_shape(MeshSpec(shard_transformer=False), 8) == (8, 1, 1)  # fits one chip: one replica per chip
+    assert mesh_shape(MeshSpec(replicas=2), 8) == (2, 1, 4)
+    assert mesh_shape(MeshSpec(context_parallel=2), 8) == (4, 2, 1)  # context parallel: one replica per 2 chips
+    assert mesh_shape(MeshSpec(replicas=1, context_parallel=8), 8) == (1, 8, 1)
+
+
+def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, engine, monkeypatch):
+    """A replica is CP or TP (diffusers takes one); the latent tokens (latent frames x h x w) and the heads must
+    divide by the CP degree; a denoiser without diffusers' _cp_plan is refused naming the families with one."""
+    from tpu_diffusers_runtime.distributed.mesh import context_parallel_notes, families_with_plan, latent_tokens
+    from tpu_diffusers_runtime.families import family_for
+
+    with pytest.raises(UserInputError, match=r"leaves 2 chips per replica for tensor parallelism, and diffusers runs "
+                                             r"a model context parallel or tensor parallel, not both. Set replicas "
+                                             r"to 2 \(or 0\)"):
+        mesh_shape(MeshSpec(replicas=1, context_parallel=2), 4)
+    with pytest.raises(UserInputError, match=r"context_parallel 3 does not divide the mesh's 4 chips"):
+        mesh_shape(MeshSpec(context_parallel=3), 4)
+    wan = family_for("WanPipeline")
+    assert latent_tokens(wan, 64, 64, 5) == 2 * 4 * 4 and latent_tokens(wan, 48, 48, 9) == 3 * 3 * 3
+    with pytest.raises(UserInputError, match=r"context_parallel 2 does not divide the 27 latent tokens of 48x48 x 9 "
+                                             r"frames; use frames 5 or 13 at 48x48, or width 32 or 64 at height 48"):
+        context_parallel_notes(2, wan, 48, 48, 9, tiny("wan22-t2v-a14b"))
+    assert families_with_plan("_cp_plan") == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein] and Wan 2.2"
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    with pytest.raises(UserInputError, match=r"SD3/SD3.5's SD3Transformer2DModel has no context-parallel plan in "
+                                             r"diffusers \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\] and Wan 2.2 "
+                                             r"have one\); set context_parallel to 1"):
+        engine.generate(handle_for(tiny, "sd3", mesh=MeshSpec(chips=2, context_parallel=2)), request())
+    with pytest.raises(UserInputError, match=r"context_parallel 4 does not divide the transformer's 2 attention heads "
+                                             r"\(Ulysses attention splits them over the ranks\); use one of \[1, 2\]"):
+        engine.generate(handle_for(tiny, "wan22-t2v-a14b", mesh=MeshSpec(chips=4, context_parallel=4)),
+                        request(frames=5))
+    assert engine.workers.current is None  # nothing was launched
 
 
 def test_two_replicas_give_the_single_process_images_in_order_and_stay_warm(tiny, engine, single):

@@ -78,6 +78,28 @@ def test_two_ranks_give_the_single_process_image_and_each_holds_half_the_transfo
     assert again.info.worker_pids == result.info.worker_pids  # the same warm workers
 
 
+def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_experts(tiny, engine):
+    """Wan 2.2 has no TP plan but a CP plan: each rank holds the whole pipeline and runs half of the video's latent
+    tokens (Ulysses all-to-all on gloo). T2V A14B's 3 steps cross its boundary, so both experts run split; TI2V-5B
+    (a timestep per token, split too) reuses the same warm group. Measured: the frames equal one process's exactly
+    (max diff 0.0 on CPU); the tolerance only allows for another thread count's sums."""
+    for name in ("wan22-t2v-a14b", "wan22-ti2v-5b"):
+        video = request(frames=5, steps=3)
+        single = Engine(distribute=False).generate(handle_for(tiny, name), video)
+        result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, context_parallel=2)), video)
+        torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+        assert result.info.frames == 5 and result.images.shape == (5, 64, 64, 3)
+        assert (result.info.world_size, result.info.context_parallel, result.info.mesh_shape) == (2, 2, (1, 1))
+        tokens = 2 * (64 // 16) ** 2 if name == "wan22-t2v-a14b" else 2 * (64 // 32) ** 2  # latent frames x h x w
+        assert result.info.tokens_per_rank == (tokens // 2, tokens // 2)
+        experts = "transformer over 2 ranks, transformer_2 over 2 ranks" if name == "wan22-t2v-a14b" \
+            else "transformer over 2 ranks"
+        notes = "\n".join(result.info.notes)
+        assert f"context parallel (Ulysses): {experts}\n" in notes + "\n", notes
+        assert f"{tokens} latent tokens, {tokens // 2} on each rank" in notes
+        assert "mesh: 1 replica(s) x 2 CP; replica 0 ranks [0, 1]" in result.info.summary()
+
+
 def test_compiled_mode_runs_inside_the_workers_on_the_sharded_transformer(tiny, engine, tmp_path):
     handle = handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2), mode=ExecutionMode.COMPILED,
                         compile=CompileSpec())

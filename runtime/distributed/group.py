@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -271,9 +272,9 @@ class WorkerGroups:
         self.shape = None
         atexit.register(self.stop)
 
-    def get(self, spec: MeshSpec, shape: tuple[int, int], device: device_module.DeviceInfo,
+    def get(self, spec: MeshSpec, shape: tuple[int, ...], device: device_module.DeviceInfo,
             on_progress=None) -> GroupUse:
-        world_size = shape[0] * shape[1]
+        world_size = math.prod(shape)
         key = (spec.workers, spec.address, spec.key, world_size)
         if self.current is not None and self.key == key and self.current.alive():
             note = (f"worker group reused: {world_size} rank(s)" if shape == self.shape else

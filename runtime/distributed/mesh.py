@@ -1,4 +1,5 @@
-"""The mesh's shape (replicas x tp), and everything that can be checked before a worker is launched."""
+"""The mesh's shape (replicas x context parallel x tp), and everything that can be checked before a worker is
+launched."""
 
 from __future__ import annotations
 
@@ -34,18 +35,37 @@ def world_size(spec: MeshSpec, device: DeviceInfo) -> int:
     return min(CPU_MESH_DEFAULT_RANKS, local_chips(device)) if device.type == "cpu" else local_chips(device)
 
 
-def mesh_shape(spec: MeshSpec, ranks: int) -> tuple[int, int]:
-    """(replicas, tp) for `ranks` ranks: replicas x tp = ranks, refused otherwise.
+def mesh_shape(spec: MeshSpec, ranks: int) -> tuple[int, int, int]:
+    """(replicas, cp, tp) for `ranks` ranks: replicas x cp x tp = ranks, refused otherwise.
 
-    replicas 0 means as many replicas as fit: with shard_transformer off the model is taken to fit one
-    chip, so every rank is a replica of its own (tp 1); with it on, one replica is sharded over all ranks.
+    replicas 0 means as many replicas as fit: with context_parallel N, one replica per N ranks; else, with
+    shard_transformer off, the model is taken to fit one chip, so every rank is a replica of its own (tp 1);
+    with it on, one replica is sharded over all ranks. A replica is context parallel or tensor parallel,
+    never both: diffusers refuses both in one ParallelConfig, and a model loaded sharded takes no more.
     """
-    replicas = spec.replicas or (1 if spec.shard_transformer else ranks)
-    if replicas < 1 or ranks % replicas:
-        valid = [n for n in range(1, ranks + 1) if ranks % n == 0]
-        raise UserInputError(f"{ranks} chips cannot be split into {replicas} replicas (replicas x tp must equal "
-                             f"the chips); use one of {valid} replicas, or 0 for as many as fit.")
-    return replicas, ranks // replicas
+    cp = spec.context_parallel
+    if cp < 1 or ranks % cp:
+        raise UserInputError(f"context_parallel {cp} does not divide the mesh's {ranks} chips; use one of "
+                             f"{_divisors(ranks)}.")
+    replicas = spec.replicas or (1 if spec.shard_transformer and cp == 1 else ranks // cp)
+    if replicas < 1 or ranks % (replicas * cp):
+        valid = _divisors(ranks // cp)
+        need = "replicas x tp must equal the chips" if cp == 1 else \
+            f"replicas x context_parallel {cp} x tp must equal the chips"
+        raise UserInputError(f"{ranks} chips cannot be split into {replicas} replicas ({need}); use one of {valid} "
+                             "replicas, or 0 for as many as fit.")
+    tp = ranks // (replicas * cp)
+    if cp > 1 and tp > 1:
+        raise UserInputError(f"{replicas} replica(s) x context_parallel {cp} over {ranks} chips leaves {tp} chips "
+                             "per replica for tensor parallelism, and diffusers runs a model context parallel or "
+                             f"tensor parallel, not both. Set replicas to {ranks // cp} (or 0) for "
+                             f"{ranks // cp} context-parallel replicas, or context_parallel to 1 for tensor "
+                             "parallelism.")
+    return replicas, cp, tp
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def split_batch(batch_size: int, replicas: int) -> list[tuple[int, int]]:
@@ -88,7 +108,9 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"
         raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} {unit}; "
                              "lower 'chips', or attach to workers started on several hosts.")
-    replicas, tp = mesh_shape(spec, size)
+    replicas, cp, tp = mesh_shape(spec, size)
+    if cp > 1:  # each replica's ranks load the whole pipeline; context_parallel_notes checks the run
+        return [f"mesh: {replicas} replica(s) x {cp}-way context parallel over {size} ranks"]
     if tp == 1:  # every rank loads as one process would: hub ids, offload and LoRAs work as in ComfyUI's process
         return [] if size == 1 else [f"mesh: {replicas} replicas over {size} ranks",
                                      "tp 1: nothing is sharded, each replica holds the whole pipeline"]
@@ -127,8 +149,67 @@ def _denoiser_class(family: Family):
 def shardable_families() -> str:
     """The families whose denoiser diffusers can shard (its class has a `_tp_plan`), for messages:
     'FLUX.1, FLUX.2, QwenImage and FLUX.2 [klein]'."""
-    names = [family.name for family in FAMILIES if getattr(_denoiser_class(family), "_tp_plan", None) is not None]
+    return families_with_plan("_tp_plan")
+
+
+def families_with_plan(plan: str) -> str:
+    """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`), for messages."""
+    names = [family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None]
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> int:
+    """The denoiser's sequence of image tokens: latent frames x (height / size_multiple) x (width / size_multiple),
+    size_multiple being the VAE's factor times the patch size (Wan: 4k + 1 frames make k + 1 latent frames)."""
+    latent_frames = (frames - 1) // family.temporal_factor + 1 if frames and family.temporal_factor else 1
+    return latent_frames * (height // family.size_multiple) * (width // family.size_multiple)
+
+
+def context_parallel_notes(cp: int, family: Family, width: int, height: int, frames: int, source: str) -> list[str]:
+    """Refuse, before anything loads, context parallelism that cannot run: a denoiser without diffusers' CP plan,
+    a token count or head count the CP degree does not divide (Ulysses attention splits the tokens, then the
+    heads over the ranks). `source`: the model's folder (its denoiser config gives the heads) or a hub id."""
+    cls = _denoiser_class(family)
+    if getattr(cls, "_cp_plan", None) is None:
+        raise UserInputError(f"{family.name}'s {cls.__name__ if cls else family.denoiser} has no context-parallel "
+                             f"plan in diffusers ({families_with_plan('_cp_plan')} have one); set context_parallel "
+                             "to 1.")
+    tokens = latent_tokens(family, width, height, frames)
+    if tokens % cp:
+        raise UserInputError(f"context_parallel {cp} does not divide the {tokens} latent tokens of "
+                             f"{_shape_text(width, height, frames)}; "
+                             f"{_divisible_shapes(cp, family, width, height, frames)}.")
+    if os.path.isdir(os.path.join(source, family.denoiser)):
+        heads = _subfolder_config(source, family.denoiser).get("num_attention_heads")
+        if heads and heads % cp:
+            raise UserInputError(f"context_parallel {cp} does not divide the transformer's {heads} attention heads "
+                                 f"(Ulysses attention splits them over the ranks); use one of {_divisors(heads)}.")
+    return [f"context parallel: {cp} ranks per video (Ulysses all-to-all attention), {tokens} latent tokens, "
+            f"{tokens // cp} on each rank"]
+
+
+def _shape_text(width: int, height: int, frames: int) -> str:
+    return f"{width}x{height}" + (f" x {frames} frames" if frames else "")
+
+
+def _divisible_shapes(cp: int, family: Family, width: int, height: int, frames: int) -> str:
+    """The nearest frame counts (video) and widths that make the tokens divide by `cp`, for the message."""
+    def nearest(value: int, step: int, low: int, fits) -> list[int]:
+        below = next((v for v in range(value - step, low - 1, -step) if fits(v)), None)
+        above = next((v for v in range(value + step, value + 64 * step, step) if fits(v)), None)
+        return [v for v in (below, above) if v is not None]
+
+    options = []
+    if frames and family.temporal_factor:
+        counts = nearest(frames, family.temporal_factor, 1,
+                         lambda f: latent_tokens(family, width, height, f) % cp == 0)
+        if counts:
+            options.append(f"frames {' or '.join(map(str, counts))} at {width}x{height}")
+    widths = nearest(width, family.size_multiple, family.size_multiple,
+                     lambda w: latent_tokens(family, w, height, frames) % cp == 0)
+    if widths:
+        options.append("width " + " or ".join(map(str, widths)) + f" at height {height}")
+    return "use " + ", or ".join(options) if options else "choose another size"
 
 
 def _check_transformer(source: str, denoiser: str, cls: str, tp: int) -> list[str]:

@@ -55,3 +55,26 @@ def sharded_fraction(module) -> float:
             held += param.to_local().numel()
             full += param.numel()
     return held / full if full else 1.0
+
+
+def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh) -> str:
+    """Context parallelism on every denoiser the pipeline has (both Wan 2.2 A14B experts), after loading:
+    each rank holds the whole model and runs 1/N of the tokens; diffusers' CP plan splits them at the first
+    block and gathers them after the last. Ulysses (all-to-all of heads): ring attention needs the attention
+    op's log-sum-exp, which diffusers' "native" backend (SDPA, the one every device here uses) does not give.
+    `cp_mesh`: the replica's ("ring", "ulysses") sub-mesh, ring 1. Returns a note of what the models now are."""
+    from diffusers import ContextParallelConfig
+
+    present = [name for name in denoisers if getattr(pipe, name, None) is not None]  # TI2V-5B has no transformer_2
+    for name in present:
+        getattr(pipe, name).enable_parallelism(config=ContextParallelConfig(ulysses_degree=cp_mesh.size(),
+                                                                            mesh=cp_mesh))
+    return "context parallel (Ulysses): " + ", ".join(
+        f"{name} over {context_parallel_degree(getattr(pipe, name))} ranks" for name in present)
+
+
+def context_parallel_degree(module) -> int:
+    """Ranks the module's tokens are split over, as its diffusers parallel config says (1 without CP)."""
+    config = getattr(module, "_parallel_config", None)
+    cp = config.context_parallel_config if config is not None else None
+    return cp.ring_degree * cp.ulysses_degree if cp is not None else 1

@@ -154,42 +154,50 @@ class Run:
     """One generate command as this rank sees it. Replicas work at their own pace, so they share
     step counts and the cancel decision through the group's store, not through collectives
     (a replica with fewer images, or none, makes fewer progress calls); within a replica the
-    TP ranks stay in step and its first rank's decision is broadcast to the others."""
+    ranks (TP or CP) stay in step and its first rank's decision is broadcast to the others."""
 
     prefix: str  # store keys of this run
-    leader: int  # global rank of this replica's first TP rank
-    tp_group: object  # the replica's "tp" process group
-    tp: int
+    leader: int  # global rank of this replica's first rank
+    replica_group: object  # the process group of this replica's ranks (its TP or CP ranks)
+    replica_size: int
     group_steps: int  # sampling steps of all replicas together
 
 
 class RankWorker:
-    """Runs commands on one rank with the ordinary Engine, whose loader shards over its replica's TP mesh."""
+    """Runs commands on one rank with the ordinary Engine, whose loader shards over its replica's TP mesh
+    (or applies context parallelism over its CP ranks)."""
 
     def __init__(self, server: ControlServer | None, device_type: str, store, gather_group):
-        from tpu_diffusers_runtime.distributed.sharding import Sharding
+        from tpu_diffusers_runtime.distributed.sharding import Sharding, apply_context_parallel
         from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.families import family_for
         from tpu_diffusers_runtime.loading import load_pipeline
         from tpu_diffusers_runtime.pipeline_cache import PipelineCache
 
         self.server, self.device_type, self.store, self.gather_group = server, device_type, store, gather_group
-        self.meshes = {}  # (replicas, tp) -> the 2-D DeviceMesh ("dp" outer, "tp" inner)
+        self.meshes = {}  # (replicas, cp, tp) -> (DeviceMesh ("dp", "ring", "ulysses", "tp"), replica group)
         self.runs = 0
         self.run_state: Run | None = None
 
         def sharded_loader(handle, device, on_progress, notes):
-            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked)."""
-            tp_mesh = self.device_mesh(handle.mesh)["tp"]
+            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked), then
+            its denoisers run context parallel when the replica has CP ranks."""
+            mesh = self.device_mesh(handle.mesh)[0]
+            tp_mesh = mesh["tp"]
             if tp_mesh.size() == 1:
-                return load_pipeline(handle, device, on_progress, notes=notes)
+                pipe = load_pipeline(handle, device, on_progress, notes=notes)
+                cp_mesh = mesh["ring", "ulysses"]
+                if cp_mesh.size() > 1:
+                    notes.append(apply_context_parallel(pipe, family_for(handle.model_class).denoisers, cp_mesh))
+                return pipe
             sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class).denoiser)
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
 
     def device_mesh(self, spec):
-        """The mesh for a spec's shape, made once (every rank makes it at the same command)."""
+        """The mesh for a spec's shape and the process group of each replica's ranks, made once (every rank
+        makes them at the same command). Ring is 1: context parallelism is Ulysses (apply_context_parallel)."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
@@ -198,8 +206,10 @@ class RankWorker:
 
         shape = mesh_shape(spec, dist.get_world_size())
         if shape not in self.meshes:
-            ranks = torch.arange(dist.get_world_size()).reshape(shape)
-            self.meshes[shape] = DeviceMesh(self.device_type, ranks, mesh_dim_names=("dp", "tp"))
+            replicas, cp, tp = shape
+            ranks = torch.arange(dist.get_world_size()).reshape(replicas, 1, cp, tp)
+            mesh = DeviceMesh(self.device_type, ranks, mesh_dim_names=("dp", "ring", "ulysses", "tp"))
+            self.meshes[shape] = mesh, mesh["ring", "ulysses", "tp"]._flatten("replica").get_group()
         return self.meshes[shape]
 
     def progress(self, done: int, total: int, what: str, preview=None) -> None:
@@ -216,8 +226,8 @@ class RankWorker:
             if self.server:
                 self.report(done, total, what, preview)
             decision = [self.store.check([run.prefix + "cancel"])]
-        if run.tp > 1:
-            dist.broadcast_object_list(decision, src=run.leader, group=run.tp_group)
+        if run.replica_size > 1:
+            dist.broadcast_object_list(decision, src=run.leader, group=run.replica_group)
         if decision[0]:
             raise Cancelled
 
@@ -267,8 +277,8 @@ class RankWorker:
         import numpy as np
         import torch.distributed as dist
 
-        from tpu_diffusers_runtime.distributed.mesh import split_batch
-        from tpu_diffusers_runtime.distributed.sharding import local_bytes, sharded_fraction
+        from tpu_diffusers_runtime.distributed.mesh import latent_tokens, split_batch
+        from tpu_diffusers_runtime.distributed.sharding import context_parallel_degree, local_bytes, sharded_fraction
         from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.features.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
@@ -279,20 +289,20 @@ class RankWorker:
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         # checked on every rank, even one with no image
-        _, task, pipeline, request = prepare(handle.model_class,
-                                             SampleRequest.from_wire(command["request"], command["payloads"]),
-                                             model_settings(handle.source))
-        mesh = self.device_mesh(handle.mesh)
-        replicas, tp = mesh.mesh.shape
+        family, task, pipeline, request = prepare(handle.model_class,
+                                                  SampleRequest.from_wire(command["request"], command["payloads"]),
+                                                  model_settings(handle.source))
+        mesh, replica_group = self.device_mesh(handle.mesh)
+        replicas, _, cp, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
         slices = split_batch(request.batch_size, replicas)
         start, count = slices[replica]
         replica_steps = [task.progress_steps(pipeline, request.batch_slice(first, n)) for first, n in slices]
         self.runs += 1
-        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * tp,
-                             tp_group=mesh.get_group("tp"), tp=tp,
-                             group_steps=sum(replica_steps))
+        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * cp * tp, replica_group=replica_group,
+                             replica_size=cp * tp, group_steps=sum(replica_steps))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
+        tokens = latent_tokens(family, request.width, request.height, request.frames)
         try:
             if count:
                 generation = self.engine.generate(handle, request.batch_slice(start, count), on_progress=self.progress,
@@ -301,7 +311,8 @@ class RankWorker:
                 if self.server:
                     self.wait_for_replicas()
             denoiser = Engine.denoiser(self.engine.realise(handle, self.progress)[0], handle)
-            mine.update(bytes=local_bytes(denoiser), fraction=sharded_fraction(denoiser))
+            mine.update(bytes=local_bytes(denoiser), fraction=sharded_fraction(denoiser),
+                        tokens=tokens // context_parallel_degree(denoiser))  # as the loaded model is split
         except Cancelled:
             mine["cancelled"] = True
         if dist.get_world_size() == 1:
@@ -315,22 +326,24 @@ class RankWorker:
             self.store.delete_key(self.run_state.prefix + name)
         if any(entry["cancelled"] for entry in gathered):
             raise Cancelled
-        return self.result(gathered, slices, tp, replica_steps)
+        return self.result(gathered, slices, cp, tp, replica_steps)
 
     @staticmethod
-    def result(gathered: list[dict], slices: list[tuple[int, int]], tp: int, replica_steps: list[int]):
+    def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int, replica_steps: list[int]):
         """Rank 0's reply: the images in batch order, and run info for the whole mesh (replica_steps: the
-        denoising steps each replica ran, every pipeline call's)."""
+        denoising steps each replica ran, every pipeline call's). A replica's CP ranks all make its whole
+        video; its first rank's is the one returned."""
         import numpy as np
 
-        leaders = gathered[::tp]  # one entry per replica, in replica order
+        leaders = gathered[::cp * tp]  # one entry per replica, in replica order
         ran = [entry for entry in leaders if "images" in entry]
         images = ran[0]["images"] if len(ran) == 1 else np.concatenate([entry["images"] for entry in ran])
         counts = [count for _, count in slices]
         seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
                              for name in ("sample_seconds", "compile_seconds"))
         info = dict(ran[0]["info"])
-        notes = [f"data parallel: {len(counts)} replica(s) x {tp}-way TP, images per replica {counts}"
+        parallel = f"{cp}-way context parallel" if cp > 1 else f"{tp}-way TP"
+        notes = [f"data parallel: {len(counts)} replica(s) x {parallel}, images per replica {counts}"
                  if len(gathered) > 1 else f"ran in a worker process (pid {gathered[0]['pid']})"]
         if len(set(counts)) > 1:
             notes.append("uneven split: the first replicas take one image more (no padding)")
@@ -338,6 +351,7 @@ class RankWorker:
             notes.append(f"replicas {[i for i, n in enumerate(counts) if not n]} had no image: the batch is "
                          "smaller than the replicas")
         info.update(world_size=len(gathered), mesh_shape=(len(counts), tp), sample_seconds=max(seconds),
+                    context_parallel=cp, tokens_per_rank=[entry["tokens"] for entry in gathered],
                     compiled_now=info["compiled_now"] if info["compiled_now"] is None
                     else any(entry["info"]["compiled_now"] for entry in ran),
                     transformer_bytes_per_rank=[entry["bytes"] for entry in gathered],

@@ -51,6 +51,21 @@ def test_tp_workflow_errors_on_the_node_runs_stays_warm_and_no_worker_outlives_t
         assert again["outputs"]["3"]["tpu_run_info"][0]["loaded"] is False
         worker_pids = info["worker_pids"]
         assert len(worker_pids) == 3 and all(map(pid_alive, worker_pids))  # launcher + 2 ranks, warm
+
+        # Wan 2.2 video over 2 context-parallel ranks: the same warm group, its frames through Save Image
+        shutil.copytree(tiny_dir / "tiny-wan22-t2v-a14b", base / "models" / "diffusers" / "tiny-wan22-t2v-a14b")
+        video = with_mesh(workflow())
+        video["6"]["inputs"].update(replicas=0, context_parallel=2)
+        video["1"]["inputs"]["model"] = "tiny-wan22-t2v-a14b"
+        video["3"] = {"class_type": "TPUVideoSampler", "inputs": {
+            "pipeline": ["6", 0], "prompt": "a cat walking", "negative_prompt": "", "width": 64, "height": 64,
+            "frames": 5, "steps": 2, "guidance": 2.0, "seed": 3, "batch_size": 1}}
+        entry = server.run(video, timeout=600)
+        assert execution_error(entry) is None, execution_error(entry)
+        info = entry["outputs"]["3"]["tpu_run_info"][0]
+        assert (info["context_parallel"], info["tokens_per_rank"], info["frames"]) == (2, [16, 16], 5)
+        assert info["worker_pids"] == worker_pids  # reshaped, not relaunched
+        assert len(server.output_images(entry)) == 5
     finally:
         server.stop()
     assert alive_after(worker_pids) == [], "a worker outlived the ComfyUI server"
