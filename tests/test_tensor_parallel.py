@@ -1,6 +1,7 @@
 """Tensor parallelism on a CPU mesh: 2 ranks, gloo, workers launched with torchrun."""
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -98,6 +99,19 @@ def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_ex
         assert f"context parallel (Ulysses): {experts}\n" in notes + "\n", notes
         assert f"{tokens} latent tokens, {tokens // 2} on each rank" in notes
         assert "mesh: 1 replica(s) x 2 CP; replica 0 ranks [0, 1]" in result.info.summary()
+
+
+def test_context_parallel_under_model_cpu_offload_and_for_image_to_video(tiny, engine):
+    """CP composes with model CPU offload (each expert on the chip only while it denoises: the CP hooks sit inside
+    the offload hook) and with I2V A14B's start image (its latents join the noise before the split)."""
+    start = (np.random.default_rng(3).random((1, 64, 64, 3))).astype(np.float32)
+    cases = [("wan22-t2v-a14b", dict(placement=Placement.MODEL_CPU_OFFLOAD), ()), ("wan22-i2v-a14b", {}, (start,))]
+    for name, fields, images in cases:
+        video = dataclasses.replace(request(frames=5, steps=3), images=images)
+        single = Engine(distribute=False).generate(handle_for(tiny, name, **fields), video)
+        result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, context_parallel=2), **fields), video)
+        torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+        assert result.info.context_parallel == 2 and result.info.task == ("image2video" if images else "text2video")
 
 
 def test_compiled_mode_runs_inside_the_workers_on_the_sharded_transformer(tiny, engine, tmp_path):
