@@ -251,6 +251,10 @@ class Engine:
                                  "placement to 'device' (model CPU offload does not combine with a TP Mesh).")
         if tp > 1 and handle.loras:
             raise UserInputError(LORA_WITH_MESH)
+        if cp > 1 and handle.mode is ExecutionMode.COMPILED and (handle.compile or CompileSpec()).fullgraph:
+            raise UserInputError("compiled mode with context parallelism needs fullgraph off (TPU Compile "
+                                 "Transformer): diffusers' Ulysses attention hooks break the graph where dynamo "
+                                 "cannot trace them (measured on CPU: 'Unsupported hasattr call').")
         # single files: the mesh is checked against their configs folder (local, or the hub's config files)
         source = single_file.config_folder(handle.source) if handle.files and (tp > 1 or cp > 1) else handle.source
         notes = check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))

@@ -398,3 +398,21 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
             os.killpg(host.pid, signal.SIGTERM)
         for host in hosts:
             host.wait(30)
+
+
+def test_compiled_context_parallel_video_equals_eager_in_one_process(tiny, engine):
+    """Compiled mode inside CP workers: the repeated blocks of both experts compile around diffusers' Ulysses
+    all-to-all, with fullgraph off (its hooks break the graph: refused before launch with fullgraph on), and the
+    frames equal one eager process."""
+    video = request(frames=5, steps=3)
+    fullgraph = handle_for(tiny, "wan22-t2v-a14b", mesh=MeshSpec(chips=2, context_parallel=2),
+                           mode=ExecutionMode.COMPILED, compile=CompileSpec())
+    with pytest.raises(UserInputError, match="context parallelism needs fullgraph off"):
+        engine.generate(fullgraph, video)
+    handle = handle_for(tiny, "wan22-t2v-a14b", mesh=MeshSpec(chips=2, context_parallel=2), mode=ExecutionMode.COMPILED,
+                        compile=CompileSpec(scope="repeated_blocks", fullgraph=False))
+    first = engine.generate(handle, video)
+    again = engine.generate(handle, dataclasses.replace(video, seed=video.seed + 1))
+    single = Engine(distribute=False).generate(handle_for(tiny, "wan22-t2v-a14b"), video)
+    assert (first.info.compiled_now, again.info.compiled_now) == (True, False)
+    torch.testing.assert_close(first.images, single.images, atol=2e-3, rtol=0)
