@@ -183,7 +183,7 @@ class RankWorker:
             tp_mesh = self.device_mesh(handle.mesh)["tp"]
             if tp_mesh.size() == 1:
                 return load_pipeline(handle, device, on_progress, notes=notes)
-            sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class).denoiser)
+            sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class))
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
@@ -269,7 +269,7 @@ class RankWorker:
 
         from tpu_diffusers_runtime.distributed.mesh import split_batch
         from tpu_diffusers_runtime.distributed.sharding import local_bytes, sharded_fraction
-        from tpu_diffusers_runtime.engine import Engine
+        from tpu_diffusers_runtime.families import family_for
         from tpu_diffusers_runtime.features.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
         from tpu_diffusers_runtime.sources import model_settings
@@ -300,8 +300,10 @@ class RankWorker:
                 mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
                 if self.server:
                     self.wait_for_replicas()
-            denoiser = Engine.denoiser(self.engine.realise(handle, self.progress)[0], handle)
-            mine.update(bytes=local_bytes(denoiser), fraction=sharded_fraction(denoiser))
+            pipe = self.engine.realise(handle, self.progress)[0].pipe  # every denoiser: Wan 2.2 A14B's two experts
+            denoisers = [getattr(pipe, name) for name in family_for(handle.model_class).denoisers
+                         if getattr(pipe, name, None) is not None]
+            mine.update(bytes=sum(map(local_bytes, denoisers)), fraction=sharded_fraction(*denoisers))
         except Cancelled:
             mine["cancelled"] = True
         if dist.get_world_size() == 1:
