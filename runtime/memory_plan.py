@@ -27,7 +27,9 @@ The estimate (bytes per chip; every term is an upper-side approximation, not a m
 
 The constants come from CPU measurements at real widths (one block of each Wan transformer in bf16 at 2048 and
 4096 tokens: ~15.6 bytes per hidden channel and ~2.4 bytes per FFN channel per token; the Wan 2.1 and 2.2 VAEs
-at 128 and 256 pixels square), rounded up. docs/parallelism.md has the table `markdown_table` makes.
+decoding 9 frames at 128 and 256 pixels square: ~10.6 and ~11.4 KB per output pixel), rounded up. Peak RSS of a
+CPU process, not a chip's allocator: a chip's compiled programs can hold more or less. docs/parallelism.md has
+the table `markdown_table` makes.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ HIDDEN_TENSORS = 12  # in the working dtype: 24 bytes per hidden channel per tok
 FFN_TENSORS = 2  # the FFN's input projection and its GELU (measured ~1.2 bf16 tensors)
 MODULATION_BYTES = 2 * 6 * 4  # expand_timesteps: the (tokens, 6, hidden) fp32 projection and its sum in a block
 VAE_CHUNK_FRAMES = 4
-VAE_TENSORS = 16  # full-resolution tensors of the decoder's width for a 4-frame chunk (measured ~14)
+# full-resolution tensors of the decoder's width for a 4-frame chunk: Wan 2.1's VAE (measured ~13.8), Wan 2.2's
+# (decodes at half resolution then unpatchifies 2x2; its lower stages weigh more: measured ~22.2 of its top width)
+VAE_TENSORS = 16
+PATCHED_VAE_TENSORS = 24
 MAX_CHIPS = 8  # what the suggestions search up to: a host's chips (v7: 8 devices on 4 chips)
 DEGREES = (1, 2, 4, 8)
 GIB = 2**30
@@ -190,7 +195,8 @@ def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames:
     videos = math.ceil(batch / layout.replicas)
     denoising = videos * math.ceil(tokens / layout.cp) * per_token
     decoder_pixels = VAE_CHUNK_FRAMES * (width // sizes.vae_patch) * (height // sizes.vae_patch)
-    vae = VAE_TENSORS * decoder_pixels * sizes.vae_width * dtype_bytes + videos * frames * 3 * width * height * 4
+    tensors = PATCHED_VAE_TENSORS if sizes.vae_patch > 1 else VAE_TENSORS
+    vae = tensors * decoder_pixels * sizes.vae_width * dtype_bytes + videos * frames * 3 * width * height * 4
     if layout.placement is Placement.DEVICE:
         return Estimate(sum(resident.values()), denoising, vae, sum(resident.values()) + max(denoising, vae))
     denoiser = max(resident[name] for name in sizes.planned)

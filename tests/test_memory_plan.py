@@ -78,8 +78,10 @@ def test_a_run_that_cannot_fit_is_refused_with_what_would_fit(sizes):
         "denoising 12.5 GiB, VAE decode 11.4 GiB) with placement 'device', 1 chip, and a v6e chip has 32.0 GiB (90% "
         "usable): it cannot fit. Try placement 'model_cpu_offload', cp 8 over 8 chips (~28.2 GiB per chip); or a "
         "smaller size. (docs/parallelism.md has a table of what fits each chip type.)")
-    assert "or at most 53 frames at this size with this mesh" in refusal(
-        wan.FAMILY, sizes[TI2V_5B], Layout(), request, 32 * GIB, "a v6e chip")
+    at_480p = SampleRequest(prompt="a cat", width=832, height=480, frames=81)
+    assert ("Try placement 'model_cpu_offload', cp 4 over 4 chips (~28.0 GiB per chip); or at most 29 frames at this "
+            "size with this mesh.") in refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD), at_480p,
+                                               32 * GIB, "a v6e chip")
     assert refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD, cp=8), request, 32 * GIB, "") is None
 
 
