@@ -31,7 +31,12 @@ AUTOLOAD_WAS_ENV = "TPU_DIFFUSERS_AUTOLOAD_WAS"  # the user's own autoload value
 def tpu_chip_count() -> int:
     """TPU chips this host exposes, counted as torch_tpu's autoload counts them (a TPU PCI device
     reachable through VFIO), without loading TorchTPU."""
-    count = 0
+    return len(tpu_pci_models())
+
+
+def tpu_pci_models() -> list[str]:
+    """The PCI device id (TPU_PCI_DEVICES: its generation) of each TPU chip this host exposes."""
+    models = []
     for device in glob.glob("/sys/bus/pci/devices/*"):
         try:
             with open(os.path.join(device, "vendor")) as f:
@@ -40,10 +45,10 @@ def tpu_chip_count() -> int:
                 model = f.read().strip().lower()
             if vendor == GOOGLE_PCI_VENDOR and model in TPU_PCI_DEVICES:
                 os.stat(os.path.join("/dev/vfio", os.path.basename(os.readlink(os.path.join(device, "iommu_group")))))
-                count += 1
+                models.append(model)
         except OSError:
             continue
-    return count
+    return models
 
 
 def tpu_on_pci_bus() -> bool:

@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 
-from . import settings, single_file
+from . import memory_plan, settings, single_file
 from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, missing_device_op, missing_op_advice,
                      peak_memory_bytes, reset_peak_memory, resolve_device)
 from .distributed.group import WorkerGroups
@@ -164,6 +164,9 @@ class Engine:
         # fails before loading anything
         family, task, pipeline, request = prepare(handle.model_class, request, model_settings(handle.source))
         check_host_memory(task, request, available_host_memory_bytes())
+        if self.workers is not None:  # (a worker's runs were checked before its group launched)
+            memory_plan.check_fits(handle, family, request,
+                                   holding=bool(self.cache) or self.workers.holds_local_workers())
         on_workers = self._worker_handle(handle)
         if on_workers is not None:
             return self._generate_on_workers(on_workers, family, request, on_progress, preview)

@@ -80,7 +80,7 @@ def test_two_ranks_give_the_single_process_image_and_each_holds_half_the_transfo
 
 
 def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_experts(tiny, engine):
-    """Wan 2.2 has no TP plan but a CP plan: each rank holds the whole pipeline and runs half of the video's latent
+    """Wan 2.2 has a CP plan in diffusers: each rank holds the whole pipeline and runs half of the video's latent
     tokens (Ulysses all-to-all on gloo). T2V A14B's 3 steps cross its boundary, so both experts run split; TI2V-5B
     (a timestep per token, split too) reuses the same warm group. Measured: the frames equal one process's exactly
     (max diff 0.0 on CPU); the tolerance only allows for another thread count's sums."""
@@ -112,6 +112,37 @@ def test_context_parallel_under_model_cpu_offload_and_for_image_to_video(tiny, e
         result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, context_parallel=2), **fields), video)
         torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
         assert result.info.context_parallel == 2 and result.info.task == ("image2video" if images else "text2video")
+
+
+def test_two_ranks_shard_both_wan_experts_with_the_family_plan_and_give_the_single_process_frames(tiny, engine):
+    """Wan 2.2 T2V A14B: diffusers has no `_tp_plan` for WanTransformer3DModel, the family's (FFN, and the value /
+    output projections per head) shards `transformer` and `transformer_2`. 3 steps: 999 and 960 run the high-noise
+    expert, 857 (below boundary 0.875) the low-noise one. Measured max difference ~8e-7 (the all-reduce order)."""
+    video = request(frames=5, steps=3)
+    single_engine = Engine(distribute=False)
+    single = single_engine.generate(handle_for(tiny, "wan22-t2v-a14b"), video)
+    pipe = single_engine.realise(handle_for(tiny, "wan22-t2v-a14b"))[0].pipe
+    experts = (pipe.transformer, pipe.transformer_2)
+    # what each rank holds when both are sharded: everything, less half of each planned weight
+    expected = sum(local_bytes(expert) - planned_bytes(expert) // 2 for expert in experts)
+
+    result = engine.generate(handle_for(tiny, "wan22-t2v-a14b", mesh=MeshSpec(chips=2)), video)
+    assert result.images.shape == (5, 64, 64, 3) and result.info.frames == 5
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+    assert result.info.sharded_fraction_per_rank == (0.5, 0.5)
+    assert result.info.transformer_bytes_per_rank == (expected, expected)  # a whole second expert would add ~8%
+
+
+def planned_bytes(model) -> int:
+    """Bytes of the parameters the Wan family's TP plan shards in `model`."""
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    from tpu_diffusers_runtime.families import wan
+
+    params = dict(model.named_parameters())
+    specs = resolve_tp_shard_specs(model, wan.tensor_parallel_plan(model.config), 2)
+    return sum(params[name].numel() * params[name].element_size() for name, spec in specs.items()
+               if spec.dim is not None)
 
 
 def test_compiled_mode_runs_inside_the_workers_on_the_sharded_transformer(tiny, engine, tmp_path):

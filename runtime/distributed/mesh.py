@@ -121,8 +121,10 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     parts = components(index)
     notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]
     if spec.shard_transformer:
-        denoiser = family_for(index["_class_name"]).denoiser
-        notes += _check_transformer(source, denoiser, parts[denoiser][1], tp)
+        family = family_for(index["_class_name"])
+        for denoiser in family.denoisers:  # Wan 2.2 A14B's two experts; an absent one (TI2V-5B's) is not in parts
+            if denoiser in parts:
+                notes += _check_transformer(source, denoiser, parts[denoiser][1], tp, family)
     if spec.shard_text_encoder:
         notes += [_check_text_encoder(source, name, cls, tp) if name not in from_files
                   else f"{name} ({cls}) from a single file: whole on every rank"
@@ -149,13 +151,18 @@ def _denoiser_class(family: Family):
 def shardable_families() -> str:
     """The families whose denoiser diffusers can shard (its class has a `_tp_plan`), for messages:
     'FLUX.1, FLUX.2, QwenImage and FLUX.2 [klein]'."""
-    return families_with_plan("_tp_plan")
+    names = [family.name for family in FAMILIES
+             if getattr(_denoiser_class(family), "_tp_plan", None) is not None or family.tp_plan is not None]
+    return _joined(names)
+
+
+def _joined(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def families_with_plan(plan: str) -> str:
     """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`), for messages."""
-    names = [family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None]
-    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+    return _joined([family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None])
 
 
 def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> int:
@@ -212,10 +219,21 @@ def _divisible_shapes(cp: int, family: Family, width: int, height: int, frames: 
     return "use " + ", or ".join(options) if options else "choose another size"
 
 
-def _check_transformer(source: str, denoiser: str, cls: str, tp: int) -> list[str]:
+def tp_plan_for(cls, family: Family, config: dict) -> dict | None:
+    """The `_tp_plan` a sharded load of the diffusers class `cls` with this config uses: diffusers' own, else its
+    family's for this config (Wan's), else None (it cannot be sharded)."""
+    if getattr(cls, "_tp_plan", None) is not None and cls not in FAMILY_PLANNED:
+        return cls._tp_plan
+    return family.tp_plan(config) if family.tp_plan is not None else None
+
+
+FAMILY_PLANNED: set = set()  # diffusers classes whose `_tp_plan` a family's plan filled in (sharding.py)
+
+
+def _check_transformer(source: str, denoiser: str, cls: str, tp: int, family: Family) -> list[str]:
     import diffusers
 
-    if getattr(getattr(diffusers, cls), "_tp_plan", None) is None:
+    if tp_plan_for(getattr(diffusers, cls), family, _subfolder_config(source, denoiser)) is None:
         raise UserInputError(f"{cls} has no tensor-parallel plan in diffusers, so it cannot be sharded "
                              f"({shardable_families()} can). Use replicas instead: turn shard_transformer off (each "
                              "chip then holds the whole pipeline and runs its share of the batch), or drop the TP "

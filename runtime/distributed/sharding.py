@@ -9,21 +9,24 @@ replica's "tp" sub-mesh; at tp 1 nothing is sharded and each replica holds a who
 
 from __future__ import annotations
 
+from ..families import Family
 from ..specs import MeshSpec
-from .mesh import text_encoder_has_tp_plan
+from .mesh import FAMILY_PLANNED, _subfolder_config, text_encoder_has_tp_plan, tp_plan_for
 
 
 class Sharding:
-    def __init__(self, spec: MeshSpec, mesh, denoiser: str):
-        self.spec, self.mesh, self.denoiser = spec, mesh, denoiser  # denoiser: the pipeline's transformer/unet
+    def __init__(self, spec: MeshSpec, mesh, family: Family):
+        # family.denoisers: the pipeline's transformer/unet, and Wan 2.2 A14B's second expert
+        self.spec, self.mesh, self.family = spec, mesh, family
         self.sharded: set[str] = set()  # components loaded sharded (and placed) by their library
 
     def load_kwargs(self, folder: str, name: str) -> dict:
         if self.mesh.size() == 1:
             return {}
-        if name == self.denoiser and self.spec.shard_transformer:
+        if name in self.family.denoisers and self.spec.shard_transformer:
             from diffusers import TensorParallelConfig
 
+            use_family_tp_plan(self.family, _subfolder_config(folder, name))
             self.sharded.add(name)
             return {"parallel_config": TensorParallelConfig(mesh=self.mesh)}
         if name.startswith("text_encoder") and self.spec.shard_text_encoder and text_encoder_has_tp_plan(folder, name):
@@ -32,6 +35,18 @@ class Sharding:
             self.sharded.add(name)
             return {"distributed_config": DistributedConfig(tp_plan="auto"), "device_mesh": self.mesh}
         return {}
+
+
+def use_family_tp_plan(family: Family, config: dict) -> None:
+    """diffusers' sharded `from_pretrained` and `enable_parallelism` read the class's `_tp_plan`: for a class
+    diffusers plans none for (Wan's), the family's plan for this config is set there, before each sharded load
+    (it depends on the config's head count). A class with a plan of its own keeps it."""
+    import diffusers
+
+    cls = getattr(diffusers, config["_class_name"])
+    if family.tp_plan is not None and (cls._tp_plan is None or cls in FAMILY_PLANNED):
+        cls._tp_plan = tp_plan_for(cls, family, config)
+        FAMILY_PLANNED.add(cls)
 
 
 def local_bytes(module) -> int:
@@ -45,12 +60,12 @@ def local_bytes(module) -> int:
     return total
 
 
-def sharded_fraction(module) -> float:
+def sharded_fraction(*modules) -> float:
     """Share of the sharded parameters' full size that this rank holds (1/N on an even N-way split)."""
     from torch.distributed.tensor import DTensor, Shard
 
     held = full = 0
-    for param in module.parameters():
+    for param in (param for module in modules for param in module.parameters()):
         if isinstance(param, DTensor) and any(isinstance(p, Shard) for p in param.placements):
             held += param.to_local().numel()
             full += param.numel()

@@ -190,7 +190,7 @@ class RankWorker:
                 if cp_mesh.size() > 1:
                     notes.append(apply_context_parallel(pipe, family_for(handle.model_class).denoisers, cp_mesh))
                 return pipe
-            sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class).denoiser)
+            sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class))
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
@@ -310,9 +310,9 @@ class RankWorker:
                 mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
                 if self.server:
                     self.wait_for_replicas()
-            denoiser = Engine.denoiser(self.engine.realise(handle, self.progress)[0], handle)
-            mine.update(bytes=local_bytes(denoiser), fraction=sharded_fraction(denoiser),
-                        tokens=tokens // context_parallel_degree(denoiser))  # as the loaded model is split
+            denoisers = Engine.denoisers(self.engine.realise(handle, self.progress)[0], handle)  # A14B: both experts
+            mine.update(bytes=sum(map(local_bytes, denoisers)), fraction=sharded_fraction(*denoisers),
+                        tokens=tokens // context_parallel_degree(denoisers[0]))  # as the loaded model is split
         except Cancelled:
             mine["cancelled"] = True
         if dist.get_world_size() == 1:

@@ -133,6 +133,9 @@ class Family:
     # pipeline components that denoise besides `denoiser` (Wan 2.2 A14B's low-noise expert `transformer_2`):
     # compiled, offloaded and given LoRAs like it
     extra_denoisers: tuple[str, ...] = ()
+    # (a denoiser's config.json as a dict) -> diffusers' `_tp_plan` for it, for a denoiser class diffusers gives
+    # none (Wan's: it depends on the head count). distributed/sharding.py sets it on the class before a sharded load.
+    tp_plan: Callable | None = None
 
     @property
     def makes_video(self) -> bool:

@@ -1,0 +1,376 @@
+"""Will a video run fit on each chip? A per-chip estimate from the model's configs, checked before anything loads.
+
+A Wan 2.2 A14B expert is ~28.6 GB in bf16 and a v6e chip has 32 GiB: whether a request fits depends on the
+placement, the mesh and the request's size, and finding out by running out of memory costs a load and a compile.
+The estimate (bytes per chip; every term is an upper-side approximation, not a measurement of a chip):
+
+- weights resident at once, from parameter counts of each component instantiated on the meta device from its
+  config (nothing is read but config.json): with placement `device` every component (text encoder, every denoiser,
+  VAE) during every phase; with model CPU offload only the model of the phase (one model is on the chip at a time:
+  the inactive Wan expert is on the host), so the peak is the largest of denoiser + denoising, VAE + its decode,
+  and the text encoder. Under tp, each denoiser's planned weights (its `_tp_plan`, diffusers' own or the family's) are
+  1/tp on a chip and the rest whole; text encoders and the VAE are counted whole (conservative: transformers
+  shards some). Context parallelism splits no weight.
+- the denoiser's activations at its peak (one block at a time: inference keeps no layer's activations), for
+  ceil(tokens / cp) tokens of each of the replica's videos (CFG runs cond and uncond one after the other):
+  `HIDDEN_TENSORS` tensors as wide as the hidden size (the fp32 residual and its norm/modulation copies, q, k, v,
+  the attention output, rotary tables) and `FFN_TENSORS` as wide as the FFN (its 1/tp shard under tp), in the
+  working dtype; with `expand_timesteps` (TI2V-5B) also the per-token fp32 modulation (6 x hidden, twice). The
+  attention is taken to be a fused kernel (flash/splash) that never holds the tokens x tokens scores.
+  tokens = latent frames x (height / (VAE factor x patch)) x (width / (VAE factor x patch)).
+- the VAE's decode (Wan's decodes one latent frame, 4 video frames, at a time, with a cache of the previous
+  frames): `VAE_TENSORS` tensors of the decoder's full-resolution width for a 4-frame chunk, plus the decoded
+  video in float32. The VAE phase and the denoising phase do not overlap: the larger of the two counts. The
+  I2V encode of the first frame's video is of the same order as the decode and is covered by it.
+- of a chip's memory, `USABLE_SHARE` is taken as usable (the runtime, compiled programs and fragmentation take
+  the rest).
+
+The constants come from CPU measurements at real widths (one block of each Wan transformer in bf16 at 2048 and
+4096 tokens: ~15.6 bytes per hidden channel and ~2.4 bytes per FFN channel per token; the Wan 2.1 and 2.2 VAEs
+decoding 9 frames at 128 and 256 pixels square: ~10.6 and ~11.4 KB per output pixel), rounded up. Peak RSS of a
+CPU process, not a chip's allocator: a chip's compiled programs can hold more or less. docs/parallelism.md has
+the table `markdown_table` makes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+
+from .errors import UserInputError
+from .families import Family
+from .specs import Placement
+
+HBM_PER_DEVICE_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "v7": 96}  # TorchTPU 0.2.0's table, per device
+TPU_KIND_BY_PCI_DEVICE = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e", "0x0076": "v7"}
+USABLE_SHARE = 0.9
+HIDDEN_TENSORS = 12  # in the working dtype: 24 bytes per hidden channel per token in bf16 (measured ~15.6)
+FFN_TENSORS = 2  # the FFN's input projection and its GELU (measured ~1.2 bf16 tensors)
+MODULATION_BYTES = 2 * 6 * 4  # expand_timesteps: the (tokens, 6, hidden) fp32 projection and its sum in a block
+VAE_CHUNK_FRAMES = 4
+# full-resolution tensors of the decoder's width for a 4-frame chunk: Wan 2.1's VAE (measured ~13.8), Wan 2.2's
+# (decodes at half resolution then unpatchifies 2x2; its lower stages weigh more: measured ~22.2 of its top width)
+VAE_TENSORS = 16
+PATCHED_VAE_TENSORS = 24
+MAX_CHIPS = 8  # what the suggestions search up to: a host's chips (v7: 8 devices on 4 chips)
+DEGREES = (1, 2, 4, 8)
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a pipeline's copies live: placement, and the mesh (replicas x tp x cp chips)."""
+
+    placement: Placement = Placement.DEVICE
+    replicas: int = 1
+    tp: int = 1
+    cp: int = 1
+
+    @property
+    def chips(self) -> int:
+        return self.replicas * self.tp * self.cp
+
+    def words(self) -> str:
+        mesh = [f"tp {self.tp}"] * (self.tp > 1) + [f"cp {self.cp}"] * (self.cp > 1) + \
+            [f"{self.replicas} replicas"] * (self.replicas > 1)
+        chips = f"{self.chips} chip{'s' * (self.chips > 1)}"
+        return f"placement '{self.placement.value}', {' x '.join(mesh) + ' over ' if mesh else ''}{chips}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSizes:
+    """What the estimate needs of a model, from its configs: parameters per component and the denoiser's shape."""
+
+    params: dict  # {component: parameter count}
+    planned: dict  # {denoiser: parameters its TP plan shards} (0: no plan)
+    hidden: int
+    ffn: int
+    patch: tuple  # (t, h, w)
+    vae_spatial: int
+    vae_temporal: int
+    vae_width: int  # channels of the decoder's full-resolution stage
+    vae_patch: int  # Wan 2.2's VAE decodes at half resolution, then unpatchifies 2x2
+    per_token_modulation: bool  # expand_timesteps: a timestep per token (TI2V-5B)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    weights: int  # on the chip at once: all of them (device), the largest component (model CPU offload)
+    denoising: int
+    vae: int
+    total: int  # the peak: device: all weights + the larger phase; offload: the larger of each phase's model + it
+
+    def words(self) -> str:
+        return (f"~{self.total / GIB:.1f} GiB per chip (weights resident at once {self.weights / GIB:.1f} GiB, "
+                f"denoising {self.denoising / GIB:.1f} GiB, VAE decode {self.vae / GIB:.1f} GiB)")
+
+
+def meta_module(cls, config: dict):
+    """A component of this class built from its config on the meta device (no memory, ~1 s for a 14B model)."""
+    import torch
+
+    with torch.device("meta"):
+        if hasattr(cls, "from_config") and hasattr(cls, "load_config"):  # diffusers
+            return cls.from_config(config)
+        config_cls = cls.config_class
+        return cls(config_cls.from_dict(config))
+
+
+def sizes_from_configs(family: Family, configs: dict, settings: dict) -> ModelSizes:
+    """{component: (class, config dict)} of the pipeline's torch modules -> ModelSizes (family: what it denoises
+    with; settings: model_index's, e.g. expand_timesteps)."""
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    from .distributed.mesh import tp_plan_for
+
+    params, planned = {}, {}
+    for name, (cls, config) in configs.items():
+        module = meta_module(cls, config)
+        params[name] = sum(param.numel() for param in module.parameters())
+        if name in family.denoisers:
+            plan = tp_plan_for(cls, family, config)
+            named = dict(module.named_parameters())
+            planned[name] = sum(named[key].numel() for key, spec in resolve_tp_shard_specs(module, plan, 1).items()
+                                if spec.dim is not None) if plan else 0
+    denoiser = configs[family.denoiser][1]
+    vae = configs["vae"][1]
+    return ModelSizes(
+        params=params, planned=planned,
+        hidden=denoiser["num_attention_heads"] * denoiser["attention_head_dim"], ffn=denoiser["ffn_dim"],
+        patch=tuple(denoiser["patch_size"]), vae_spatial=vae.get("scale_factor_spatial", 8),
+        vae_temporal=vae.get("scale_factor_temporal", 4),
+        vae_width=vae.get("decoder_base_dim") or vae.get("base_dim", 96), vae_patch=vae.get("patch_size") or 1,
+        per_token_modulation=bool(settings.get("expand_timesteps")))
+
+
+def sizes_of_folder(folder: str, family: Family) -> ModelSizes:
+    """ModelSizes of a diffusers folder (a model, or the configs folder of single files): every component with a
+    config.json whose class is a torch module. Kept per folder and config times (~2 s for Wan A14B)."""
+    key = (folder, family.name, tuple(os.path.getmtime(path)
+                                      for path in sorted(glob.glob(os.path.join(folder, "*", "config.json")))))
+    if key not in _FOLDER_SIZES:
+        _FOLDER_SIZES[key] = _sizes_of_folder(folder, family)
+    return _FOLDER_SIZES[key]
+
+
+_FOLDER_SIZES: dict = {}
+
+
+def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
+    import importlib
+
+    import torch
+
+    from .sources import components, config_values, read_model_index
+
+    index = read_model_index(folder, is_folder=True)
+    configs = {}
+    for name, (library, cls_name) in components(index).items():
+        cls = getattr(importlib.import_module(library), cls_name, None)
+        path = os.path.join(folder, name, "config.json")
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(path):
+            with open(path) as f:
+                configs[name] = (cls, json.load(f))
+    return sizes_from_configs(family, configs, config_values(index))
+
+
+def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames: int, batch: int,
+             dtype_bytes: int = 2) -> Estimate:
+    """Bytes per chip for one run (the module docstring says what each term counts)."""
+    def on_chip(name: str) -> int:
+        planned = sizes.planned.get(name, 0)
+        return (sizes.params[name] - planned + planned // layout.tp) * dtype_bytes
+
+    resident = {name: on_chip(name) for name in sizes.params}
+    latent_frames = (frames - 1) // sizes.vae_temporal + 1
+    step = sizes.vae_spatial
+    tokens = ((latent_frames // sizes.patch[0]) * (height // (step * sizes.patch[1]))
+              * (width // (step * sizes.patch[2])))
+    per_token = (HIDDEN_TENSORS * sizes.hidden + FFN_TENSORS * sizes.ffn // layout.tp) * dtype_bytes
+    if sizes.per_token_modulation:
+        per_token += MODULATION_BYTES * sizes.hidden
+    videos = math.ceil(batch / layout.replicas)
+    denoising = videos * math.ceil(tokens / layout.cp) * per_token
+    decoder_pixels = VAE_CHUNK_FRAMES * (width // sizes.vae_patch) * (height // sizes.vae_patch)
+    tensors = PATCHED_VAE_TENSORS if sizes.vae_patch > 1 else VAE_TENSORS
+    vae = tensors * decoder_pixels * sizes.vae_width * dtype_bytes + videos * frames * 3 * width * height * 4
+    if layout.placement is Placement.DEVICE:
+        return Estimate(sum(resident.values()), denoising, vae, sum(resident.values()) + max(denoising, vae))
+    denoiser = max(resident[name] for name in sizes.planned)
+    others = max((size for name, size in resident.items() if name not in sizes.planned and name != "vae"), default=0)
+    return Estimate(max(resident.values()), denoising, vae,
+                    max(denoiser + denoising, resident.get("vae", 0) + vae, others))
+
+
+def layouts(max_chips: int = MAX_CHIPS) -> list[Layout]:
+    """The layouts the suggestions and the docs table consider, fewest chips first, `device` (no host copies) before
+    model CPU offload (tp 1 only: TP keeps its shards on the chips), with tp and cp in 1, 2, 4, 8."""
+    found = [Layout(placement, tp=tp, cp=cp) for tp in DEGREES for cp in DEGREES
+             for placement in (Placement.MODEL_CPU_OFFLOAD, Placement.DEVICE)
+             if tp * cp <= max_chips and (tp == 1 or placement is Placement.DEVICE)]
+    return sorted(found, key=lambda layout: (layout.chips, layout.placement is not Placement.DEVICE, layout.cp))
+
+
+# --- the device's memory
+
+
+def tpu_kind() -> str | None:
+    """The TPU generation on this host's PCI bus (v5e, v6e, ...), read without loading TorchTPU."""
+    from .device import tpu_pci_models
+
+    return next((TPU_KIND_BY_PCI_DEVICE[model] for model in tpu_pci_models() if model in TPU_KIND_BY_PCI_DEVICE),
+                None)
+
+
+def device_memory_bytes(device_type: str) -> int | None:
+    """Memory of one chip: the accelerator's own total where this process has it loaded (CUDA; TPU in a worker),
+    TorchTPU 0.2.0's per-device table by the PCI device id otherwise (ComfyUI's process keeps TorchTPU out), the
+    host's available memory on cpu. None when unknown."""
+    from .device import TPU_IN_WORKERS_ENV, available_host_memory_bytes
+
+    if device_type == "cpu":
+        return available_host_memory_bytes()
+    if not (device_type == "tpu" and os.environ.get(TPU_IN_WORKERS_ENV)):
+        try:
+            import torch
+
+            return int(torch.get_device_module(device_type).get_device_properties(0).total_memory)
+        except Exception:  # noqa: BLE001 (no such call on this backend: the table below)
+            pass
+    kind = tpu_kind() if device_type == "tpu" else None
+    return HBM_PER_DEVICE_GIB[kind] * GIB if kind else None
+
+
+# --- the check before loading
+
+
+def check_fits(handle, family: Family, request, holding: bool = False) -> None:
+    """Refuse a video run that cannot fit on each chip, before anything loads, naming a layout that would.
+
+    For video families and local folders (a hub model's configs are not read before its download). `holding`: the
+    pack already holds pipelines in this host's memory; on cpu, where the budget is the host's available memory,
+    they would be counted twice, so the check is left to the first load."""
+    from .device import resolve_device
+    from .distributed.mesh import mesh_shape, world_size
+
+    device = resolve_device(handle.device)
+    if not family.makes_video or not os.path.isabs(handle.source) or (device.type == "cpu" and holding):
+        return
+    budget = device_memory_bytes(device.type)
+    if budget is None:
+        return
+    replicas, cp, tp = mesh_shape(handle.mesh, world_size(handle.mesh, device)) if handle.mesh else (1, 1, 1)
+    layout = Layout(Placement(handle.placement), replicas=replicas, tp=tp, cp=cp)
+    kind = tpu_kind() if device.type == "tpu" else None
+    where = f"a {kind} chip" if kind else ("this host" if device.type == "cpu" else f"one {device.type} chip")
+    message = refusal(family, sizes_of_folder(_configs_folder(handle), family), layout, request, budget, where,
+                      shared_host=device.type == "cpu",
+                      dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2)
+    if message:
+        raise UserInputError(message)
+
+
+def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: int, where: str,
+            shared_host: bool = False, dtype_bytes: int = 2) -> str | None:
+    """What to tell the user when `request` needs more than `budget` bytes per chip (None when it fits): the
+    estimate, and what would fit (fewer videos per replica, the fewest-chips layout, fewer frames). shared_host:
+    the chips are one host's processes (cpu), which share `budget`."""
+    def usable(chips: int) -> int:
+        return int(budget * USABLE_SHARE) // (chips if shared_host else 1)
+
+    size = (request.width, request.height)
+    need = estimate(sizes, layout, *size, request.frames, request.batch_size, dtype_bytes)
+    if need.total <= usable(layout.chips):
+        return None
+    tries = []
+    if math.ceil(request.batch_size / layout.replicas) > 1:
+        tries.append("a smaller batch (or more replicas)")
+    better = next((other for other in layouts() if other != layout and estimate(
+        sizes, other, *size, request.frames, 1, dtype_bytes).total <= usable(other.chips)), None)
+    if better is not None:
+        per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes).total
+        tries.append(f"{better.words()} (~{per_chip / GIB:.1f} GiB per chip)")
+    frames = next((n for n in range(request.frames - family.temporal_factor, 0, -family.temporal_factor)
+                   if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes).total <= usable(layout.chips)),
+                  None)
+    tries.append(f"at most {frames} frames at this size with this mesh" if frames else "a smaller size")
+    return (f"{family.name} at {request.width}x{request.height} x {request.frames} frames, batch "
+            f"{request.batch_size}, needs {need.words()} with {layout.words()}, and {where} has "
+            f"{budget / GIB:.1f} GiB ({USABLE_SHARE:.0%} usable{', shared by the ranks' if shared_host else ''}): "
+            f"it cannot fit. Try {'; or '.join(tries)}. (docs/parallelism.md has a table of what fits each chip "
+            "type.)")
+
+
+def _configs_folder(handle) -> str:
+    from . import single_file
+
+    return single_file.config_folder(handle.source) if handle.files else handle.source
+
+
+# --- the docs table
+
+# The published configs of the Wan 2.2 models (Wan-AI/Wan2.2-T2V-A14B-Diffusers, Wan2.2-TI2V-5B-Diffusers), for the
+# table in docs/parallelism.md; a user's model is planned from its own folder's configs.
+UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                feed_forward_proj="gated-gelu", relative_attention_num_buckets=32)
+WAN22_REFERENCE = {
+    "Wan 2.2 A14B (T2V/I2V)": dict(
+        transformer=dict(patch_size=[1, 2, 2], num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                         out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
+                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6),
+        experts=2, vae={}, settings={}),
+    "Wan 2.2 TI2V-5B": dict(
+        transformer=dict(patch_size=[1, 2, 2], num_attention_heads=24, attention_head_dim=128, in_channels=48,
+                         out_channels=48, text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30,
+                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6),
+        experts=1, vae=dict(base_dim=160, decoder_base_dim=256, z_dim=48, in_channels=12, out_channels=12,
+                            patch_size=2, scale_factor_spatial=16, is_residual=True),
+        settings={"expand_timesteps": True}),
+}
+TABLE_SIZES = ((832, 480), (1280, 720))  # Wan's 480p and 720p
+TABLE_FRAMES = 81
+TABLE_CHIPS = ("v5e", "v6e", "v5p", "v7")
+
+
+def reference_sizes(model: str) -> ModelSizes:
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5EncoderModel
+
+    from .families import wan
+
+    reference = WAN22_REFERENCE[model]
+    configs = {"text_encoder": (UMT5EncoderModel, UMT5_XXL), "transformer": (WanTransformer3DModel,
+                                                                               reference["transformer"])}
+    if reference["experts"] == 2:
+        configs["transformer_2"] = configs["transformer"]
+    configs["vae"] = (AutoencoderKLWan, reference["vae"])
+    return sizes_from_configs(wan.FAMILY, configs, reference["settings"])
+
+
+def markdown_table() -> str:
+    """docs/parallelism.md's table: for each Wan 2.2 model, size and chip type, the first of `layouts` (fewest chips)
+    that fits one 81-frame video in bf16, and its estimate per chip."""
+    rows = ["| model | size x 81 frames | " + " | ".join(f"{kind} ({HBM_PER_DEVICE_GIB[kind]} GiB)"
+                                                     for kind in TABLE_CHIPS) + " |",
+            "|---|---|" + "---|" * len(TABLE_CHIPS)]
+    for model in WAN22_REFERENCE:
+        sizes = reference_sizes(model)
+        for width, height in TABLE_SIZES:
+            cells = []
+            for kind in TABLE_CHIPS:
+                usable = int(HBM_PER_DEVICE_GIB[kind] * GIB * USABLE_SHARE)
+                layout = next((layout for layout in layouts() if estimate(
+                    sizes, layout, width, height, TABLE_FRAMES, 1).total <= usable), None)
+                cells.append("does not fit on 8" if layout is None else _cell(
+                    layout, estimate(sizes, layout, width, height, TABLE_FRAMES, 1)))
+            rows.append(f"| {model} | {width}x{height} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _cell(layout: Layout, need: Estimate) -> str:
+    mesh = [f"tp {layout.tp}"] * (layout.tp > 1) + [f"cp {layout.cp}"] * (layout.cp > 1)
+    placement = "offload" if layout.placement is Placement.MODEL_CPU_OFFLOAD else "device"
+    return f"{placement}{', ' + ' x '.join(mesh) if mesh else ', 1 chip'} ({need.total / GIB:.1f} GiB)"

@@ -1,0 +1,100 @@
+"""What fits a chip (runtime/memory_plan.py, the Wan family's TP plan): at the real Wan 2.2 widths, with every model
+built on the meta device from its published config (no weights, nothing downloaded)."""
+
+from pathlib import Path
+
+import pytest
+
+from tpu_diffusers_runtime import memory_plan
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.distributed.mesh import check_mesh, shardable_families
+from tpu_diffusers_runtime.families import wan
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.memory_plan import GIB, Layout, estimate, reference_sizes, refusal
+from tpu_diffusers_runtime.specs import MeshSpec, Placement
+from tpu_diffusers_runtime.tasks import SampleRequest
+
+ROOT = Path(__file__).resolve().parent.parent
+A14B, TI2V_5B = memory_plan.WAN22_REFERENCE
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    return {model: reference_sizes(model) for model in memory_plan.WAN22_REFERENCE}
+
+
+def meta_transformer(model: str):
+    from diffusers import WanTransformer3DModel
+
+    return memory_plan.meta_module(WanTransformer3DModel, memory_plan.WAN22_REFERENCE[model]["transformer"])
+
+
+@pytest.mark.parametrize("model, share", [(A14B, 0.690), (TI2V_5B, 0.755)])
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_the_wan_tp_plan_resolves_at_the_real_widths_and_leaves_the_cross_head_norms_whole(model, share, tp):
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    transformer = meta_transformer(model)
+    specs = resolve_tp_shard_specs(transformer, wan.tensor_parallel_plan(transformer.config), tp)  # divisible
+    params = dict(transformer.named_parameters())
+    sharded = sum(params[name].numel() for name, spec in specs.items() if spec.dim is not None)
+    assert sharded / sum(p.numel() for p in params.values()) == pytest.approx(share, abs=0.001)
+    # q/k (their RMSNorms span all heads) and the norms stay whole; values and outputs are split per head
+    assert not any(".to_q." in name or ".to_k." in name or "norm" in name for name in specs)
+    heads = transformer.config.num_attention_heads
+    assert specs["blocks.0.attn1.to_v.weight"].block_sizes == [128] * heads
+    assert specs["blocks.0.attn2.to_out.0.weight"].dim == 1 and specs["blocks.0.attn2.to_out.0.bias"].dim is None
+
+
+def test_wan_meets_the_checks_before_a_tp_launch(tiny):
+    assert "Wan 2.2" in shardable_families()
+    notes = check_mesh(MeshSpec(chips=2), tiny("wan22-t2v-a14b"), device_info("cpu"))
+    assert notes[0] == "mesh: 1 replica(s) x 2-way tensor parallel over 2 ranks"
+
+
+def test_the_estimate_at_real_wan_sizes(sizes):
+    a14b = sizes[A14B]
+    assert a14b.params["transformer"] * 2 == pytest.approx(28.6e9, rel=0.002)  # one expert in bf16
+    for (width, height), tokens in (((832, 480), 21 * 30 * 52), ((1280, 720), 21 * 45 * 80)):
+        on_one = estimate(a14b, Layout(), width, height, 81, 1)
+        assert on_one.denoising == tokens * (12 * 5120 + 2 * 13824) * 2
+        assert on_one.weights == 2 * sum(a14b.params.values()) and on_one.total == on_one.weights + max(
+            on_one.denoising, on_one.vae)
+        # offload: one model at a time; cp splits the tokens; tp splits the planned weights of both experts
+        offload = estimate(a14b, Layout(Placement.MODEL_CPU_OFFLOAD, cp=4), width, height, 81, 1)
+        assert offload.total == 2 * a14b.params["transformer"] + -(-tokens // 4) * (12 * 5120 + 2 * 13824) * 2
+        tp4 = estimate(a14b, Layout(tp=4), width, height, 81, 1)
+        assert on_one.weights - tp4.weights == 2 * 2 * (a14b.planned["transformer"] * 3 // 4)
+    assert estimate(a14b, Layout(Placement.MODEL_CPU_OFFLOAD), 1280, 720, 81, 1).total / GIB == pytest.approx(
+        39.2, abs=0.05)
+
+
+def test_a_run_that_cannot_fit_is_refused_with_what_would_fit(sizes):
+    request = SampleRequest(prompt="a cat", width=1280, height=720, frames=81)
+    message = refusal(wan.FAMILY, sizes[A14B], Layout(), request, 32 * GIB, "a v6e chip")
+    assert message == (
+        "Wan 2.2 at 1280x720 x 81 frames, batch 1, needs ~76.6 GiB per chip (weights resident at once 64.0 GiB, "
+        "denoising 12.5 GiB, VAE decode 11.4 GiB) with placement 'device', 1 chip, and a v6e chip has 32.0 GiB (90% "
+        "usable): it cannot fit. Try placement 'model_cpu_offload', cp 8 over 8 chips (~28.2 GiB per chip); or a "
+        "smaller size. (docs/parallelism.md has a table of what fits each chip type.)")
+    at_480p = SampleRequest(prompt="a cat", width=832, height=480, frames=81)
+    assert ("Try placement 'model_cpu_offload', cp 4 over 4 chips (~28.0 GiB per chip); or at most 29 frames at this "
+            "size with this mesh.") in refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD), at_480p,
+                                               32 * GIB, "a v6e chip")
+    assert refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD, cp=8), request, 32 * GIB, "") is None
+
+
+@pytest.mark.parametrize("name", ["wan22-t2v-a14b", "wan22-i2v-a14b", "wan22-ti2v-5b"])
+def test_the_tiny_wan_pipelines_are_never_refused(tiny, name):
+    source = tiny(name)
+    handle = PipelineHandle.of(source=source, model_class=inspect_source(source))
+    family = wan.FAMILY.with_settings({"expand_timesteps": name == "wan22-ti2v-5b"})
+    memory_plan.check_fits(handle, family, SampleRequest(prompt="a cat", width=64, height=64, frames=9))
+    sizes = memory_plan.sizes_of_folder(source, family)
+    assert estimate(sizes, Layout(), 64, 64, 9, 1, dtype_bytes=4).total < 64 * 2**20
+
+
+def test_the_parallelism_page_shows_what_fits_each_chip_type():
+    table = memory_plan.markdown_table()
+    assert table in (ROOT / "docs" / "parallelism.md").read_text(), f"docs/parallelism.md's table is not:\n{table}"
