@@ -207,10 +207,11 @@ def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames:
 
 def layouts(max_chips: int = MAX_CHIPS) -> list[Layout]:
     """The layouts the suggestions and the docs table consider, fewest chips first, `device` (no host copies) before
-    model CPU offload (tp 1 only: TP keeps its shards on the chips), with tp and cp in 1, 2, 4, 8."""
+    model CPU offload (tp 1 only: TP keeps its shards on the chips), with tp or cp in 1, 2, 4, 8 (a replica is one or
+    the other: diffusers does not combine them)."""
     found = [Layout(placement, tp=tp, cp=cp) for tp in DEGREES for cp in DEGREES
              for placement in (Placement.MODEL_CPU_OFFLOAD, Placement.DEVICE)
-             if tp * cp <= max_chips and (tp == 1 or placement is Placement.DEVICE)]
+             if tp * cp <= max_chips and min(tp, cp) == 1 and (tp == 1 or placement is Placement.DEVICE)]
     return sorted(found, key=lambda layout: (layout.chips, layout.placement is not Placement.DEVICE, layout.cp))
 
 
