@@ -190,9 +190,10 @@ def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_pr
     denoisers' _tp_plan) and points to replicas, which run it as one process does."""
     from tpu_diffusers_runtime.distributed.mesh import shardable_families
 
-    assert shardable_families() == "FLUX.1, FLUX.2, QwenImage and FLUX.2 [klein]"
+    assert shardable_families() == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein] and Wan 2.2"
     with pytest.raises(UserInputError, match=r"ZImageTransformer2DModel has no tensor-parallel plan in diffusers, so "
-                                             r"it cannot be sharded \(FLUX.1, FLUX.2, QwenImage and FLUX.2 \[klein\] can\). "
+                                             r"it cannot be sharded \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\] and Wan 2.2 "
+                                             r"can\). "
                                              r"Use replicas instead: turn shard_transformer off"):
         engine.generate(handle_for(tiny, "zimage", mesh=MeshSpec(chips=2)), request())
     assert engine.workers.current is None  # refused before anything launched

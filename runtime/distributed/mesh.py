@@ -150,7 +150,7 @@ def _denoiser_class(family: Family):
 
 def shardable_families() -> str:
     """The families whose denoiser diffusers can shard (its class has a `_tp_plan`), for messages:
-    'FLUX.1, FLUX.2, QwenImage and FLUX.2 [klein]'."""
+    'FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein] and Wan 2.2' (Wan's plan is its family's: runtime/families/wan.py)."""
     names = [family.name for family in FAMILIES
              if getattr(_denoiser_class(family), "_tp_plan", None) is not None or family.tp_plan is not None]
     return _joined(names)
