@@ -31,8 +31,8 @@ class TPUMesh(io.ComfyNode):
                                      "(2 ranks on a CPU host, for trying it out)."),
                 io.Boolean.Input("shard_transformer", default=True,
                                  tooltip="Shard the transformer over each replica's TP chips with diffusers' TP plan "
-                                         "(FLUX.1, FLUX.2, QwenImage, Wan 2.2; not SD3, Z-Image). Off: every chip holds a "
-                                         "model."),
+                                         "(FLUX.1, FLUX.2, QwenImage, Wan 2.2; not SD3, Z-Image). Off: every chip holds "
+                                         "a whole model."),
                 io.Boolean.Input("shard_text_encoder", default=True,
                                  tooltip="Shard text encoders that transformers has a TP plan for (Mistral3, "
                                          "Qwen2.5-VL); others (T5, CLIP) are kept whole on every rank."),
