@@ -76,8 +76,8 @@ def load(page, path: Path) -> dict:
     return workflow
 
 
-def node_of(workflow: dict, node_type: str) -> dict:
-    [node] = [n for n in workflow["nodes"] if n["type"] == node_type]
+def node_of(workflow: dict, *node_types: str) -> dict:
+    [node] = [n for n in workflow["nodes"] if n["type"] in node_types]
     return node
 
 
@@ -327,7 +327,7 @@ def test_run_info_reaches_the_sampler_and_every_node_of_ours_up_its_pipeline_cha
     """ComfyUI's `executed` message with the Sampler's ui output, as the server sends it, dispatched
     through the page's api object: the page's own handler gives it to the Sampler's onExecuted."""
     workflow = load(page, path)
-    sampler = str(node_of(workflow, "TPUSampler")["id"])
+    sampler = str(node_of(workflow, "TPUSampler", "TPUVideoSampler")["id"])
     for info, expected in STATUS_CASES:
         detail = {"node": sampler, "display_node": sampler, "output": {"tpu_run_info": [info]}, "prompt_id": "test"}
         page.evaluate("detail => window.comfyAPI.api.api.dispatchEvent(new CustomEvent('executed', {detail}))",
