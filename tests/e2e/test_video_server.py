@@ -122,8 +122,11 @@ def test_the_samplers_fps_feeds_create_video_and_save_video(server):
     (dict(frames=8), False, (r"frames 8 cannot be used", r"4k \+ 1", r"5 or 9")),
     (dict(frames=81, prompt="  "), False, (r"prompt is empty",)),
     (dict(width=100), False, (r"width 100 cannot be used", r"multiple of 16")),
+    # refused before anything is allocated (run time, before loading): the frames alone need ~411 GB here
+    (dict(width=4096, height=4096, frames=1021), False, (r"x 1021 frames is too large for this machine's memory",
+                                                         r"or the frames")),
 ])
-def test_bad_video_inputs_are_refused_when_queued(server, inputs, image, patterns, then_a_good_prompt_succeeds):
+def test_bad_video_inputs_are_refused_clearly(server, inputs, image, patterns, then_a_good_prompt_succeeds):
     clear_error(server, video_prompt("tiny-wan22-t2v-a14b", **inputs), SAMPLER, *patterns)
 
 
