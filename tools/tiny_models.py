@@ -386,7 +386,7 @@ def flux2(size: str):
     bench: FLUX.2-dev's own width (48 x 128 = 6144, text width 15360) is 2.3B parameters even with one
     block of each kind, so FLUX.2-klein-4B's width is used (24 x 128 = 3072, text width 3 x 2560 = 7680,
     mlp_ratio 3) with one double block and no single block (~451M parameters, 1.8 GB)."""
-    from diffusers import Flux2Pipeline, Flux2Transformer2DModel
+    from diffusers import Flux2Pipeline
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     bench = size == "bench"
@@ -407,22 +407,23 @@ def flux2(size: str):
     )
     torch.manual_seed(0)
     te = Mistral3ForConditionalGeneration(cfg)
-    torch.manual_seed(0)
-    if bench:
-        transformer = Flux2Transformer2DModel(
-            patch_size=1, in_channels=128, num_layers=1, num_single_layers=0, attention_head_dim=128,
-            num_attention_heads=24, joint_attention_dim=3 * hidden, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
-            guidance_embeds=True,
-        )
-    else:
-        transformer = Flux2Transformer2DModel(
-            patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=3 * hidden, axes_dims_rope=(4, 4, 4, 4),
-            guidance_embeds=True,
-        )
+    transformer = flux2_transformer(bench, 3 * hidden, guidance_embeds=True)
     pipe = Flux2Pipeline(scheduler=flux2_scheduler(), vae=flux2_vae(), text_encoder=te, tokenizer=tok,
                          transformer=transformer)
     return pipe, {}
+
+
+def flux2_transformer(bench: bool, context_width: int, guidance_embeds: bool):
+    """FLUX.2's Flux2Transformer2DModel ([dev] has the guidance embedding, [klein] none). bench: klein-4B's width
+    (24 x 128 = 3072, mlp_ratio 3) with one double block and no single block; tiny: 2 x 16, one block of each."""
+    from diffusers import Flux2Transformer2DModel
+
+    torch.manual_seed(0)
+    heads, head_dim, single, axes = (24, 128, 0, (32, 32, 32, 32)) if bench else (2, 16, 1, (4, 4, 4, 4))
+    return Flux2Transformer2DModel(patch_size=1, in_channels=128, num_layers=1, num_single_layers=single,
+                                   attention_head_dim=head_dim, num_attention_heads=heads,
+                                   joint_attention_dim=context_width, mlp_ratio=3.0, axes_dims_rope=axes,
+                                   guidance_embeds=guidance_embeds)
 
 
 def flux2_vae():
@@ -454,7 +455,7 @@ def flux2_klein(size: str, text_width: int | None = None):
     tells a klein single file from a FLUX.2 [dev] one, with a tiny transformer and a ~40 MB encoder).
     bench: FLUX.2-klein-4B's own width (24 x 128 = 3072, text width 7680, mlp_ratio 3) with one double block
     and no single block."""
-    from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel
+    from diffusers import Flux2KleinPipeline
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     bench = size == "bench"
@@ -468,19 +469,7 @@ def flux2_klein(size: str, text_width: int | None = None):
     )
     torch.manual_seed(0)
     te = Qwen3ForCausalLM(cfg)
-    torch.manual_seed(0)
-    if bench:
-        transformer = Flux2Transformer2DModel(
-            patch_size=1, in_channels=128, num_layers=1, num_single_layers=0, attention_head_dim=128,
-            num_attention_heads=24, joint_attention_dim=3 * hidden, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
-            guidance_embeds=False,
-        )
-    else:
-        transformer = Flux2Transformer2DModel(
-            patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=3 * hidden, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4),
-            guidance_embeds=False,
-        )
+    transformer = flux2_transformer(bench, 3 * hidden, guidance_embeds=False)
     pipe = Flux2KleinPipeline(scheduler=flux2_scheduler(), vae=flux2_vae(), text_encoder=te, tokenizer=tok,
                               transformer=transformer, is_distilled=True)
     return pipe, {}
