@@ -122,8 +122,12 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
         if name in files:
             loaded[name] = single_file.load_component(name, _component_class(name, library, cls), files[name],
                                                       folder, dtype, weights_cache, [] if notes is None else notes)
-            if sharding and name == family.denoiser:
+            if sharding and name in family.denoisers:  # Wan 2.2 A14B's transformer_2 (model_2) too
                 _shard_loaded(loaded[name], sharding.load_kwargs(folder, name), device)
+            if files[name] not in (files.get(later) for later in list(parts)[done + 1:]):
+                # no later component reads this file: its whole read goes now (on a TP rank, Wan 2.2 A14B's
+                # first expert, sharded above, is not held whole while the second is read)
+                weights_cache.pop(files[name])
         else:
             loaded[name] = _load_component(folder, name, library, cls, dtype,
                                            sharding.load_kwargs(folder, name) if sharding else {})

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import tiny_loras
 from comfy_host import free_port
 from processes import alive_after, launched_workers
 
@@ -33,7 +34,7 @@ from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
-from tpu_diffusers_runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.specs import ExecutionMode, LoraSpec, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,32 @@ def test_context_parallel_under_model_cpu_offload_and_for_image_to_video(tiny, e
         result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, context_parallel=2), **fields), video)
         torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
         assert result.info.context_parallel == 2 and result.info.task == ("image2video" if images else "text2video")
+
+
+def test_wan_lora_pair_on_two_context_parallel_ranks_gives_the_single_process_frames(tiny, engine, tmp_path):
+    """LoRAs with CP: each CP rank holds the whole pipeline, so lightx2v's high-noise LoRA is fused into its
+    `transformer` and the low-noise one into its `transformer_2` as in one process (the CP hooks sit on the blocks,
+    the LoRAs change the linears inside them). Without the LoRAs, the same warm group gives the base frames back."""
+    model = tiny("wan22-t2v-a14b")
+    pair = tuple(LoraSpec(str(tiny_loras.build(model, tmp_path / f"{expert}.safetensors", "lightx2v", seed=seed,
+                                               expert=component)), strength, expert)
+                 for seed, (expert, component, strength) in enumerate(
+                     (("high_noise", "transformer", 1.0), ("low_noise", "transformer_2", 0.7)), start=5))
+    video = request(frames=5, steps=3)
+    single_engine = Engine(distribute=False)
+    base = single_engine.generate(handle_for(tiny, "wan22-t2v-a14b"), video)
+    single = single_engine.generate(handle_for(tiny, "wan22-t2v-a14b", loras=pair), video)
+    cp = MeshSpec(chips=2, context_parallel=2)
+    result = engine.generate(handle_for(tiny, "wan22-t2v-a14b", mesh=cp, loras=pair), video)
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+    assert (result.images - base.images).abs().max() > 1e-3  # the LoRAs changed the frames
+    assert result.info.context_parallel == 2
+    notes = [note for note in result.info.notes if note.startswith("LoRA: ")]
+    assert [note.split(" @ ")[0] for note in notes] == ["LoRA: high_noise.safetensors", "LoRA: low_noise.safetensors"]
+    assert notes[0].endswith("high_noise: transformer)") and notes[1].endswith("low_noise: transformer_2)"), notes
+    without = engine.generate(handle_for(tiny, "wan22-t2v-a14b", mesh=cp), video)
+    assert not without.info.loaded
+    torch.testing.assert_close(without.images, base.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
 
 
 def test_two_ranks_shard_both_wan_experts_with_the_family_plan_and_give_the_single_process_frames(tiny, engine):
