@@ -172,6 +172,17 @@ def planned_bytes(model) -> int:
                if spec.dim is not None)
 
 
+def test_two_replicas_split_a_batch_of_videos_as_one_process_makes_it(tiny, engine):
+    """A batch of 2 videos over 2 replicas (one per chip, each a whole pipeline): video i keeps seed + i, so the
+    frames are one process's, video after video."""
+    video = request(frames=5, steps=3, batch_size=2)
+    single = Engine(distribute=False).generate(handle_for(tiny, "wan22-t2v-a14b"), video)
+    result = engine.generate(handle_for(tiny, "wan22-t2v-a14b", mesh=MeshSpec(chips=2, shard_transformer=False)),
+                             video)
+    assert result.info.replica_images == (1, 1) and result.images.shape == (10, 64, 64, 3)
+    torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+
+
 def test_compiled_mode_runs_inside_the_workers_on_the_sharded_transformer(tiny, engine, tmp_path):
     handle = handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2), mode=ExecutionMode.COMPILED,
                         compile=CompileSpec())

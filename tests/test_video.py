@@ -154,3 +154,34 @@ def test_both_experts_denoise_the_high_noise_one_first(tiny):
         for hook in hooks:
             hook.remove()
     assert calls == ["transformer", "transformer", "transformer_2"]
+
+
+def test_cancel_stops_a_video_within_a_step_and_the_next_run_succeeds(tiny):
+    """Progress counts every step over both experts; a callback that raises (ComfyUI's Cancel) stops the run at
+    that step, and the loaded pipeline serves the next run."""
+    class Cancelled(Exception):
+        pass
+
+    engine = Engine()
+    handle = PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline")
+    steps = []
+
+    def cancel_at_two(done, total, what, *preview):
+        steps.append((done, total))
+        if what == "sampling" and done == 2:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        engine.generate(handle, request(batch_size=1), on_progress=cancel_at_two)
+    assert [step for step in steps if step[1] == 3] == [(1, 3), (2, 3)]
+    again = engine.generate(handle, request(batch_size=1))
+    assert not again.info.loaded and again.images.shape == (FRAMES, 64, 64, 3)
+
+
+def test_text_then_image_to_video_on_the_5b_model_loads_nothing_again(tiny):
+    engine = Engine()
+    handle = PipelineHandle.of(source=tiny("wan22-ti2v-5b"), model_class="WanPipeline")
+    text = engine.generate(handle, request(batch_size=1))
+    image = engine.generate(handle, request(batch_size=1, images=(start_image(),)))
+    assert (text.info.task, text.info.loaded) == ("text2video", True)
+    assert (image.info.task, image.info.pipeline, image.info.loaded) == ("image2video", "WanImageToVideoPipeline", False)
