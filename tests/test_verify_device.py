@@ -26,6 +26,13 @@ def cells(tiny_dir, tmp_path_factory):
     records = {cell: verify_device.run_cell(engine, family, cell, "tiny", models["tiny"][family], "cpu")
                for family, cell in (("flux1-schnell", "eager"), ("flux1-schnell", "fused_eager"), ("sd3", "tp"),
                                     ("flux2", "image_task"))}
+    # a video model: TI2V-5B's image input is image to video (from_pipe); cells that do not apply load nothing
+    records["video"] = verify_device.run_cell(engine, "wan22-ti2v-5b", "image_task", "tiny",
+                                              models["tiny"]["wan22-ti2v-5b"], "cpu")
+    records["no image task"] = verify_device.run_cell(engine, "wan22-t2v-a14b", "image_task", "tiny",
+                                                      models["tiny"]["wan22-t2v-a14b"], "cpu")
+    records["n/a"] = verify_device.run_cell(engine, "flux1-schnell", "context_parallel", "tiny",
+                                            models["tiny"]["flux1-schnell"], "cpu")
     engine.unload()
     ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path_factory.mktemp("verify"))
     # the model table lacks sd3: the child raises KeyError on its second cell and exits
@@ -44,6 +51,18 @@ def test_a_cell_records_what_ran_not_what_was_asked(cells):
     assert image["status"] == "pass" and image["loaded"] is True, image
 
 
+def test_a_video_model_makes_frames_and_cells_that_do_not_apply_say_why(cells):
+    video = cells["video"]  # 5 frames x 64 x 64 x 3, then image to video from its first frame on the loaded pipeline
+    assert video["status"] == "pass" and video["loaded"] is True and video["mode"] == "eager", video
+    assert cells["no image task"] == {"family": "wan22-t2v-a14b", "cell": "image_task", "size": "tiny",
+                                      "status": "n/a", "reason": "this WanPipeline takes no image: it runs "
+                                                                 "text2video only"}
+    assert cells["n/a"]["status"] == "n/a" and "an image model" in cells["n/a"]["reason"]
+    assert verify_device.SIZES["tiny"].frames(verify_device.family_for("WanPipeline")) == 5
+    wan = {model: title for model, title in verify_device.FAMILIES.items() if title.startswith("Wan")}
+    assert wan == {"wan22-t2v-a14b": "Wan 2.2 A14B", "wan22-ti2v-5b": "Wan 2.2 TI2V-5B"}
+
+
 def test_cells_a_dead_child_never_reported_fail_with_its_last_words(cells):
     assert cells["survived"]["status"] == "pass"
     died = cells["died"]
@@ -52,7 +71,8 @@ def test_cells_a_dead_child_never_reported_fail_with_its_last_words(cells):
 
 
 def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(cells, tmp_path):
-    like = {"eager": "eager", "fused_eager": "fused_eager", "tp": "tp", "image_task": "image_task"}  # others: the failure
+    like = {"eager": "eager", "fused_eager": "fused_eager", "tp": "tp", "image_task": "image_task",
+            "context_parallel": "n/a"}  # others: the failure
     matrix = [{**cells[like.get(cell, "died")], "family": family, "cell": cell}
               for family in verify_device.FAMILIES for cell in verify_device.CELLS]
     suite = {"scope": "contract", "ran": True, "exit_code": 0, "summary": "12 passed", "failed": []}
@@ -70,9 +90,12 @@ def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(ce
         assert len(cell_texts) == len(verify_device.CELLS) and all(cell_texts), row
         assert cell_texts[0].startswith("pass ") and cell_texts[1].startswith("fallback ")
         assert cell_texts[2:5] == ["**FAIL**"] * 3 and cell_texts[5] == "refused" and cell_texts[6].startswith("pass")
+        assert cell_texts[7] == "n/a"
     failed = len(verify_device.FAMILIES) * 3
     assert f"**{failed + 1} failure(s)**:" in text  # the failed cells, and the compile cache never reused
     assert "### bench models: not run (--sizes tiny)" in text
+    assert "### tiny models (64x64, 2 steps; video: 5 frames, 3 steps)" in text
+    assert f"- {verify_device.FAMILIES['flux1-schnell']} / context parallel: n/a: an image model: " in text
 
 
 def test_the_budget_skips_what_would_start_after_it_and_stops_what_runs_with_its_children(tmp_path):

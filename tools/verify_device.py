@@ -56,13 +56,22 @@ import tiny_models  # noqa: E402
 from tpu_diffusers_runtime.families import family_for  # noqa: E402
 
 
+# Models verified besides each family's first, and the titles that tell a family's models apart in the report:
+# Wan 2.2 TI2V-5B is a WanPipeline too, but its expand_timesteps setting gives it another VAE, a timestep per token
+# and image to video as well.
+MODEL_TITLES = {"wan22-t2v-a14b": "Wan 2.2 A14B", "wan22-ti2v-5b": "Wan 2.2 TI2V-5B"}
+
+
 def one_model_per_family() -> dict[str, str]:
-    """{tiny model: its family's name}, the first tiny model of each family in runtime/families."""
+    """{tiny model: its family's name}, the first tiny model of each family in runtime/families, and the models
+    MODEL_TITLES names (by those titles)."""
     chosen: dict[str, str] = {}
+    families = set()
     for name, model_class in tiny_models.MODEL_CLASSES.items():
         family = family_for(model_class).name
-        if family not in chosen.values():
-            chosen[name] = family
+        if family not in families or name in MODEL_TITLES:
+            chosen[name] = MODEL_TITLES.get(name, family)
+            families.add(family)
     return chosen
 
 
@@ -71,11 +80,13 @@ CELLS = {  # the README's support-matrix columns, in its order
     "eager": "eager", "fused_eager": "fused eager", "model_cpu_offload": "model CPU offload",
     "compile_whole": "compile whole", "compile_repeated_blocks": "compile repeated blocks", "tp": "TP",
     "image_task": "image input (from_pipe)",
+    "context_parallel": "context parallel",  # video families only (splits a video's latent tokens)
 }
 # Run order inside one process: cells sharing a loaded pipeline run back to back.
 SINGLE_PROCESS_CELLS = ("eager", "image_task", "fused_eager", "compile_whole", "model_cpu_offload",
                         "compile_repeated_blocks")
 TP_RANKS = 2  # every tiny and bench model's attention heads divide by 2; more chips need other models
+MESH_CELLS = ("tp", "context_parallel")  # run in a process of their own (they launch worker processes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +94,18 @@ class Size:
     width: int
     height: int
     steps: int
+    # video: steps (enough that both Wan 2.2 A14B experts denoise: the tiny model's boundary needs 3) and latent
+    # frames (the frames are the family's temporal_factor x (latent_frames - 1) + 1: Wan's 5 and 17)
+    video_steps: int
+    latent_frames: int
+
+    def frames(self, family) -> int:
+        """The frames of a video family's requests at this size; 0 (images) for an image family."""
+        return family.temporal_factor * (self.latent_frames - 1) + 1 if family.makes_video else 0
 
 
-SIZES = {"tiny": Size(64, 64, 2), "bench": Size(512, 512, 4)}
+SIZES = {"tiny": Size(64, 64, 2, video_steps=3, latent_frames=2),
+         "bench": Size(512, 512, 4, video_steps=4, latent_frames=5)}
 PROMPT = "a golden retriever surfing a wave, photorealistic"
 CHILD_TIMEOUT = {True: 1800, False: 4 * 3600}  # seconds, by --quick; a first TPU compile takes minutes
 RESTART_CHECK = ("flux1-schnell", "compile_whole")  # compiled again in a fresh process, at the first size run
@@ -115,6 +135,7 @@ def cell_handle(source: str, cell: str, device: str):
         "compile_repeated_blocks": dict(mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
                                         compile=CompileSpec(scope="auto", fullgraph=has_blocks)),
         "tp": dict(mesh=MeshSpec(chips=TP_RANKS)),
+        "context_parallel": dict(mesh=MeshSpec(chips=TP_RANKS, context_parallel=TP_RANKS)),
         "image_task": {},
     }[cell]
     return PipelineHandle.of(source=source, model_class=inspect_source(source), device=device, **fields)
@@ -125,23 +146,43 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def not_applicable(model_family, model_class: str, cell: str) -> str | None:
+    """Why a cell does not apply to a model (the model as its settings make its family), or None."""
+    from tpu_diffusers_runtime.families import TEXT2IMAGE, TEXT2VIDEO
+
+    tasks = model_family.model_classes[model_class]
+    if cell == "context_parallel" and not model_family.makes_video:
+        return "an image model: context parallelism splits a video's latent tokens over the ranks"
+    if cell == "image_task" and set(tasks) <= {TEXT2IMAGE, TEXT2VIDEO}:
+        return f"this {model_class} takes no image: it runs {', '.join(tasks)} only"
+    return None
+
+
 def run_cell(engine, family: str, cell: str, size_name: str, source: str, device: str) -> dict:
-    """Run the cell twice at one size (the second run must reuse everything) and say what happened."""
+    """Run the cell twice at one size (the second run must reuse everything) and say what happened: a video
+    model's requests are videos (Size.frames), its image cell image to video from the first run's first frame."""
     import torch
 
     from tpu_diffusers_runtime.errors import UserInputError
+    from tpu_diffusers_runtime.families import TEXT2IMAGE, TEXT2VIDEO
+    from tpu_diffusers_runtime.sources import model_settings
     from tpu_diffusers_runtime.tasks import SampleRequest
 
     size = SIZES[size_name]
     record = {"family": family, "cell": cell, "size": size_name}
     handle = cell_handle(source, cell, device)
-    requests = [SampleRequest(prompt=PROMPT, width=size.width, height=size.height, steps=size.steps,
-                              guidance=3.5, seed=seed) for seed in (1, 2)]
+    model_family = family_for(handle.model_class, settings=model_settings(source))
+    reason = not_applicable(model_family, handle.model_class, cell)
+    if reason:
+        return {**record, "status": "n/a", "reason": reason}
+    frames = size.frames(model_family)
+    requests = [SampleRequest(prompt=PROMPT, width=size.width, height=size.height, frames=frames, guidance=3.5,
+                              steps=size.video_steps if frames else size.steps, seed=seed) for seed in (1, 2)]
     try:
         start = time.perf_counter()
         first = engine.generate(handle, requests[0])
         record["first_seconds"] = time.perf_counter() - start
-        warm = engine.generate(handle, with_image(handle.model_class, requests[1], first.images)
+        warm = engine.generate(handle, with_image(model_family, handle.model_class, requests[1], first.images)
                                if cell == "image_task" else requests[1])
     except UserInputError as e:
         return {**record, "status": "refused", "error": first_line(e)}
@@ -155,32 +196,35 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
     if handle.compile is not None and handle.mesh is None:
         record["scope"] = engine.realise(handle)[0].compiled.scope
     images = first.images
-    expected = (1, size.height, size.width, 3)
+    expected = (frames or 1, size.height, size.width, 3)  # a video's frames come as that many images
     problems = []
     if tuple(images.shape) != expected or not torch.isfinite(images).all():
-        problems.append(f"bad image: shape {tuple(images.shape)} (expected {expected}), finite "
-                        f"{bool(torch.isfinite(images).all())}")
+        problems.append(f"bad {'video' if frames else 'image'}: shape {tuple(images.shape)} (expected {expected}), "
+                        f"finite {bool(torch.isfinite(images).all())}")
     if handle.compile is not None and record["compiled_now"] != [True, False]:
         problems.append(f"compiled now on the first and second run: {record['compiled_now']} (expected "
                         "[True, False]: compile once, then reuse)")
-    if cell == "image_task" and (warm.info.loaded or warm.info.task == "text2image"):
+    if cell == "image_task" and (warm.info.loaded or warm.info.task in (TEXT2IMAGE, TEXT2VIDEO)):
         problems.append(f"the image run ran {warm.info.task} ({warm.info.pipeline}), loaded {warm.info.loaded} "
                         "(expected the model's image task on the loaded pipeline)")
     if handle.mesh is not None and info.world_size != TP_RANKS:
         problems.append(f"ran on {info.world_size} rank(s), not {TP_RANKS}")
+    if cell == "context_parallel" and info.context_parallel != TP_RANKS:
+        problems.append(f"split each video over {info.context_parallel} rank(s), not {TP_RANKS}")
     if problems:
         return {**record, "status": "fail", "error": "; ".join(problems)}
     asked = handle.mode.value
     return {**record, "status": "pass" if info.mode.startswith(asked) else "fallback"}
 
 
-def with_image(model_class: str, request, images):
+def with_image(model_family, model_class: str, request, images):
     """The request with the first run's image as the Sampler's image input: image to image at denoise 0.6 on a
-    text-to-image model, an edit with it as the reference on an edit model (from_pipe on the loaded model)."""
+    text-to-image model, an edit with it as the reference on an edit model, image to video from its first frame
+    on a video model (from_pipe on the loaded model)."""
     from tpu_diffusers_runtime.families import IMAGE2IMAGE
 
-    takes_strength = IMAGE2IMAGE in family_for(model_class).model_classes[model_class]
-    return dataclasses.replace(request, images=(images.numpy(),), denoise=0.6 if takes_strength else 1.0)
+    takes_strength = IMAGE2IMAGE in model_family.model_classes[model_class]
+    return dataclasses.replace(request, images=(images[:1].numpy(),), denoise=0.6 if takes_strength else 1.0)
 
 
 def run_child(spec: dict, out: Path) -> int:
@@ -199,7 +243,7 @@ def run_child(spec: dict, out: Path) -> int:
         with open(out, "a") as f:
             f.write(json.dumps(record) + "\n")
         print(f"[verify] {size_name} {family} {cell}: {record['status']} {record.get('error', '')}", flush=True)
-        if cell in ("tp", SINGLE_PROCESS_CELLS[-1]):
+        if cell in (*MESH_CELLS, SINGLE_PROCESS_CELLS[-1]):
             engine.unload()  # the family's last cell: free the device (and stop TP workers) for the next
     return 0
 
@@ -498,8 +542,8 @@ def cache_counts(record: dict) -> str:
 
 def cell_text(record: dict) -> str:
     status = record["status"]
-    if status in ("fail", "refused", "not run"):
-        return {"fail": "**FAIL**", "refused": "refused", "not run": "not run"}[status]
+    if status in ("fail", "refused", "not run", "n/a"):
+        return {"fail": "**FAIL**", "refused": "refused", "not run": "not run", "n/a": "n/a"}[status]
     text = f"{status} {record['first_seconds']:.1f}s, warm {record['warm_seconds']:.2f}s"
     if record["compiled_now"][0] is not None:
         text += f"; compile {record['compile_seconds']:.1f}s ({cache_word(record)}), then reused"
@@ -508,7 +552,9 @@ def cell_text(record: dict) -> str:
 
 def matrix_table(records: list[dict], size_name: str) -> list[str]:
     size = SIZES[size_name]
-    lines = [f"### {size_name} models ({size.width}x{size.height}, {size.steps} steps)", "",
+    frames = sorted({size.frames(family_for(tiny_models.MODEL_CLASSES[model])) for model in FAMILIES} - {0})
+    video = f"; video: {', '.join(map(str, frames))} frames, {size.video_steps} steps" if frames else ""
+    lines = [f"### {size_name} models ({size.width}x{size.height}, {size.steps} steps{video})", "",
              "| family | " + " | ".join(CELLS.values()) + " |", "|---" * (len(CELLS) + 1) + "|"]
     by_key = {(r["family"], r["cell"]): r for r in records if r["size"] == size_name}
     for family, title in FAMILIES.items():
@@ -517,11 +563,11 @@ def matrix_table(records: list[dict], size_name: str) -> list[str]:
     for family, title in FAMILIES.items():
         for cell, column in CELLS.items():
             r = by_key[(family, cell)]
-            if "error" in r:
-                detail = r["error"]
+            if "error" in r or "reason" in r:
+                detail = r.get("error") or r["reason"]
             else:
                 detail = f"ran `{r['mode']}`" + (f", compiled scope `{r['scope']}`" if "scope" in r else "") + \
-                    (f", {r['world_size']} ranks" if cell == "tp" else "") + \
+                    (f", {r['world_size']} ranks" if cell in MESH_CELLS else "") + \
                     (f"; cache lookups: {cache_counts(r)}" if r["compiled_now"][0] is not None else "") + \
                     "".join(f"; {note}" for note in dict.fromkeys(r["notes"]))
             lines.append(f"- {title} / {column}: {r['status']}: {detail}")
@@ -590,7 +636,10 @@ def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: lis
               "what ran); **refused**: the runtime refused before running (the message says why); **FAIL**: "
               f"an error or a wrong result; **not run**: the --budget was spent. Compiled cells must compile "
               f"on the first run and reuse on the second; TP cells use {TP_RANKS} ranks. A run's compile cache "
-              "starts empty, so compiles here are fresh; the restart check below measures reuse.", ""]
+              "starts empty, so compiles here are fresh; the restart check below measures reuse. **n/a**: the cell "
+              "does not apply to the model (the detail says why). Video models make videos (frames x height x "
+              "width x 3 out), their image input is image to video from the first run's first frame, and their "
+              f"context parallel cells split each video over {TP_RANKS} ranks.", ""]
     for size_name in SIZES:
         if size_name in sizes:
             lines += matrix_table(matrix, size_name)
@@ -696,7 +745,7 @@ def main(argv=None) -> int:
     for size in sizes:
         matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in FAMILIES for c in SINGLE_PROCESS_CELLS],
                             models)
-        matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, "tp", size] for f in FAMILIES], models)
+        matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, c, size] for f in FAMILIES for c in MESH_CELLS], models)
     probe = run_upsampling_probe(ctx, models[sizes[0]][UPSAMPLE_PROBE_FAMILY])
     cache = restart_check(ctx, matrix, models, sizes[0])
     plan = benchmark_plan(args.quick, tiny_flux, chips(device), comfyui_importable())
