@@ -151,7 +151,7 @@ def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(
 def test_the_family_table_covers_every_supported_pipeline():
     assert {family.base_class for family in FAMILIES} == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline",
                                                           "QwenImagePipeline", "Flux2KleinPipeline",
-                                                          "StableDiffusionXLPipeline", "ZImagePipeline"}
+                                                          "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline"}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
