@@ -251,14 +251,16 @@ def device_memory_bytes(device_type: str) -> int | None:
 def check_fits(handle, family: Family, request, holding: bool = False) -> None:
     """Refuse a video run that cannot fit on each chip, before anything loads, naming a layout that would.
 
-    For video families and local folders (a hub model's configs are not read before its download). `holding`: the
+    For video families and models whose configs can be read before loading: a local folder, or single files (their
+    configs folder, local or the hub cache); a hub model's are not read before its download. `holding`: the
     pack already holds pipelines in this host's memory; on cpu, where the budget is the host's available memory,
     they would be counted twice, so the check is left to the first load."""
     from .device import resolve_device
     from .distributed.mesh import mesh_shape, world_size
 
     device = resolve_device(handle.device)
-    if not family.makes_video or not os.path.isabs(handle.source) or (device.type == "cpu" and holding):
+    configs_unread = not handle.files and not os.path.isabs(handle.source)
+    if not family.makes_video or configs_unread or (device.type == "cpu" and holding):
         return
     budget = device_memory_bytes(device.type)
     if budget is None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tpu_diffusers_runtime import memory_plan
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.features.preview import PreviewSpec
@@ -89,6 +90,17 @@ def test_bad_video_requests_are_refused_before_anything_loads(tiny, fields, mess
     with pytest.raises(UserInputError, match=message):
         engine.generate(PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline"), request(**fields))
     assert not engine.cache  # nothing was loaded
+
+
+def test_a_video_too_large_for_the_chip_is_refused_before_loading(tiny, monkeypatch):
+    """The per-chip memory plan (runtime/memory_plan.py) runs before loading: a chip too small for the tiny A14B's
+    weights refuses the run, says what it would need, and nothing is loaded."""
+    monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda device_type: 2**20)
+    engine = Engine()
+    with pytest.raises(UserInputError, match=r"Wan 2.2 at 64x64 x 9 frames, batch 1, needs .* it cannot fit\. Try"):
+        engine.generate(PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline"),
+                        request(frames=9, batch_size=1))
+    assert not engine.cache
 
 
 def test_an_image_model_refuses_frames():
