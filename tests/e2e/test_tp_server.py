@@ -1,7 +1,9 @@
 """A TP Mesh workflow through a real server of its own, which is then stopped: no worker may outlive it."""
 
+import copy
 import shutil
 
+import numpy as np
 from PIL import Image
 
 from comfy_host import ComfyServer, execution_error, prepare_comfyui
@@ -15,6 +17,15 @@ def with_mesh(prompt, chips=2):
         "workers": "launch_local", "address": "", "key": ""}}
     prompt["3"]["inputs"]["pipeline"] = ["6", 0]
     return prompt
+
+
+def pixels(paths) -> list[np.ndarray]:
+    """Saved frames as int arrays, in the order ComfyUI wrote them."""
+    arrays = []
+    for path in paths:
+        with Image.open(path) as image:
+            arrays.append(np.asarray(image.convert("RGB"), dtype=np.int16))
+    return arrays
 
 
 def test_tp_workflow_errors_on_the_node_runs_stays_warm_and_no_worker_outlives_the_server(tiny_dir, tmp_path,
@@ -65,7 +76,19 @@ def test_tp_workflow_errors_on_the_node_runs_stays_warm_and_no_worker_outlives_t
         info = entry["outputs"]["3"]["tpu_run_info"][0]
         assert (info["context_parallel"], info["tokens_per_rank"], info["frames"]) == (2, [16, 16], 5)
         assert info["worker_pids"] == worker_pids  # reshaped, not relaunched
-        assert len(server.output_images(entry)) == 5
+        split_frames = pixels(server.output_images(entry))
+        assert len(split_frames) == 5
+
+        # the same video in ComfyUI's process, without the mesh: the same frames
+        whole = copy.deepcopy(video)
+        del whole["6"]
+        whole["3"]["inputs"]["pipeline"] = ["2", 0]
+        entry = server.run(whole, timeout=600)
+        assert execution_error(entry) is None, execution_error(entry)
+        in_process = entry["outputs"]["3"]["tpu_run_info"][0]
+        assert (in_process["world_size"], in_process["context_parallel"]) == (1, 1)
+        one_process = pixels(server.output_images(entry))
+        assert max(int(np.abs(a - b).max()) for a, b in zip(split_frames, one_process, strict=True)) <= 1
     finally:
         server.stop()
     assert alive_after(worker_pids) == [], "a worker outlived the ComfyUI server"
