@@ -26,7 +26,7 @@ def queue_time_problem(input_types: dict, link_types: dict, prompt, width, heigh
             article = "an" if str(received)[:1] in tuple("AEIOU") else "a"
             return f"{name} takes {link_types[name]}, but {article} {received} output is connected to it."
     if prompt is not None and not prompt.strip():
-        return "prompt is empty: describe the image to generate."
+        return "prompt is empty: describe what to generate."
     for name, value in (("width", width), ("height", height)):
         if not isinstance(value, int):
             continue

@@ -72,9 +72,11 @@ class TPUVideoSampler(io.ComfyNode):
         problem = queue_time_problem(input_types or {}, LINK_TYPES, prompt, width, height)
         if problem:
             return problem
-        if isinstance(frames, int) and (not 1 <= frames <= MAX_FRAMES or (frames - 1) % FRAME_FACTOR):
-            return frames_problem(frames, FRAME_FACTOR) if frames >= 1 else f"frames {frames}: at least 1 is needed."
-        return True
+        if not isinstance(frames, int):
+            return True
+        if not 1 <= frames <= MAX_FRAMES:
+            return f"frames {frames} is outside 1..{MAX_FRAMES}."
+        return frames_problem(frames, FRAME_FACTOR) if (frames - 1) % FRAME_FACTOR else True
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,

@@ -185,14 +185,15 @@ def failure(entry: dict) -> tuple[str, str]:
 
 
 def clear_error(server: ComfyServer, prompt: dict, nodes: str | tuple[str, ...], *patterns: str,
-                timeout: float = 300, client_id: str | None = None) -> str:
+                timeout: float = 300, client_id: str | None = None, when: str | None = None) -> str:
     """The prompt fails clearly on the right node: either refused when queued (a 400 whose node_errors
     names the node) or failed while running (an execution_error on that node), with a message that
     names the problem (every regex in `patterns`, case-insensitive). `nodes` lists the acceptable node
-    ids. Returns the message."""
+    ids; `when` ("rejected" or "failed") requires one of the two. Returns the message."""
     nodes = (nodes,) if isinstance(nodes, str) else nodes
     how, node, text, entry = outcome(server, prompt, timeout, client_id)
     assert how != "ran", "the prompt should have failed; it ran"
+    assert when in (None, how), f"the prompt {how} (on node {node}), it should have been {when}: {text}"
     assert node in nodes, f"the error is on node {node}, not on {'/'.join(nodes)} ({how}): {text}"
     assert text.strip(), f"empty error message ({how} on node {node})"
     for pattern in patterns:

@@ -118,16 +118,18 @@ def test_the_samplers_fps_feeds_create_video_and_save_video(server):
         assert (len(frames), stream.average_rate, stream.width, stream.height) == (FRAMES, 24, 64, 64)
 
 
-@pytest.mark.parametrize("inputs, image, patterns", [
-    (dict(frames=8), False, (r"frames 8 cannot be used", r"4k \+ 1", r"5 or 9")),
-    (dict(frames=81, prompt="  "), False, (r"prompt is empty",)),
-    (dict(width=100), False, (r"width 100 cannot be used", r"multiple of 16")),
+@pytest.mark.parametrize("inputs, when, patterns", [
+    # refused when queued, on the node, with no model
+    (dict(frames=8), "rejected", (r"frames 8 cannot be used", r"4k \+ 1", r"5 or 9")),
+    (dict(frames=1029), "rejected", (r"frames 1029 is outside 1\.\.1025",)),
+    (dict(frames=81, prompt="  "), "rejected", (r"prompt is empty",)),
+    (dict(width=100), "rejected", (r"width 100 cannot be used", r"multiple of 16")),
     # refused before anything is allocated (run time, before loading): the frames alone need ~411 GB here
-    (dict(width=4096, height=4096, frames=1021), False, (r"x 1021 frames is too large for this machine's memory",
-                                                         r"or the frames")),
+    (dict(width=4096, height=4096, frames=1021), "failed", (r"x 1021 frames is too large for this machine's memory",
+                                                            r"or the frames")),
 ])
-def test_bad_video_inputs_are_refused_clearly(server, inputs, image, patterns, then_a_good_prompt_succeeds):
-    clear_error(server, video_prompt("tiny-wan22-t2v-a14b", **inputs), SAMPLER, *patterns)
+def test_bad_video_inputs_are_refused_clearly(server, inputs, when, patterns, then_a_good_prompt_succeeds):
+    clear_error(server, video_prompt("tiny-wan22-t2v-a14b", **inputs), SAMPLER, *patterns, when=when)
 
 
 def test_an_image_into_text_to_video_only_is_refused_on_the_sampler(server, start_image, then_a_good_prompt_succeeds):
