@@ -8,7 +8,7 @@ from comfy_api.latest import io
 import folder_paths
 
 from tpu_diffusers_runtime.errors import UserInputError
-from tpu_diffusers_runtime.features.lora import LORA_WITH_MESH, check_lora_file, check_lora_fits
+from tpu_diffusers_runtime.features.lora import check_lora_file, check_lora_fits
 from tpu_diffusers_runtime.model_files import resolve_model_file
 from tpu_diffusers_runtime.single_file import config_folder
 from tpu_diffusers_runtime.specs import LoraExpert, LoraSpec
@@ -34,7 +34,8 @@ class TPULora(io.ComfyNode):
                         "chain several (Wan 2.2 A14B: one per expert, e.g. the lightx2v 4-step high_noise and "
                         "low_noise LoRAs). The LoRA is fused into the loaded weights when the Sampler runs: no "
                         "per-step cost, no reload of the base model, and in compiled mode no recompile when the "
-                        "LoRA or its strength changes. Not with a TP Mesh (refused with the reason).",
+                        "LoRA or its strength changes. Works on a TP Mesh of replicas or with context parallelism; "
+                        "refused before launch where the mesh shards the transformer (tp above 1).",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from a TPU loader, Mode Selector or another TPU LoRA."),
                 io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras"),
@@ -62,8 +63,6 @@ class TPULora(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, lora_name: str, strength: float, expert: str = LoraExpert.HIGH_NOISE.value
                 ) -> io.NodeOutput:
-        if pipeline.mesh is not None:
-            raise UserInputError(LORA_WITH_MESH)
         lora = LoraSpec(path=lora_path(lora_name), strength=strength, expert=expert)
         # a LoRA of another family, or for a low-noise expert the model lacks, fails here, on this node, against
         # the model's configs (no weights loaded)

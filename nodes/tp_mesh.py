@@ -18,14 +18,17 @@ class TPUMesh(io.ComfyNode):
             node_id="TPUMesh",
             display_name="TPU TP Mesh",
             category=CATEGORY,
-            description="One worker process per chip, arranged as replicas x TP: the batch is split over the "
-                        "replicas (image i keeps seed + i, so any shape gives the same images), and each replica "
-                        "shards the transformer over its TP chips (and the text encoder where transformers has a "
-                        "TP plan, e.g. FLUX.2's Mistral3). The ComfyUI process never loads the full model. "
+            description="One worker process per chip, arranged as replicas x TP or replicas x context parallel: "
+                        "the batch is split over the replicas (image or video i keeps seed + i, so any shape gives "
+                        "the same output), and each replica either shards the transformer over its TP chips (and "
+                        "the text encoder where transformers has a TP plan, e.g. FLUX.2's Mistral3) or splits a "
+                        "video's tokens over its context-parallel chips (Wan 2.2). The ComfyUI process never loads "
+                        "the full model. "
                         "Workers stay warm between prompts; Unload Models stops them.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader, Mode Selector or Compile "
-                                                      "Transformer (placement must be 'device')."),
+                                                      "Transformer. TP needs placement 'device'; replicas and "
+                                                      "context parallelism also take model CPU offload."),
                 io.Int.Input("chips", default=0, min=0, max=1024,
                              tooltip="Ranks (chips) in the whole mesh: replicas x TP. 0 = every chip of this host "
                                      "(2 ranks on a CPU host, for trying it out)."),
