@@ -241,7 +241,8 @@ WORKFLOWS = {
          ("CreateVideo", [24.0]),
          ("SaveVideo", ["video/wan22_ti2v_5b", "auto", "auto"])]),
     "wan22_i2v_14b_720p_v6e8_context_parallel": Workflow(
-        "One TPU v6e-8 host (8 chips of 32 GB HBM) and about 96 GB of host RAM. ComfyUI's Wan 2.2 I2V A14B files: "
+        "One TPU v6e-8 host (8 chips of 32 GB HBM; its 1.5 TB of host RAM holds what this needs, about 600 GB: each "
+        "of the 8 ranks keeps its own bf16 pipeline, ~70 GB, under model CPU offload). ComfyUI's Wan 2.2 I2V A14B files: "
         "models/diffusion_models/wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors (model) and "
         "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors (model_2), models/text_encoders/"
         "umt5_xxl_fp8_e4m3fn_scaled.safetensors, models/vae/wan_2.1_vae.safetensors (all upcast to bf16); configs: a "
