@@ -49,6 +49,9 @@ CASES = [  # (tiny model, model class, the diffusers class that runs, with a sta
     ("wan22-ti2v-5b", "WanPipeline", "WanPipeline", False),
     ("wan22-ti2v-5b", "WanPipeline", "WanImageToVideoPipeline", True),
     ("wan22-i2v-a14b", "WanImageToVideoPipeline", "WanImageToVideoPipeline", True),
+    # Wan 2.1: one transformer; its I2V model encodes the start image with CLIP too
+    ("wan21-t2v", "WanPipeline", "WanPipeline", False),
+    ("wan21-i2v", "WanImageToVideoPipeline", "WanImageToVideoPipeline", True),
 ]
 
 

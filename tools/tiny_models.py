@@ -42,7 +42,7 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline",
                  "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline",
                  "wan22-t2v-a14b": "WanPipeline", "wan22-i2v-a14b": "WanImageToVideoPipeline",
-                 "wan22-ti2v-5b": "WanPipeline"}
+                 "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -674,20 +674,23 @@ def wan_vae(wan22: bool):
                             is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)
 
 
-def wan_transformer(bench: bool, in_channels: int, out_channels: int, text_dim: int, wide: bool, seed: int):
+def wan_transformer(bench: bool, in_channels: int, out_channels: int, text_dim: int, wide: bool, seed: int,
+                    image_dim: int | None = None):
     """WanTransformer3DModel. bench: the real width (14B: 40 heads x 128 = 5120, ffn 13824; 5B: 24 x 128 = 3072,
-    ffn 14336) with one block; tiny: 2 heads x 12 (rotary axes 4/4/4), 2 blocks."""
+    ffn 14336) with one block; tiny: 2 heads x 12 (rotary axes 4/4/4), 2 blocks. image_dim: Wan 2.1 I2V's CLIP
+    image embeddings join the cross-attention (their keys and values as wide as the model)."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
+    heads, head_dim, ffn = ((40, 128, 13824) if wide else (24, 128, 14336)) if bench else (2, 12, 32)
+    image = dict(image_dim=image_dim, added_kv_proj_dim=heads * head_dim) if image_dim else {}
     if bench:
-        heads, ffn = (40, 13824) if wide else (24, 14336)
-        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128,
+        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
                                      in_channels=in_channels, out_channels=out_channels, text_dim=text_dim,
-                                     ffn_dim=ffn, num_layers=1)
-    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                     ffn_dim=ffn, num_layers=1, **image)
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
                                  in_channels=in_channels, out_channels=out_channels, text_dim=text_dim, freq_dim=32,
-                                 ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+                                 ffn_dim=ffn, num_layers=2, rope_max_seq_len=32, **image)
 
 
 def wan_scheduler(flow_shift: float):
@@ -724,6 +727,31 @@ def wan22(size: str, task: str):
                        scheduler=wan_scheduler(12.0), boundary_ratio=0.875, **experts), {"tokenizer": raw}
 
 
+def wan21(size: str, task: str):
+    """Wan 2.1: one transformer (no boundary_ratio), Wan 2.1's VAE; "i2v" adds a CLIP vision encoder whose
+    penultimate hidden states join the cross-attention (Wan 2.2's I2V has none)."""
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    bench = size == "bench"
+    tok, raw = t5_tokenizer()
+    text_dim = 4096 if bench else 32
+    parts = dict(tokenizer=tok, text_encoder=umt5_encoder(tok, text_dim), vae=wan_vae(wan22=False),
+                 scheduler=wan_scheduler(3.0 if task == "i2v" else 5.0))
+    if task == "t2v":
+        return WanPipeline(transformer=wan_transformer(bench, 16, 16, text_dim, wide=True, seed=0), **parts), \
+            {"tokenizer": raw}
+    vision = 1280 if bench else 8  # bench: ViT-H/14's width
+    torch.manual_seed(0)
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=vision, intermediate_size=2 * vision,
+                                                     num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                                                     patch_size=14))
+    return WanImageToVideoPipeline(
+        transformer=wan_transformer(bench, 36, 16, text_dim, wide=True, seed=0, image_dim=vision),
+        image_encoder=image_encoder, image_processor=CLIPImageProcessor(size=28, crop_size=28), **parts), \
+        {"tokenizer": raw}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
@@ -739,6 +767,8 @@ _BUILDERS = {
     "zimage": zimage,
     "wan22-t2v-a14b": lambda size: wan22(size, "t2v"),
     "wan22-i2v-a14b": lambda size: wan22(size, "i2v"),
+    "wan21-t2v": lambda size: wan21(size, "t2v"),
+    "wan21-i2v": lambda size: wan21(size, "i2v"),
     "wan22-ti2v-5b": lambda size: wan22(size, "ti2v"),
 }
 
