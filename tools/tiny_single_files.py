@@ -137,15 +137,20 @@ WAN_RULES = [  # diffusers key pattern -> Wan 2.1 key (qwen_image_vae.safetensor
 def vae_to_wan(sd: dict) -> dict:
     """AutoencoderKLQwenImage keys -> Wan 2.1's layout. diffusers' converter assumes Wan's shape (2 resnets
     per block, 4 blocks), so the folder's VAE must have it: see `wan_sized_vae`."""
+    return renamed(sd, WAN_RULES, "Wan")
+
+
+def renamed(sd: dict, rules, layout: str) -> dict:
+    """sd with each key renamed by the first of `rules` ((regex, name from its match)) that matches it."""
     out = {}
     for key, value in sd.items():
-        for pattern, repl in WAN_RULES:
+        for pattern, repl in rules:
             m = re.match(pattern, key)
             if m:
                 out[repl(m)] = value
                 break
         else:
-            raise ValueError(f"no Wan name for {key}")
+            raise ValueError(f"no {layout} name for {key}")
     return out
 
 
@@ -596,16 +601,7 @@ def vae22_to_wan(sd: dict) -> dict:
         (r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.(down|up)sampler\.(.*)$",
          lambda m: f"{m[1]}samples.{m[2]}.{m[3]}samples.{resnets[m[1], m[2]]}.{m[4]}"),
     ]
-    out = {}
-    for key, value in sd.items():
-        for pattern, repl in rules:
-            m = re.match(pattern, key)
-            if m:
-                out[repl(m)] = value
-                break
-        else:
-            raise ValueError(f"no Wan 2.2 name for {key}")
-    return out
+    return renamed(sd, rules, "Wan 2.2")
 
 
 def umt5_file_layout(folder) -> dict:
