@@ -292,7 +292,10 @@ def test_a_killed_worker_fails_the_run_clearly_and_the_next_run_relaunches(tiny,
 
     with pytest.raises(WorkerGroupError, match=r"worker rank 1 .*failed.*(-9|SIGKILL)"):
         engine.generate(handle, request(width=256, height=256, steps=10_000, seed=15), on_progress=kill_rank1_at_step_2)
-    assert steps_seen[-1] <= 3  # rank 0 could not finish another step without rank 1: the run stopped there
+    # rank 0 cannot finish a step without rank 1, so the run stopped within a step of where rank 1 died; this
+    # process may see a few more steps than 2 (rank 0's progress messages were already on their way when it
+    # killed rank 1: CI once saw 4), never the 10,000 a run that went on would report
+    assert steps_seen[-1] < 100
     assert engine.workers.current is None  # the dead group was dropped
     assert alive_after((launcher, rank0, rank1)) == []
 
