@@ -28,6 +28,7 @@ def plan(model: str, picked: dict[str, str], configs: str, diffusers_roots: list
     picked_headers = {component: HeaderView(path) for component, path in picked.items()}
     settings = settings_of(model_header)  # Wan 2.2 TI2V-5B's files are WanPipelines with expand_timesteps
     family = family_of_file(model_header).with_settings(settings)
+    check_supported_file(model_header, family)
     model_class = model_class_of(model_header)
     if configs == AUTO_CONFIGS:
         source = auto_configs(default_config_repo(model_header), diffusers_roots)
@@ -79,6 +80,13 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
             f"{name} ({comfy_files.get(name, slots[name].comfy_file)})" for name in missing) + f". {family.name} "
             f"takes: {describe_slots(family, comfy_files)}.")
     return tuple(sorted(files.items()))
+
+
+def check_supported_file(model: HeaderView, family: Family) -> None:
+    """A diffusion-model file that is of the family's kind but not one it can load (told by its name)."""
+    part = next((part for part in family.unsupported_files if part in model.name.lower()), None)
+    if part:
+        raise UserInputError(f"'{model.name}' is named '{part}': {family.unsupported_files[part]}.")
 
 
 def comfy_files_of(model: HeaderView) -> dict:

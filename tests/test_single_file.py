@@ -338,6 +338,19 @@ def test_wrong_wan_files_are_refused_from_their_headers(sf_dir, model, picks, pa
         plan(f[model[1]], picked, "auto", [])
 
 
+def test_a_wan21_file_is_refused_with_what_to_load_instead(sf_dir, tmp_path):
+    """Wan 2.1's files have Wan 2.2's keys but other configs (1.3B, CLIP image keys): refused by name when queued."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    f = files(sf_dir, WAN_T2V)
+    (tmp_path / "wan2.1_t2v_1.3B_fp16.safetensors").symlink_to(f["transformer"])
+    with pytest.raises(UserInputError, match=r"'wan2.1_t2v_1.3B_fp16.safetensors' is named 'wan2.1': Wan 2.1's single "
+                                             r"files are not supported yet: load a Wan 2.1 diffusers folder .* with the "
+                                             r"TPU Loader\."):
+        plan(str(tmp_path / "wan2.1_t2v_1.3B_fp16.safetensors"), {"text_encoder": f["text_encoder"], "vae": f["vae"]},
+             "auto", [])
+
+
 def test_wan22_configs_of_the_other_wan_pipeline_are_refused(sf_dir, tmp_path):
     """TI2V-5B and T2V A14B are both WanPipelines; expand_timesteps (in model_index.json) tells their configs apart."""
     from tpu_diffusers_runtime.file_choice import plan

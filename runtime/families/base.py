@@ -115,6 +115,9 @@ class Family:
     diffusers_model_types: tuple[str, ...] = ()  # single_file_utils.infer_diffusers_model_type values of it
     denoiser: str = "transformer"  # the pipeline component that denoises (SDXL's is a "unet")
     file_variants: tuple[FileVariant, ...] = ()  # checked in order; a file that matches none is the base model
+    # {lower-case part of a diffusion-model file's name: what to use instead}: files of the family's kind that it
+    # cannot load (Wan 2.1's have Wan 2.2's keys, but other configs), refused when the prompt is queued
+    unsupported_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
     # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
     prepare_compile: Callable | None = None

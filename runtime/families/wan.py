@@ -142,6 +142,9 @@ FAMILY = Family(
         FileVariant("WanImageToVideoPipeline", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", name_contains=("i2v",),
                     comfy_files={"transformer_2": "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors"}),
     ),
+    unsupported_files={part: "Wan 2.1's single files are not supported yet: load a Wan 2.1 diffusers folder (e.g. "
+                             "`hf download Wan-AI/Wan2.1-T2V-14B-Diffusers --local-dir ComfyUI/models/diffusers/"
+                             "Wan2.1-T2V-14B-Diffusers`) with the TPU Loader" for part in ("wan2.1", "wan2_1", "wan21")},
     extra_denoisers=("transformer_2",),
     tp_plan=tensor_parallel_plan,
     default_negative_prompt="",
