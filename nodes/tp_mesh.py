@@ -30,8 +30,9 @@ class TPUMesh(io.ComfyNode):
                                                       "Transformer. TP needs placement 'device'; replicas and "
                                                       "context parallelism also take model CPU offload."),
                 io.Int.Input("chips", default=0, min=0, max=1024,
-                             tooltip="Ranks (chips) in the whole mesh: replicas x TP. 0 = every chip of this host "
-                                     "(2 ranks on a CPU host, for trying it out)."),
+                             tooltip="Ranks (chips) in the whole mesh: replicas x TP, or replicas x "
+                                     "context_parallel. 0 = every chip of this host (2 ranks on a CPU host, for "
+                                     "trying it out)."),
                 io.Boolean.Input("shard_transformer", default=True,
                                  tooltip="Shard the transformer over each replica's TP chips with diffusers' TP plan "
                                          "(FLUX.1, FLUX.2, QwenImage, Wan 2.2; not SD3, Z-Image). Off: every chip holds "
