@@ -96,12 +96,26 @@ def test_image_to_video_from_load_image_equals_plain_diffusers(server, tiny, sta
     two videos comes out as 2 x frames images, video i with seed + i."""
     entry = run_ok(server, video_prompt("tiny-wan22-i2v-a14b", image=True, batch_size=2))
     assert (run_info(entry)["task"], run_info(entry)["pipeline"]) == ("image2video", "WanImageToVideoPipeline")
-    saved = []
+    assert_equal_frames(saved_frames(server, entry), plain_diffusers(tiny, "wan22-i2v-a14b", "WanImageToVideoPipeline",
+                                                                     videos=2, image=start_image))
+
+
+def test_the_5b_models_image_to_video_equals_plain_diffusers(server, tiny, start_image):
+    """Wan 2.2 TI2V-5B with a start image runs diffusers' WanImageToVideoPipeline (from_pipe on the loaded model)."""
+    entry = run_ok(server, video_prompt("tiny-wan22-ti2v-5b", image=True))
+    info = run_info(entry)
+    assert (info["task"], info["pipeline"], info["fps"]) == ("image2video", "WanImageToVideoPipeline", 24)
+    assert_equal_frames(saved_frames(server, entry), plain_diffusers(tiny, "wan22-ti2v-5b", "WanImageToVideoPipeline",
+                                                                     image=start_image))
+
+
+def saved_frames(server, entry) -> list[np.ndarray]:
+    """The frames Save Image wrote, in order."""
+    frames = []
     for path in server.output_images(entry):
         with Image.open(path) as image:
-            saved.append(np.asarray(image.convert("RGB")))
-    assert_equal_frames(saved, plain_diffusers(tiny, "wan22-i2v-a14b", "WanImageToVideoPipeline", videos=2,
-                                               image=start_image))
+            frames.append(np.asarray(image.convert("RGB")))
+    return frames
 
 
 def test_the_samplers_fps_feeds_create_video_and_save_video(server):
