@@ -684,13 +684,10 @@ def wan_transformer(bench: bool, in_channels: int, out_channels: int, text_dim: 
     torch.manual_seed(seed)
     heads, head_dim, ffn = ((40, 128, 13824) if wide else (24, 128, 14336)) if bench else (2, 12, 32)
     image = dict(image_dim=image_dim, added_kv_proj_dim=heads * head_dim) if image_dim else {}
-    if bench:
-        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
-                                     in_channels=in_channels, out_channels=out_channels, text_dim=text_dim,
-                                     ffn_dim=ffn, num_layers=1, **image)
+    sized = dict(num_layers=1) if bench else dict(num_layers=2, freq_dim=32, rope_max_seq_len=32)
     return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
-                                 in_channels=in_channels, out_channels=out_channels, text_dim=text_dim, freq_dim=32,
-                                 ffn_dim=ffn, num_layers=2, rope_max_seq_len=32, **image)
+                                 in_channels=in_channels, out_channels=out_channels, text_dim=text_dim, ffn_dim=ffn,
+                                 **sized, **image)
 
 
 def wan_scheduler(flow_shift: float):
