@@ -56,8 +56,8 @@ class RunInfo:
     transformer_bytes_per_rank: tuple[int, ...] = ()  # weight bytes each rank holds (tensor parallelism)
     sharded_fraction_per_rank: tuple[float, ...] = ()  # share of the sharded weights each rank holds
     worker_pids: tuple[int, ...] = ()  # the worker group's launcher process (tensor parallelism, local launch)
-    mesh_shape: tuple[int, ...] = ()  # (replicas, tp) of a worker group
-    context_parallel: int = 1  # ranks per replica that split each video's tokens
+    mesh_shape: tuple[int, ...] = ()  # (replicas, cp, tp) of a worker group, as its ranks resolved the mesh
+    context_parallel: int = 1  # ranks per replica that split each video's tokens (the mesh's cp)
     tokens_per_rank: tuple[int, ...] = ()  # latent tokens each rank's transformer runs (1/cp of them under CP)
     replica_images: tuple[int, ...] = ()  # images each replica made, in batch order
     replica_sample_seconds: tuple[float, ...] = ()
@@ -82,8 +82,9 @@ class RunInfo:
         if self.frames:
             lines.insert(2, f"video: {self.frames} frames at {self.fps:g} fps")
         if self.mesh_shape and self.world_size > 1:
-            parallel = f"{self.context_parallel} CP" if self.context_parallel > 1 else f"{self.mesh_shape[1]} TP"
-            lines.append(f"mesh: {self.mesh_shape[0]} replica(s) x {parallel}; " + ", ".join(
+            replicas, cp, tp = self.mesh_shape
+            parallel = f"{cp} CP" if cp > 1 else f"{tp} TP"
+            lines.append(f"mesh: {replicas} replica(s) x {parallel}; " + ", ".join(
                 f"replica {i} ranks {list(ranks)}: {images} image(s), {step:.3f}s/step" for i, (ranks, images, step)
                 in enumerate(zip(self.replica_ranks, self.replica_images, self.replica_step_seconds))))
         if self.compile_cache and (self.compiled_now is not None or self.device == "tpu"):

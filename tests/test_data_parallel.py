@@ -93,7 +93,7 @@ def test_two_replicas_give_the_single_process_images_in_order_and_stay_warm(tiny
     runs = {batch: engine.generate(handle, request(batch_size=batch)) for batch in (2, 3, 4, 1)}
     for batch, result in runs.items():
         torch.testing.assert_close(result.images, single(batch), atol=TP_VS_SINGLE_ATOL, rtol=0)
-        assert result.info.mesh_shape == (2, 1) and result.info.replica_ranks == ((0,), (1,))
+        assert result.info.mesh_shape == (2, 1, 1) and result.info.replica_ranks == ((0,), (1,))
         assert result.info.replica_images == {2: (1, 1), 3: (2, 1), 4: (2, 2), 1: (1, 0)}[batch]
     # each replica holds a whole pipeline: nothing is sharded at tp 1
     assert runs[2].info.sharded_fraction_per_rank == (1.0, 1.0)
@@ -111,7 +111,7 @@ def test_two_replicas_of_two_tp_ranks_give_the_single_process_images(tiny, engin
     result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=4, replicas=2)),
                              request(batch_size=3))
     torch.testing.assert_close(result.images, single(3), atol=TP_VS_SINGLE_ATOL, rtol=0)
-    assert result.info.mesh_shape == (2, 2) and result.info.replica_ranks == ((0, 1), (2, 3))
+    assert result.info.mesh_shape == (2, 1, 2) and result.info.replica_ranks == ((0, 1), (2, 3))
     assert result.info.replica_images == (2, 1)
     assert result.info.sharded_fraction_per_rank == (0.5,) * 4  # half of every sharded weight on each rank
     assert max(result.info.transformer_bytes_per_rank) < 0.8 * single.full_bytes()
@@ -200,7 +200,7 @@ def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_pr
     inputs = request(batch_size=2)
     single = Engine(distribute=False).generate(handle_for(tiny, "zimage"), inputs)
     result = engine.generate(handle_for(tiny, "zimage", mesh=MeshSpec(chips=2, shard_transformer=False)), inputs)
-    assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
+    assert result.info.mesh_shape == (2, 1, 1) and result.info.replica_images == (1, 1)
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
 
 
@@ -214,5 +214,5 @@ def test_replicas_of_a_family_without_a_tp_plan_give_the_single_process_images(t
     inputs = request(batch_size=2)
     single = Engine(distribute=False).generate(handle_for(tiny, name), inputs)
     result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, shard_transformer=False)), inputs)
-    assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
+    assert result.info.mesh_shape == (2, 1, 1) and result.info.replica_images == (1, 1)
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)

@@ -91,7 +91,7 @@ def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_ex
         result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, context_parallel=2)), video)
         torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
         assert result.info.frames == 5 and result.images.shape == (5, 64, 64, 3)
-        assert (result.info.world_size, result.info.context_parallel, result.info.mesh_shape) == (2, 2, (1, 1))
+        assert (result.info.world_size, result.info.context_parallel, result.info.mesh_shape) == (2, 2, (1, 2, 1))
         tokens = 2 * (64 // 16) ** 2 if name == "wan22-t2v-a14b" else 2 * (64 // 32) ** 2  # latent frames x h x w
         assert result.info.tokens_per_rank == (tokens // 2, tokens // 2)
         experts = "transformer over 2 ranks, transformer_2 over 2 ranks" if name == "wan22-t2v-a14b" \
@@ -209,7 +209,7 @@ def test_two_replicas_run_image_to_image_on_an_image_batch_as_one_process_does(t
     single = Engine(distribute=False).generate(handle_for(tiny, "flux1-schnell"), inputs)
     result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2, replicas=2)), inputs)
     assert (result.info.task, result.info.pipeline) == ("image2image", "FluxImg2ImgPipeline")
-    assert result.info.mesh_shape == (2, 1) and result.info.replica_images == (1, 1)
+    assert result.info.mesh_shape == (2, 1, 1) and result.info.replica_images == (1, 1)
     assert (single.images[0] - single.images[1]).abs().max() > 0.5  # a wrong pairing would show
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
 
@@ -464,7 +464,7 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
         spanning = engine.generate(handle_for(tiny, "flux1-schnell", mesh=per_host), request(batch_size=2))
         single_batch = Engine().generate(handle_for(tiny, "flux1-schnell"), request(batch_size=2))
         torch.testing.assert_close(spanning.images, single_batch.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
-        assert spanning.info.mesh_shape == (2, 1) and spanning.info.replica_ranks == ((0,), (1,))
+        assert spanning.info.mesh_shape == (2, 1, 1) and spanning.info.replica_ranks == ((0,), (1,))
     finally:
         for host in hosts:
             os.killpg(host.pid, signal.SIGTERM)

@@ -350,7 +350,7 @@ class RankWorker:
         if 0 in counts:
             notes.append(f"replicas {[i for i, n in enumerate(counts) if not n]} had no image: the batch is "
                          "smaller than the replicas")
-        info.update(world_size=len(gathered), mesh_shape=(len(counts), tp), sample_seconds=max(seconds),
+        info.update(world_size=len(gathered), mesh_shape=(len(counts), cp, tp), sample_seconds=max(seconds),
                     context_parallel=cp, tokens_per_rank=[entry["tokens"] for entry in gathered],
                     compiled_now=info["compiled_now"] if info["compiled_now"] is None
                     else any(entry["info"]["compiled_now"] for entry in ran),
