@@ -13,6 +13,7 @@ import dataclasses
 import json
 
 from .device import DeviceInfo
+from .distributed.mesh import layout
 from .specs import CompileSpec, DeviceChoice, DType, ExecutionMode, LoraSpec, MeshSpec, Placement
 
 
@@ -78,9 +79,10 @@ class PipelineHandle:
 
     def load_key(self, device: DeviceInfo) -> tuple:
         """What a loaded pipeline depends on; two handles with equal keys share one pipeline: the load spec,
-        what `auto` resolves to on this device, and a mesh's sharding (each rank loads its own slice)."""
-        sharding = self.mesh and (self.mesh.replicas, self.mesh.shard_transformer, self.mesh.shard_text_encoder)
-        return self.load, self.resolved_dtype(device), device.type, sharding
+        what `auto` resolves to on this device, and a mesh's layout (distributed.mesh.layout: each rank loads
+        its own TP slices, or hooks its denoisers for its CP group). Only worker ranks load a handle with a
+        mesh, and they set its `chips` to their group's size first (RankWorker.generate)."""
+        return self.load, self.resolved_dtype(device), device.type, self.mesh and layout(self.mesh, self.mesh.chips)
 
     def to_wire(self) -> dict:
         """Plain JSON data, for worker processes."""

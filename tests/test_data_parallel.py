@@ -15,6 +15,7 @@ from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, split
 from tpu_diffusers_runtime.distributed.sharding import local_bytes
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, MeshSpec
 
 TWO_REPLICAS = MeshSpec(chips=2, replicas=2)
@@ -56,6 +57,22 @@ def test_replicas_default_to_as_many_as_fit():
     assert mesh_shape(MeshSpec(replicas=2), 8) == (2, 1, 4)
     assert mesh_shape(MeshSpec(context_parallel=2), 8) == (4, 2, 1)  # context parallel: one replica per 2 chips
     assert mesh_shape(MeshSpec(replicas=1, context_parallel=8), 8) == (1, 8, 1)
+
+
+def test_a_loaded_pipeline_is_keyed_on_the_layout_its_ranks_run_and_not_on_how_it_was_asked_for():
+    """(replicas, cp, tp) as mesh_shape resolves the spec on the ranks, and under tp what is sharded."""
+    handle = PipelineHandle.of(source="/models/wan", model_class="WanPipeline")
+    cpu = device_info("cpu")
+
+    def key(**mesh):
+        return handle.replace(mesh=MeshSpec(chips=8, **mesh)).load_key(cpu)
+
+    assert key(replicas=1) != key(replicas=1, context_parallel=8)  # TP and CP on the same chips
+    assert key(context_parallel=2) != key(context_parallel=4)  # 4 x cp 2, 2 x cp 4
+    assert key(context_parallel=2, shard_transformer=False) != key(shard_transformer=False)  # 4 x cp 2, 8 replicas
+    assert key(replicas=2) != key(replicas=2, shard_text_encoder=False)  # under tp, what is sharded
+    assert key(replicas=8) == key(shard_transformer=False) == key(replicas=8, shard_text_encoder=False)  # tp 1
+    assert key(context_parallel=2) == key(replicas=4, context_parallel=2, shard_transformer=False)
 
 
 def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, engine, monkeypatch):

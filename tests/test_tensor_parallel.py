@@ -115,6 +115,28 @@ def test_context_parallel_under_model_cpu_offload_and_for_image_to_video(tiny, e
         assert result.info.context_parallel == 2 and result.info.task == ("image2video" if images else "text2video")
 
 
+def test_each_layout_switch_on_the_same_ranks_loads_the_pipeline_for_its_layout(tiny, engine):
+    """The ranks' cache keys a pipeline on the layout they run it in, (replicas, cp, tp) as they resolve the mesh,
+    and under TP what is sharded: a pipeline sharded for TP, or hooked for CP, never runs in another layout (it
+    cannot be laid out again: diffusers' enable_parallelism refuses a second call). Tiny TI2V-5B, 2 videos, on one
+    warm group of 2 ranks: TP -> CP -> TP -> CP -> 2 replicas each load, and the run info says so with its layout;
+    2 replicas asked for another way (replicas 2 instead of 0) is the same layout and reuses the loaded pipeline."""
+    video = request(frames=5, steps=2, batch_size=2)
+    single = Engine(distribute=False).generate(handle_for(tiny, "wan22-ti2v-5b"), video)
+    tp = MeshSpec(chips=2, replicas=1)
+    cp = MeshSpec(chips=2, replicas=1, context_parallel=2)
+    switches = [  # (mesh, loaded, mesh_shape (replicas, cp, tp))
+        (tp, True, (1, 1, 2)), (cp, True, (1, 2, 1)), (tp, True, (1, 1, 2)),
+        (MeshSpec(chips=2, context_parallel=2, shard_transformer=False), True, (1, 2, 1)),
+        (MeshSpec(chips=2, shard_transformer=False), True, (2, 1, 1)),  # cp 2 -> cp 1 with replicas
+        (MeshSpec(chips=2, replicas=2), False, (2, 1, 1))]
+    for mesh, loaded, shape in switches:
+        result = engine.generate(handle_for(tiny, "wan22-ti2v-5b", mesh=mesh), video)
+        assert (result.info.loaded, result.info.mesh_shape, result.info.context_parallel) == (loaded, shape, shape[1])
+        torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0,
+                                   msg=lambda text: f"{mesh}: {text}")
+
+
 def test_wan_lora_pair_on_two_context_parallel_ranks_gives_the_single_process_frames(tiny, engine, tmp_path):
     """LoRAs with CP: each CP rank holds the whole pipeline, so lightx2v's high-noise LoRA is fused into its
     `transformer` and the low-noise one into its `transformer_2` as in one process (the CP hooks sit on the blocks,

@@ -64,6 +64,15 @@ def mesh_shape(spec: MeshSpec, ranks: int) -> tuple[int, int, int]:
     return replicas, cp, tp
 
 
+def layout(spec: MeshSpec, ranks: int) -> tuple[int, int, int, bool, bool]:
+    """What a pipeline loaded on one of `ranks` ranks depends on: (replicas, cp, tp) as `mesh_shape` resolves the
+    spec, and under tp whether the transformer and the text encoders are sharded. A loaded pipeline cannot be laid
+    out again (its TP slices were streamed at load; diffusers' enable_parallelism refuses a second call), so each
+    layout loads its own; the same layout asked for another way (replicas 0 or 2 on 2 ranks) reuses it."""
+    replicas, cp, tp = mesh_shape(spec, ranks)
+    return replicas, cp, tp, tp > 1 and spec.shard_transformer, tp > 1 and spec.shard_text_encoder
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

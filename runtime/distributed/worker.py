@@ -285,7 +285,9 @@ class RankWorker:
         from tpu_diffusers_runtime.sources import model_settings
         from tpu_diffusers_runtime.tasks import SampleRequest, prepare
 
+        # the group's ranks are the mesh (chips 0 asks for all of them): its layout, and the load key, follow them
         handle = PipelineHandle.from_wire(command["handle"])
+        handle = handle.replace(mesh=dataclasses.replace(handle.mesh, chips=dist.get_world_size()))
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
         # checked on every rank, even one with no image
