@@ -14,6 +14,7 @@ import os
 
 from . import single_file
 from .device import DeviceInfo
+from .distributed.sharding import apply_context_parallel
 from .errors import ModelLoadError, UserInputError
 from .families import family_for
 from .features import offload
@@ -81,15 +82,16 @@ def _check_component_folder(pipeline_folder: str, source: str, name: str, cls: s
 
 
 def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None,
-                  sharding=None, notes: list[str] | None = None):
+                  sharding=None, context_parallel=None, notes: list[str] | None = None):
     """Load every component with its own library class, then assemble and place the pipeline.
 
     model_index.json is read once here, checked, and that same content says what loads: the folder
     may have changed since the Loader checked it, and a second read could differ from the checked
     one. The pipeline is built from the loaded components directly, as `from_pretrained` would read
     the file again. `sharding` (distributed.sharding.Sharding, on a TP rank) adds each component's
-    sharding arguments and says which components it placed itself. What every run's info should say
-    about the loaded pipeline is appended to `notes`.
+    sharding arguments and says which components it placed itself. `context_parallel` (a CP rank's
+    ("ring", "ulysses") mesh) makes the denoisers context parallel before they are placed. What every
+    run's info should say about the loaded pipeline is appended to `notes`.
     """
     import diffusers
     import torch
@@ -146,6 +148,13 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             if isinstance(module, torch.nn.Module) and name not in sharding.sharded:
                 module.to(device.torch_device())  # replicated on every rank; sharded ones are placed already
     else:
+        if context_parallel is not None:
+            # Before offload: accelerate's hooks, removed and added again after every run and on a task switch,
+            # restore the forward they wrapped. Wrapped inside them, the CP hooks stay; wrapped around them, the
+            # root one (TI2V-5B's per-token timestep split) would be dropped (diffusers issue #12533).
+            note = apply_context_parallel(pipe, family.denoisers, context_parallel)
+            if notes is not None:
+                notes.append(note)
         offload.apply(pipe, handle.placement, device)
     if on_progress:
         on_progress(total, total, "placed on " + device.type)

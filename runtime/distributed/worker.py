@@ -168,7 +168,7 @@ class RankWorker:
     (or applies context parallelism over its CP ranks)."""
 
     def __init__(self, server: ControlServer | None, device_type: str, store, gather_group):
-        from tpu_diffusers_runtime.distributed.sharding import Sharding, apply_context_parallel
+        from tpu_diffusers_runtime.distributed.sharding import Sharding
         from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.families import family_for
         from tpu_diffusers_runtime.loading import load_pipeline
@@ -180,16 +180,14 @@ class RankWorker:
         self.run_state: Run | None = None
 
         def sharded_loader(handle, device, on_progress, notes):
-            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked), then
-            its denoisers run context parallel when the replica has CP ranks."""
+            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked), its
+            denoisers context parallel when the replica has CP ranks."""
             mesh = self.device_mesh(handle.mesh)[0]
             tp_mesh = mesh["tp"]
             if tp_mesh.size() == 1:
-                pipe = load_pipeline(handle, device, on_progress, notes=notes)
                 cp_mesh = mesh["ring", "ulysses"]
-                if cp_mesh.size() > 1:
-                    notes.append(apply_context_parallel(pipe, family_for(handle.model_class).denoisers, cp_mesh))
-                return pipe
+                return load_pipeline(handle, device, on_progress, notes=notes,
+                                     context_parallel=cp_mesh if cp_mesh.size() > 1 else None)
             sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class))
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
