@@ -59,6 +59,7 @@ class RunInfo:
     mesh_shape: tuple[int, ...] = ()  # (replicas, cp, tp) of a worker group, as its ranks resolved the mesh
     context_parallel: int = 1  # ranks per replica that split each video's tokens (the mesh's cp)
     tokens_per_rank: tuple[int, ...] = ()  # latent tokens each rank's transformer runs (1/cp of them under CP)
+    image_bytes_per_rank: tuple[int, ...] = ()  # image bytes each rank gave rank 0 (a replica's first rank only)
     replica_images: tuple[int, ...] = ()  # images each replica made, in batch order
     replica_sample_seconds: tuple[float, ...] = ()
     replica_step_seconds: tuple[float, ...] = ()  # each replica's sampling seconds per step
@@ -279,7 +280,7 @@ class Engine:
         info = {k: v for k, v in info.items() if k in fields}
         info.update({name: tuple(info[name]) for name in (
             "transformer_bytes_per_rank", "sharded_fraction_per_rank", "mesh_shape", "replica_images",
-            "tokens_per_rank",
+            "tokens_per_rank", "image_bytes_per_rank",
             "replica_sample_seconds", "replica_step_seconds", "replica_compile_seconds")})
         info.update(load_seconds=time.perf_counter() - start - info["sample_seconds"] if launched
                     else info["load_seconds"],

@@ -70,6 +70,7 @@ def test_two_ranks_give_the_single_process_image_and_each_holds_half_the_transfo
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
     per_rank = result.info.transformer_bytes_per_rank
     assert result.info.world_size == 2 and per_rank[0] == per_rank[1]
+    assert result.info.image_bytes_per_rank == (result.images.numpy().nbytes, 0)  # rank 1's copy stays there
     # each rank holds half of every sharded weight; what the TP plan leaves whole (embedders, norms,
     # rowwise biases) is on both, a large share of these tiny models and a small one of real ones
     assert result.info.sharded_fraction_per_rank == (0.5, 0.5)
@@ -92,6 +93,8 @@ def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_ex
         torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
         assert result.info.frames == 5 and result.images.shape == (5, 64, 64, 3)
         assert (result.info.world_size, result.info.context_parallel, result.info.mesh_shape) == (2, 2, (1, 2, 1))
+        # both ranks made the video; only the replica's first rank hands it to rank 0
+        assert result.info.image_bytes_per_rank == (result.images.numpy().nbytes, 0)
         tokens = 2 * (64 // 16) ** 2 if name == "wan22-t2v-a14b" else 2 * (64 // 32) ** 2  # latent frames x h x w
         assert result.info.tokens_per_rank == (tokens // 2, tokens // 2)
         experts = "transformer over 2 ranks, transformer_2 over 2 ranks" if name == "wan22-t2v-a14b" \
@@ -212,7 +215,48 @@ def test_two_replicas_split_a_batch_of_videos_as_one_process_makes_it(tiny, engi
     result = engine.generate(handle_for(tiny, "wan22-t2v-a14b", mesh=MeshSpec(chips=2, shard_transformer=False)),
                              video)
     assert result.info.replica_images == (1, 1) and result.images.shape == (10, 64, 64, 3)
+    assert result.info.image_bytes_per_rank == (result.images.numpy().nbytes // 2,) * 2  # each replica its video
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+
+
+CONTROL_GROUP_RANK = """
+import sys
+
+import runtime_package
+
+runtime_package.load()
+import torch.distributed as dist
+
+from tpu_diffusers_runtime.distributed.worker import RankWorker
+from tpu_diffusers_runtime.specs import MeshSpec
+
+dist.init_process_group("gloo")
+worker = RankWorker(None, "cpu", None, None)
+with open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w") as out:
+    for spec in (MeshSpec(context_parallel=2), MeshSpec(replicas=1)):
+        mesh, control = worker.device_mesh(spec)
+        decision = [dist.get_rank() == 0]
+        dist.broadcast_object_list(decision, src=0, group=control)  # as RankWorker.progress sends a cancel decision
+        device_group = any(control is mesh.get_group(name) for name in mesh.mesh_dim_names)
+        print(spec.context_parallel, dist.get_backend(control), dist.get_process_group_ranks(control), device_group,
+              decision[0], file=out)
+dist.destroy_process_group()
+"""
+
+
+def test_a_replicas_control_decisions_go_over_a_gloo_group_of_their_own(tmp_path):
+    """A replica's first rank broadcasts each step's cancel decision to its other ranks (CP or TP) over a gloo group
+    made for control data, not over the device mesh's groups (tpu_dist on a TPU), so no device collective waits on
+    a host decision. On CPU the mesh's groups are gloo too: what shows here is a group apart from them, of the
+    replica's ranks, gloo, carrying rank 0's decision. Two real ranks under torchrun, the worker's own RankWorker."""
+    script = tmp_path / "control_group_rank.py"
+    script.write_text(CONTROL_GROUP_RANK)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):  # per shape: cp, the group's backend and ranks, whether it is a mesh group, the decision
+        assert (tmp_path / f"rank{rank}.txt").read_text() == "2 gloo [0, 1] False True\n1 gloo [0, 1] False True\n"
 
 
 def test_compiled_mode_runs_inside_the_workers_on_the_sharded_transformer(tiny, engine, tmp_path):

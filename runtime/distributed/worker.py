@@ -158,7 +158,7 @@ class Run:
 
     prefix: str  # store keys of this run
     leader: int  # global rank of this replica's first rank
-    replica_group: object  # the process group of this replica's ranks (its TP or CP ranks)
+    control_group: object  # a gloo group of this replica's ranks (its TP or CP ranks), for control data
     replica_size: int
     group_steps: int  # sampling steps of all replicas together
 
@@ -175,7 +175,7 @@ class RankWorker:
         from tpu_diffusers_runtime.pipeline_cache import PipelineCache
 
         self.server, self.device_type, self.store, self.gather_group = server, device_type, store, gather_group
-        self.meshes = {}  # (replicas, cp, tp) -> (DeviceMesh ("dp", "ring", "ulysses", "tp"), replica group)
+        self.meshes = {}  # (replicas, cp, tp) -> (DeviceMesh ("dp", "ring", "ulysses", "tp"), control group)
         self.runs = 0
         self.run_state: Run | None = None
 
@@ -194,8 +194,10 @@ class RankWorker:
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
 
     def device_mesh(self, spec):
-        """The mesh for a spec's shape and the process group of each replica's ranks, made once (every rank
-        makes them at the same command). Ring is 1: context parallelism is Ulysses (apply_context_parallel)."""
+        """The mesh for a spec's shape and this rank's replica control group, made once (every rank makes them
+        at the same command). Ring is 1: context parallelism is Ulysses (apply_context_parallel). The control
+        group is gloo, apart from the mesh's device groups (tpu_dist on a TPU), so the host decisions sent over
+        it (cancel, at every step) never sit between the device collectives of a replica's ranks."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
@@ -207,7 +209,9 @@ class RankWorker:
             replicas, cp, tp = shape
             ranks = torch.arange(dist.get_world_size()).reshape(replicas, 1, cp, tp)
             mesh = DeviceMesh(self.device_type, ranks, mesh_dim_names=("dp", "ring", "ulysses", "tp"))
-            self.meshes[shape] = mesh, mesh["ring", "ulysses", "tp"]._flatten("replica").get_group()
+            control_group, _ = dist.new_subgroups_by_enumeration(ranks.reshape(replicas, cp * tp).tolist(),
+                                                                 timeout=IDLE_TIMEOUT, backend="gloo")
+            self.meshes[shape] = mesh, control_group
         return self.meshes[shape]
 
     def progress(self, done: int, total: int, what: str, preview=None) -> None:
@@ -225,7 +229,7 @@ class RankWorker:
                 self.report(done, total, what, preview)
             decision = [self.store.check([run.prefix + "cancel"])]
         if run.replica_size > 1:
-            dist.broadcast_object_list(decision, src=run.leader, group=run.replica_group)
+            dist.broadcast_object_list(decision, src=run.leader, group=run.control_group)
         if decision[0]:
             raise Cancelled
 
@@ -271,7 +275,7 @@ class RankWorker:
 
     def generate(self, command: dict):
         """Run this replica's contiguous slice of the batch (image i keeps seed + i); rank 0 gathers
-        every replica's images, in order, and answers for the group."""
+        every replica's images from its first rank, in order, and answers for the group."""
         import numpy as np
         import torch.distributed as dist
 
@@ -292,14 +296,14 @@ class RankWorker:
         family, task, pipeline, request = prepare(handle.model_class,
                                                   SampleRequest.from_wire(command["request"], command["payloads"]),
                                                   model_settings(handle.source))
-        mesh, replica_group = self.device_mesh(handle.mesh)
+        mesh, control_group = self.device_mesh(handle.mesh)
         replicas, _, cp, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
         slices = split_batch(request.batch_size, replicas)
         start, count = slices[replica]
         replica_steps = [task.progress_steps(pipeline, request.batch_slice(first, n)) for first, n in slices]
         self.runs += 1
-        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * cp * tp, replica_group=replica_group,
+        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * cp * tp, control_group=control_group,
                              replica_size=cp * tp, group_steps=sum(replica_steps))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
         tokens = latent_tokens(family, request.width, request.height, request.frames)
@@ -307,7 +311,9 @@ class RankWorker:
             if count:
                 generation = self.engine.generate(handle, request.batch_slice(start, count), on_progress=self.progress,
                                                   preview=preview)
-                mine.update(images=np.ascontiguousarray(generation.images.numpy()), info=generation.info.as_dict())
+                mine["info"] = generation.info.as_dict()
+                if dist.get_rank() == self.run_state.leader:  # the replica's other ranks made the same images
+                    mine["images"] = np.ascontiguousarray(generation.images.numpy())
                 if self.server:
                     self.wait_for_replicas()
             denoisers = Engine.denoisers(self.engine.realise(handle, self.progress)[0], handle)  # A14B: both experts
@@ -331,8 +337,8 @@ class RankWorker:
     @staticmethod
     def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int, replica_steps: list[int]):
         """Rank 0's reply: the images in batch order, and run info for the whole mesh (replica_steps: the
-        denoising steps each replica ran, every pipeline call's). A replica's CP ranks all make its whole
-        video; its first rank's is the one returned."""
+        denoising steps each replica ran, every pipeline call's). A replica's ranks (TP or CP) all make its
+        whole images; only its first rank sends them."""
         import numpy as np
 
         leaders = gathered[::cp * tp]  # one entry per replica, in replica order
@@ -352,6 +358,7 @@ class RankWorker:
                          "smaller than the replicas")
         info.update(world_size=len(gathered), mesh_shape=(len(counts), cp, tp), sample_seconds=max(seconds),
                     context_parallel=cp, tokens_per_rank=[entry["tokens"] for entry in gathered],
+                    image_bytes_per_rank=[entry["images"].nbytes if "images" in entry else 0 for entry in gathered],
                     compiled_now=info["compiled_now"] if info["compiled_now"] is None
                     else any(entry["info"]["compiled_now"] for entry in ran),
                     transformer_bytes_per_rank=[entry["bytes"] for entry in gathered],
