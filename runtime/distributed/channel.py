@@ -45,8 +45,9 @@ class Channel:
     def send(self, message: dict, payloads: list[bytes] = ()) -> None:
         protocol.send(self.sock, message, payloads)
 
-    def receive(self, timeout: float | None = None) -> tuple[dict, list[bytes]] | None:
-        return protocol.receive(self.sock, timeout)
+    def receive(self, timeout: float | None = None,
+                max_bytes: int = protocol.MAX_MESSAGE_BYTES) -> tuple[dict, list[bytes]] | None:
+        return protocol.receive(self.sock, timeout, max_bytes)
 
     def close(self) -> None:
         self.sock.close()

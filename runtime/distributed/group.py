@@ -150,16 +150,21 @@ class WorkerGroup:
 
     def generate(self, handle, request, on_progress=None, preview=None):
         """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict). With a
-        PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message."""
+        PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
+
+        No frame larger than the request's images (and the JSON beside them) is read: a preview, one image at
+        latent size in uint8, is far smaller, so a peer cannot make this process allocate more than the
+        request could bring back."""
         import numpy as np
         import torch
 
         request_data, arrays = request.to_wire()  # images and masks travel as binary payloads
         self.conn.send({"op": "generate", "handle": handle.to_wire(), "request": request_data,
                         "preview": preview and preview.to_wire()}, arrays)
+        bound = request.output_bytes() + protocol.MAX_JSON_BYTES + 1  # + the NUL between JSON and payloads
         interrupted = None
         while True:
-            message, payloads = self._next_message()
+            message, payloads = self._next_message(max_bytes=bound)
             op = message["op"]
             if op == "progress" and on_progress and interrupted is None:
                 try:
@@ -180,16 +185,18 @@ class WorkerGroup:
         self.conn.send({"op": "unload"})
         self._next_message(silence_timeout=60)
 
-    def _next_message(self, silence_timeout: float | None = None, errors_raise: bool = True):
-        """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT). A
-        request that failed on every rank raises its error (unless `errors_raise` is False); a dead or
-        silent group becomes a WorkerGroupError, never a hang."""
+    def _next_message(self, silence_timeout: float | None = None, errors_raise: bool = True,
+                      max_bytes: int = protocol.MAX_JSON_BYTES):
+        """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT), at
+        most `max_bytes` long (by default a message without payloads). A request that failed on every rank
+        raises its error (unless `errors_raise` is False); a dead or silent group, or one that sends more
+        than asked for, becomes a WorkerGroupError, never a hang."""
         if silence_timeout is None:
             silence_timeout = settings.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT")
         quiet_since = time.monotonic()
         while True:
             try:
-                received = self.conn.receive(timeout=POLL_SECONDS)
+                received = self.conn.receive(timeout=POLL_SECONDS, max_bytes=max_bytes)
             except protocol.MessageRefused as e:
                 self.stop()
                 raise WorkerGroupError(f"the workers sent a message this side cannot use ({e}); the group was "

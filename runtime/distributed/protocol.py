@@ -66,10 +66,12 @@ def wait_readable(sock: socket.socket, timeout: float | None) -> bool:
     return bool(select.select([sock], [], [], timeout)[0])
 
 
-def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, list[memoryview]] | None:
+def receive(sock: socket.socket, timeout: float | None = None,
+            max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[dict, list[memoryview]] | None:
     """The next message and its payloads (views of one writable buffer, so images become arrays without a
-    copy); None if none began within `timeout` seconds. Raises EOFError when the peer closed, OSError
-    when it stalled inside a frame, MessageRefused for an unusable frame."""
+    copy); None if none began within `timeout` seconds. A frame over `max_bytes` (the caller's bound: what
+    the request it waits on can bring) is refused before its buffer is allocated. Raises EOFError when the
+    peer closed, OSError when it stalled inside a frame, MessageRefused for an unusable frame."""
     if not wait_readable(sock, timeout):
         return None
     sock.settimeout(FRAME_STALL_SECONDS)
@@ -77,9 +79,9 @@ def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, li
         (size,) = struct.unpack("!i", _read(sock, 4))
         if size == -1:
             (size,) = struct.unpack("!Q", _read(sock, 8))
-        if size < 0 or size > MAX_MESSAGE_BYTES:
+        if size < 0 or size > max_bytes:
             _discard(sock, max(size, 0))
-            raise MessageRefused(f"a message of {size} bytes is over the bound of {MAX_MESSAGE_BYTES} bytes")
+            raise MessageRefused(f"a message of {size} bytes is over the bound of {max_bytes} bytes")
         head = _read_until_nul(sock, min(size, MAX_JSON_BYTES + 1))
         if len(head) > MAX_JSON_BYTES:
             _discard(sock, size - len(head))
