@@ -50,6 +50,33 @@ def children(parent: int) -> list[int]:
     return [pid for pid, ppid, _ in _processes() if ppid == parent and pid_alive(pid)]
 
 
+def listening_addresses(pid: int) -> list[str]:
+    """The local address ("host:port") of every TCP socket process `pid` listens on, from /proc."""
+    import ipaddress
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for row in f.read().splitlines()[1:]:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                    continue
+                host, port = local.split(":")
+                # the kernel writes the address as 32-bit words in host (little-endian) order
+                raw = b"".join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8))
+                found.append(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
+    return found
+
+
 def free_port() -> int:
     import socket
 

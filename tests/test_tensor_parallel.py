@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import ipaddress
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ import torch
 
 import tiny_loras
 from comfy_host import free_port
-from processes import alive_after, launched_workers
+from processes import alive_after, launched_workers, listening_addresses
 
 from tpu_diffusers_runtime.errors import CompileError
 from tpu_diffusers_runtime.specs import CompileSpec
@@ -58,6 +59,19 @@ def engine():
     engine = Engine()
     yield engine
     engine.unload()
+
+
+def test_a_local_group_listens_on_loopback_only(tiny, engine):
+    """torchrun's rendezvous, the process group's and the group's stores, gloo and the control channel of a
+    group launched on this host: no port of it is open to the network."""
+    result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2)), request())
+    launcher, *ranks = result.info.worker_pids
+    listening = {pid: listening_addresses(pid) for pid in (launcher, *ranks)}
+    assert len(ranks) == 2 and all(listening[rank] for rank in ranks), listening  # each rank serves gloo at least
+    open_to_the_network = {pid: [address for address in addresses
+                                 if not ipaddress.ip_address(address.rpartition(":")[0]).is_loopback]
+                           for pid, addresses in listening.items()}
+    assert not any(open_to_the_network.values()), open_to_the_network
 
 
 @pytest.mark.parametrize("name", ["flux1-schnell", "flux2", "qwenimage", "flux2-klein"])

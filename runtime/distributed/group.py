@@ -1,8 +1,9 @@
 """Launch (or attach to) a worker group and run prompts on it.
 
-A local group is launcher.py running torch's own launcher (torchrun: `--standalone --nproc_per_node=N
-worker.py`), which starts, watches and stops the ranks. We only keep the launcher process, a private
-folder with its log, and an authenticated connection to rank 0. The group stays up between prompts
+A local group is launcher.py running torch's own launcher (torchrun: `--nproc_per_node=N worker.py`, its
+rendezvous a file, see local_rendezvous), which starts, watches and stops the ranks; every socket of the
+group listens on loopback only. We only keep the launcher process, a private folder with its log and
+rendezvous file, and an authenticated connection to rank 0. The group stays up between prompts
 and across models (the ranks' pipeline cache evicts the old model); "Unload Models", another number
 of ranks, a failure and ComfyUI's exit stop it. Every process of it ends when ComfyUI is gone
 (lifeline.py); we signal only the launcher, our own child, never a pid read from elsewhere.
@@ -16,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,7 @@ WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 LAUNCHER_SCRIPT = Path(__file__).with_name("launcher.py")
 POLL_SECONDS = 0.1
 TERMINATE_GRACE_SECONDS = 15  # torchrun's own teardown of its ranks after SIGTERM
+IFF_LOOPBACK = 0x8  # in /sys/class/net/<interface>/flags
 
 
 def root_cause(log_text: str) -> str:
@@ -57,11 +60,30 @@ def root_cause(log_text: str) -> str:
     return "the worker group stopped: " + (" | ".join(tail) or "no output")
 
 
+def local_rendezvous(folder: Path) -> list[str]:
+    """torchrun's arguments for one host that opens no port to the network: the rendezvous is a file in the
+    group's private folder (`--standalone` serves it as a TCP store on every interface), and the ranks learn
+    MASTER_ADDR=127.0.0.1, so rank 0 serves the process group's store on loopback (worker.hosted_store)."""
+    return ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={folder / 'rendezvous'}",
+            "--rdzv-conf=store_type=file", "--rdzv-id=local", "--local-addr=127.0.0.1"]
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface (Linux: `lo`), for GLOO_SOCKET_IFNAME."""
+    for _, name in socket.if_nameindex():
+        if int(Path(f"/sys/class/net/{name}/flags").read_text(), 16) & IFF_LOOPBACK:
+            return name
+    raise WorkerGroupError("this host has no loopback network interface, which a local worker group listens on.")
+
+
 def launch_env(key: str) -> dict:
     """The environment for a local group: ComfyUI's own, plus the key, with TorchTPU's autoload as the
-    user had it (ComfyUI's process keeps TorchTPU out, see device.keep_tpu_for_workers). A copy:
-    ComfyUI's os.environ is never changed, as other threads read it."""
-    env = {**device_module.worker_environment(os.environ), channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
+    user had it (ComfyUI's process keeps TorchTPU out, see device.keep_tpu_for_workers), and every listening
+    socket on loopback: gloo's on the loopback interface, and no TCP store of torchrun's own (the ranks
+    serve theirs, see local_rendezvous). A copy: ComfyUI's os.environ is never changed, as other threads
+    read it."""
+    env = {**device_module.worker_environment(os.environ), channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1",
+           "GLOO_SOCKET_IFNAME": loopback_interface(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop(lifeline.LAUNCHER_PID_ENV, None)
     return env
 
@@ -89,8 +111,8 @@ class WorkerGroup:
         folder = Path(tempfile.mkdtemp(prefix="tpu_diffusers_workers_"))
         port_file = folder / "control_port"
         command = [sys.executable, str(LAUNCHER_SCRIPT), "--parent", str(os.getpid()),
-                   *(["--tpu"] if device.type == "tpu" else []), "--",
-                   "--standalone", f"--nproc_per_node={world_size}", "--max_restarts=0", str(WORKER_SCRIPT),
+                   *(["--tpu"] if device.type == "tpu" else []), "--", *local_rendezvous(folder),
+                   f"--nproc_per_node={world_size}", "--max_restarts=0", str(WORKER_SCRIPT),
                    "--control", "127.0.0.1:0", "--port-file", str(port_file)]
         with open(os.open(folder / "workers.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as log:
             # Own session: a Ctrl-C meant for ComfyUI does not tear through the ranks mid-step; they
