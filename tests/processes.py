@@ -85,16 +85,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_staying_workers(worker_script, log, ranks: int = 1):
+def start_staying_workers(worker_script, log, ranks: int = 1, key: str | None = None):
     """Workers as the README's attach section starts them (torchrun ... worker.py --control ... --stay), on
-    loopback, once they answer; returns (torchrun process, address, key). Stop them with stop_workers."""
+    loopback, with `key` (default: a new one), once they answer; returns (torchrun process, address, key).
+    Stop them with stop_workers."""
     import subprocess
     import sys
     import time
 
     from tpu_diffusers_runtime.distributed import channel
 
-    key, address = channel.new_key(), f"127.0.0.1:{free_port()}"
+    key, address = key or channel.new_key(), f"127.0.0.1:{free_port()}"
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 f"--nproc_per_node={ranks}", str(worker_script), "--control", address, "--stay"],
                                env={**os.environ, channel.KEY_ENV: key}, stdout=open(log, "w"),

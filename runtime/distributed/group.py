@@ -141,10 +141,9 @@ class WorkerGroup:
 
     @classmethod
     def attach(cls, spec: MeshSpec) -> "WorkerGroup":
-        key = spec.key or settings.get(channel.KEY_ENV)
-        if not key:
-            raise UserInputError(f"attach needs the workers' key: type it in the node, or set ${channel.KEY_ENV} "
-                                 "for the ComfyUI process (keeps it out of shared workflows).")
+        """Connect to workers started elsewhere: only at an allowed address, only with this process's key."""
+        key = channel.attach_key()
+        channel.check_attach_address(spec.address)
         group = cls(channel.connect(spec.address, key, timeout=30), spec.address, 0)
         try:
             group.world_size = group._hello()
@@ -304,7 +303,7 @@ class WorkerGroups:
     def get(self, spec: MeshSpec, shape: tuple[int, ...], device: device_module.DeviceInfo,
             on_progress=None) -> GroupUse:
         world_size = math.prod(shape)
-        key = (spec.workers, spec.address, spec.key, world_size)
+        key = (spec.workers, spec.address, world_size)
         if self.current is not None and self.key == key and self.current.alive():
             note = (f"worker group reused: {world_size} rank(s)" if shape == self.shape else
                     f"worker group reshaped: the same {world_size} rank(s), mesh {self.shape} -> {shape} (nothing "
