@@ -156,6 +156,10 @@ SETTINGS = {setting.name: setting for setting in (
             "Whether a hub id in a workflow may download a model that is not on disk yet. forbid = only models "
             "already on disk (or in the Hugging Face cache) load, as ComfyUI itself never downloads a model "
             "because a workflow names it.", _choice("allow", "forbid")),
+    Setting("TPU_DIFFUSERS_MEMORY_PLAN", "refuse or warn", "refuse",
+            "What a video run does when the per-chip memory plan estimates it cannot fit: refuse = fail before "
+            "anything loads, naming a layout that fits; warn = run anyway, the estimate in the run info's notes and "
+            "the log. The estimate comes from CPU measurements, not yet from a chip.", _choice("refuse", "warn")),
     Setting("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "O0, O1, O2 or O3", None,
             "TorchTPU's XLA optimisation level (O0 compiles fastest), instead of TorchTPU's default. Read when "
             "ComfyUI starts.", _xla_level),

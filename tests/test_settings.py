@@ -32,6 +32,7 @@ BAD_VALUES = {
     "TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL": ("fast", "one of O0, O1, O2, O3"),
     "TPU_DIFFUSERS_WORKER_PROCESS": ("sometimes", "one of tpu, always, never"),
     "TPU_DIFFUSERS_DOWNLOADS": ("no", "one of allow, forbid"),
+    "TPU_DIFFUSERS_MEMORY_PLAN": ("ignore", "one of refuse, warn"),
 }
 
 
