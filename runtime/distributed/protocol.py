@@ -4,8 +4,10 @@ A message is one frame in `multiprocessing.connection`'s wire format (a 4-byte b
 -1 and an 8-byte length, then the body), so a worker of an older pack still reads our hello and is
 refused by version instead of crashing. The body is JSON; a message with binary payloads (images,
 masks, video frames, previews) lists their sizes in "payloads" and carries them after a NUL byte
-(JSON text never holds a raw NUL). Every frame is bounded: one over MAX_MESSAGE_BYTES is skipped
-unread, so the stream stays in step and the sender gets an error reply instead of a dead group.
+(JSON text never holds a raw NUL). Every frame is bounded: one over the receiver's bound (the workers':
+MAX_MESSAGE_BYTES; ComfyUI's: what the request it waits on can bring back) is skipped unread, never
+allocated, so the stream stays in step and the workers answer with an error instead of a dead group
+(ComfyUI's side drops a group that sends more than it asked for).
 
 PROTOCOL_VERSION counts changes to the messages' meaning (ops and fields); the framing above stays.
 Every hello carries it and the pack version, and each side refuses a peer of another protocol.
