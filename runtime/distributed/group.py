@@ -79,11 +79,12 @@ def loopback_interface() -> str:
 def launch_env(key: str) -> dict:
     """The environment for a local group: ComfyUI's own, plus the key, with TorchTPU's autoload as the
     user had it (ComfyUI's process keeps TorchTPU out, see device.keep_tpu_for_workers), and every listening
-    socket on loopback: gloo's on the loopback interface, and no TCP store of torchrun's own (the ranks
-    serve theirs, see local_rendezvous). A copy: ComfyUI's os.environ is never changed, as other threads
-    read it."""
+    socket on loopback: gloo's (and on CUDA NCCL's bootstrap) on the loopback interface, and no TCP store of
+    torchrun's own (the ranks serve theirs, see local_rendezvous). A copy: ComfyUI's os.environ is never
+    changed, as other threads read it."""
+    loopback = loopback_interface()
     env = {**device_module.worker_environment(os.environ), channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1",
-           "GLOO_SOCKET_IFNAME": loopback_interface(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+           "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop(lifeline.LAUNCHER_PID_ENV, None)
     return env
 
