@@ -50,7 +50,8 @@ class TPUSampler(io.ComfyNode):
             description="Loads the pipeline on first use (later runs reuse it) and generates images. No image: text "
                         "to image. An image: image to image, or an edit on an edit model (FLUX.1 Kontext, "
                         "Qwen-Image-Edit, FLUX.2 references). Image + mask: inpaint. Shows progress and a preview "
-                        "per step (ComfyUI's --preview-method); Cancel stops it within one step.",
+                        "per step (ComfyUI's --preview-method). Cancel stops sampling at the end of the running "
+                        "step, and loading between components.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="The pipeline from TPU Loader or Mode Selector."),
                 io.String.Input("prompt", multiline=True, default="a golden retriever surfing a wave, photorealistic",

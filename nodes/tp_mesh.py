@@ -1,14 +1,18 @@
 """TPU TP Mesh: replicas x tensor (or context) parallelism over several chips, one worker process per chip."""
 
-import os
-
 from comfy_api.latest import io
 
-from tpu_diffusers_runtime.distributed.channel import parse_address
+from tpu_diffusers_runtime import settings
+from tpu_diffusers_runtime.distributed.channel import check_attach_address
 from tpu_diffusers_runtime.settings import KEY_ENV
 from tpu_diffusers_runtime.specs import MeshSpec, Workers
-from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.errors import SettingError, UserInputError
 from .types import CATEGORY, TPUPipeline
+
+TYPED_KEY_REFUSED = (f"key must be empty: attach takes the workers' key only from ${KEY_ENV} of the ComfyUI "
+                     "process, since a key typed here is saved in the workflow and travels with every copy of it. "
+                     f"Clear this field, and set ${KEY_ENV} for the ComfyUI process to the key the workers printed "
+                     "(then restart ComfyUI).")
 
 
 class TPUMesh(io.ComfyNode):
@@ -44,11 +48,14 @@ class TPUMesh(io.ComfyNode):
                                tooltip="launch_local: start the workers on this host with torchrun. attach: use "
                                        "workers already started with torchrun (e.g. on every host of a TPU slice)."),
                 io.String.Input("address", default="",
-                                tooltip="attach: host:port of rank 0's control channel, as the workers printed."),
+                                tooltip="attach: host:port of rank 0's control channel, as the workers printed. "
+                                        "It must be listed in $TPU_DIFFUSERS_ATTACH_ALLOW of the ComfyUI process: "
+                                        "a workflow someone shares cannot send your prompts elsewhere."),
                 io.String.Input("key", default="",
-                                tooltip="attach: the control channel key the workers printed. Leave empty to use "
-                                        "$TPU_DIFFUSERS_CONTROL_KEY of the ComfyUI process: a key typed here is "
-                                        "saved in the workflow file."),
+                                tooltip="Leave empty. attach takes the workers' key only from "
+                                        "$TPU_DIFFUSERS_CONTROL_KEY of the ComfyUI process; a key typed here is "
+                                        "refused, as it would be saved in the workflow file and travel with it. "
+                                        "(Kept so that saved workflows keep their values.)"),
                 io.Int.Input("replicas", default=0, min=0, max=1024, optional=True,
                              tooltip="Copies of the pipeline working on the batch at once; each shards over "
                                      "chips / replicas chips (TP), which must divide the attention heads. "
@@ -78,22 +85,30 @@ class TPUMesh(io.ComfyNode):
         arrives as None and is checked when the node runs."""
         if workers is not None and workers not in list(Workers):
             return f"workers must be '{Workers.LAUNCH_LOCAL}' or '{Workers.ATTACH}', not '{workers}'."
+        if key is not None and key.strip():
+            return TYPED_KEY_REFUSED
         if workers != Workers.ATTACH:
             return True
         if address is not None:
             try:
-                parse_address(address.strip())
-            except UserInputError as e:
+                check_attach_address(address.strip())
+            except (UserInputError, SettingError) as e:
                 return str(e)
-        if key is not None and not key.strip() and not os.environ.get(KEY_ENV):
-            return (f"key is empty and ${KEY_ENV} is not set: attach needs the key the workers printed. "
-                    f"Set ${KEY_ENV} for the ComfyUI process, or type it here (it is then saved in the workflow).")
+        try:
+            key_set = bool(settings.get(KEY_ENV))
+        except SettingError as e:
+            return str(e)
+        if not key_set:
+            return (f"key is empty and ${KEY_ENV} is not set: attach needs the key the workers printed. Set "
+                    f"${KEY_ENV} for the ComfyUI process to it and restart ComfyUI.")
         return True
 
     @classmethod
     def execute(cls, pipeline, chips: int, shard_transformer: bool, shard_text_encoder: bool, workers: str,
                 address: str, key: str, replicas: int = 0, context_parallel: int = 1) -> io.NodeOutput:
+        if key.strip():  # fed by a link, so not seen when the prompt was queued
+            raise UserInputError(TYPED_KEY_REFUSED)
         mesh = MeshSpec(chips=chips, replicas=replicas, shard_transformer=shard_transformer,
                         shard_text_encoder=shard_text_encoder, workers=workers, address=address.strip(),
-                        key=key.strip(), context_parallel=context_parallel)
+                        context_parallel=context_parallel)
         return io.NodeOutput(pipeline.replace(mesh=mesh))

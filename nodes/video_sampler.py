@@ -25,7 +25,8 @@ class TPUVideoSampler(io.ComfyNode):
             description="Generates video with a video model (Wan 2.2): from text, or from a start image (I2V "
                         "A14B, TI2V-5B). The frames come out as an IMAGE batch for ComfyUI's Create Video + Save "
                         "Video or Save Animated WEBP, with the model's frame rate. Loads on first use, shows "
-                        "progress and the first frame's preview per step; Cancel stops it within one step.",
+                        "progress and the first frame's preview per step. Cancel stops sampling at the end of "
+                        "the running step, and loading between components.",
             inputs=[
                 TPUPipeline.Input("pipeline", tooltip="A Wan 2.2 pipeline from TPU Loader or TPU File Loader."),
                 io.String.Input("prompt", multiline=True, default="a corgi running on a beach at sunset, cinematic",

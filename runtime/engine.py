@@ -166,13 +166,12 @@ class Engine:
         # fails before loading anything
         family, task, pipeline, request = prepare(handle.model_class, request, model_settings(handle.source))
         check_host_memory(task, request, available_host_memory_bytes())
-        if self.workers is not None:  # (a worker's runs were checked before its group launched)
-            memory_plan.check_fits(handle, family, request,
-                                   holding=bool(self.cache) or self.workers.holds_local_workers())
+        plan_notes = [] if self.workers is None else memory_plan.check_fits(  # a worker's were checked before
+            handle, family, request, holding=bool(self.cache) or self.workers.holds_local_workers())
         on_workers = self._worker_handle(handle)
         if on_workers is not None:
-            return self._generate_on_workers(on_workers, family, request, on_progress, preview)
-        notes = image_inputs.notes(request)
+            return self._generate_on_workers(on_workers, family, request, on_progress, preview, plan_notes)
+        notes = [*plan_notes, *image_inputs.notes(request)]
         if request.negative_prompt.strip() and not family.takes_negative_prompt:
             notes.append(f"negative prompt ignored: {family.name} takes none")
         self._free_chips_for_this_process(handle)
@@ -245,9 +244,11 @@ class Engine:
         return None
 
     def _generate_on_workers(self, handle: PipelineHandle, family: Family, request: SampleRequest,
-                             on_progress: ProgressCallback | None, preview: PreviewSpec | None) -> Generation:
+                             on_progress: ProgressCallback | None, preview: PreviewSpec | None,
+                             plan_notes: list[str]) -> Generation:
         """One process per chip, replicas x tp of them: checked here, before anything launches; run by
-        the worker group, which splits the batch over the replicas."""
+        the worker group, which splits the batch over the replicas. `plan_notes`: the memory plan's, for the
+        run info."""
         device = resolve_device(handle.device)
         shape = mesh_shape(handle.mesh, world_size(handle.mesh, device))
         _, cp, tp = shape
@@ -262,7 +263,7 @@ class Engine:
                                  "cannot trace them (measured on CPU: 'Unsupported hasattr call').")
         # single files: the mesh is checked against their configs folder (local, or the hub's config files)
         source = single_file.config_folder(handle.source) if handle.files and (tp > 1 or cp > 1) else handle.source
-        notes = check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))
+        notes = plan_notes + check_mesh(handle.mesh, source, device, from_files=frozenset(dict(handle.files)))
         if cp > 1:
             notes += context_parallel_notes(cp, family, request.width, request.height, request.frames, source)
         if device.type != "cpu" and handle.mesh.workers is Workers.LAUNCH_LOCAL:

@@ -37,12 +37,16 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import logging
 import math
 import os
 
+from . import settings
 from .errors import UserInputError
 from .families import Family
 from .specs import Placement
+
+log = logging.getLogger("tpu_diffusers")
 
 HBM_PER_DEVICE_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "v7": 96}  # TorchTPU 0.2.0's table, per device
 TPU_KIND_BY_PCI_DEVICE = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e", "0x0076": "v7"}
@@ -248,8 +252,10 @@ def device_memory_bytes(device_type: str) -> int | None:
 # --- the check before loading
 
 
-def check_fits(handle, family: Family, request, holding: bool = False) -> None:
-    """Refuse a video run that cannot fit on each chip, before anything loads, naming a layout that would.
+def check_fits(handle, family: Family, request, holding: bool = False) -> list[str]:
+    """Refuse a video run that cannot fit on each chip, before anything loads, naming a layout that would; with
+    TPU_DIFFUSERS_MEMORY_PLAN=warn (the estimate was never measured on a chip) run it anyway: the message is
+    logged and returned as a run info note. Returns the notes (none when it fits).
 
     For video families and models whose configs can be read before loading: a local folder, or single files (their
     configs folder, local or the hub cache); a hub model's are not read before its download. `holding`: the
@@ -261,10 +267,10 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> None:
     device = resolve_device(handle.device)
     configs_unread = not handle.files and not os.path.isabs(handle.source)
     if not family.makes_video or configs_unread or (device.type == "cpu" and holding):
-        return
+        return []
     budget = device_memory_bytes(device.type)
     if budget is None:
-        return
+        return []
     replicas, cp, tp = mesh_shape(handle.mesh, world_size(handle.mesh, device)) if handle.mesh else (1, 1, 1)
     layout = Layout(Placement(handle.placement), replicas=replicas, tp=tp, cp=cp)
     kind = tpu_kind() if device.type == "tpu" else None
@@ -272,8 +278,14 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> None:
     message = refusal(family, sizes_of_folder(_configs_folder(handle), family), layout, request, budget, where,
                       shared_host=device.type == "cpu",
                       dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2)
-    if message:
-        raise UserInputError(message)
+    if not message:
+        return []
+    if settings.get("TPU_DIFFUSERS_MEMORY_PLAN") == "refuse":
+        raise UserInputError(message + " (If the estimate is wrong for your chip, TPU_DIFFUSERS_MEMORY_PLAN=warn "
+                                       "runs it anyway.)")
+    note = f"memory plan: {message} Running anyway: TPU_DIFFUSERS_MEMORY_PLAN=warn."
+    log.warning("TPU Diffusers: %s", note)
+    return [note]
 
 
 def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: int, where: str,

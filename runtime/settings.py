@@ -9,13 +9,16 @@ README.md's "Environment variables" table is `markdown_table()` of this one.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
+import re
 from typing import Callable
 
 from .errors import SettingError, UserInputError
 
 KEY_ENV = "TPU_DIFFUSERS_CONTROL_KEY"
+ATTACH_ALLOW_ENV = "TPU_DIFFUSERS_ATTACH_ALLOW"
 KEY_BYTES = 32  # 256 bits, written as 64 hex digits
 
 
@@ -54,6 +57,30 @@ def _control_key(text: str) -> str:
     except UserInputError as e:
         raise ValueError(str(e)) from None
     return text
+
+
+def _attach_allow_list(text: str) -> tuple[tuple[str, int | None], ...]:
+    """(host, port) per entry, port None for a bare host; hosts lowercased and compared as written (never
+    resolved). IPv6 hosts go in brackets when a port follows: [fd00::2]:7777."""
+    entries = []
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        found = re.fullmatch(r"\[([^\[\]\s]+)\](?::(\d+))?", entry) or re.fullmatch(r"([^:\[\]\s]+)(?::(\d+))?", entry)
+        if found:
+            host, port = found.groups()
+        elif _is_ipv6(entry):
+            host, port = entry, None
+        else:
+            raise ValueError(f"'{entry}' is not host:port or host; separate entries with commas "
+                             "(e.g. 10.0.0.2:7777,10.0.0.3)")
+        entries.append((host.lower(), int(port) if port else None))
+    return tuple(entries)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
 
 
 XLA_LEVELS = ("O0", "O1", "O2", "O3")
@@ -106,8 +133,13 @@ SETTINGS = {setting.name: setting for setting in (
             "a first TPU compile of a big transformer takes many minutes.", _seconds),
     Setting(KEY_ENV, "64 hex digits", None,
             "The TP control channel key: workers started with torchrun use it instead of making one, and the TP "
-            "Mesh node's attach uses it when its key field is empty (so the key stays out of shared workflows).",
-            _control_key, secret=True),
+            "Mesh node's attach uses it: the only place attach takes a key from (a workflow's key field is refused, "
+            "as the workflow travels with it).", _control_key, secret=True),
+    Setting(ATTACH_ALLOW_ENV, "host:port or host, comma-separated", None,
+            "Where the TP Mesh node's attach may connect: a workflow names the address, and the prompt, its input "
+            "images and local paths go there, so an address not listed here is refused (nothing is allowed when "
+            "unset, loopback included). A host alone allows all its ports; hosts are compared as written, never "
+            "resolved; IPv6 in brackets, e.g. [fd00::2]:7777.", _attach_allow_list),
     Setting("TPU_DIFFUSERS_RECOMPILE_LIMIT", "whole number", 64,
             "Shapes (sizes, batch sizes) one compiled transformer may compile before a run fails with a message "
             "(torch's own default is 8).", _positive_int),
@@ -124,6 +156,10 @@ SETTINGS = {setting.name: setting for setting in (
             "Whether a hub id in a workflow may download a model that is not on disk yet. forbid = only models "
             "already on disk (or in the Hugging Face cache) load, as ComfyUI itself never downloads a model "
             "because a workflow names it.", _choice("allow", "forbid")),
+    Setting("TPU_DIFFUSERS_MEMORY_PLAN", "refuse or warn", "refuse",
+            "What a video run does when the per-chip memory plan estimates it cannot fit: refuse = fail before "
+            "anything loads, naming a layout that fits; warn = run anyway, the estimate in the run info's notes and "
+            "the log. The estimate comes from CPU measurements, not yet from a chip.", _choice("refuse", "warn")),
     Setting("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "O0, O1, O2 or O3", None,
             "TorchTPU's XLA optimisation level (O0 compiles fastest), instead of TorchTPU's default. Read when "
             "ComfyUI starts.", _xla_level),

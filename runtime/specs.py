@@ -88,8 +88,7 @@ class MeshSpec:
     shard_transformer: bool = True
     shard_text_encoder: bool = True  # where transformers has a TP plan for the encoder; others stay whole
     workers: Workers = Workers.LAUNCH_LOCAL
-    address: str = ""  # attach: host:port of rank 0's control channel
-    key: str = dataclasses.field(default="", repr=False)  # attach: the control key (hex); "" = $TPU_DIFFUSERS_CONTROL_KEY
+    address: str = ""  # attach: host:port of rank 0's control channel (the key: only $TPU_DIFFUSERS_CONTROL_KEY)
     # ranks per replica that split each video's tokens (sequence-parallel attention); 1 = none. Not with tp > 1.
     context_parallel: int = 1
 

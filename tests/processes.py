@@ -50,6 +50,33 @@ def children(parent: int) -> list[int]:
     return [pid for pid, ppid, _ in _processes() if ppid == parent and pid_alive(pid)]
 
 
+def listening_addresses(pid: int) -> list[str]:
+    """The local address ("host:port") of every TCP socket process `pid` listens on, from /proc."""
+    import ipaddress
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for row in f.read().splitlines()[1:]:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                    continue
+                host, port = local.split(":")
+                # the kernel writes the address as 32-bit words in host (little-endian) order
+                raw = b"".join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8))
+                found.append(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
+    return found
+
+
 def free_port() -> int:
     import socket
 
@@ -58,16 +85,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_staying_workers(worker_script, log, ranks: int = 1):
+def start_staying_workers(worker_script, log, ranks: int = 1, key: str | None = None):
     """Workers as the README's attach section starts them (torchrun ... worker.py --control ... --stay), on
-    loopback, once they answer; returns (torchrun process, address, key). Stop them with stop_workers."""
+    loopback, with `key` (default: a new one), once they answer; returns (torchrun process, address, key).
+    Stop them with stop_workers."""
     import subprocess
     import sys
     import time
 
     from tpu_diffusers_runtime.distributed import channel
 
-    key, address = channel.new_key(), f"127.0.0.1:{free_port()}"
+    key, address = key or channel.new_key(), f"127.0.0.1:{free_port()}"
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 f"--nproc_per_node={ranks}", str(worker_script), "--control", address, "--stay"],
                                env={**os.environ, channel.KEY_ENV: key}, stdout=open(log, "w"),

@@ -6,12 +6,16 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
 from multiprocessing.connection import Connection
 
 import pytest
 
 from tpu_diffusers_runtime.distributed import channel, protocol
+from tpu_diffusers_runtime.distributed.group import WorkerGroup
 from tpu_diffusers_runtime.errors import WorkerGroupError
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.tasks import SampleRequest
 
 
 @pytest.fixture
@@ -55,14 +59,44 @@ def test_an_unusable_message_is_refused_and_the_stream_stays_in_step(pair, frame
     assert protocol.receive(b, timeout=5) == ({"op": "next"}, [])
 
 
-def test_a_message_over_the_bound_is_skipped_unread(pair, monkeypatch):
-    monkeypatch.setattr(protocol, "MAX_MESSAGE_BYTES", 1000)
+def test_a_message_over_the_bound_is_skipped_unread(pair):
     a, b = pair
     protocol.send(a, {"op": "big"}, [b"x" * 5000])
     protocol.send(a, {"op": "next"})
     with pytest.raises(protocol.MessageRefused, match="over the bound of 1000 bytes"):
-        protocol.receive(b, timeout=5)
+        protocol.receive(b, timeout=5, max_bytes=1000)
     assert protocol.receive(b, timeout=5) == ({"op": "next"}, [])
+
+
+def test_a_result_larger_than_the_request_can_make_is_refused_before_it_is_allocated(pair):
+    """A peer that has the key (workers, or whatever listens at an attach address) answers a 64x64 prompt
+    with a 64 MiB result: ComfyUI's side refuses the frame without holding it in memory."""
+    comfyui_side, rank_0 = pair
+    request = SampleRequest(prompt="a cat", width=64, height=64, batch_size=1)
+    handle = PipelineHandle.of(source="/models/flux", model_class="FluxPipeline")
+    images = 1365  # 64 MiB of 64x64 images; made before tracing, so only what the receiving side allocates counts
+    oversized = bytes(images * request.output_bytes())
+
+    def answer():
+        protocol.receive(rank_0, timeout=30)  # the generate command
+        try:
+            protocol.send(rank_0, {"op": "result", "info": {}, "shape": [images, 64, 64, 3]}, [oversized])
+        except OSError:  # the refusing side may close before the last bytes went out
+            pass
+
+    peer = threading.Thread(target=answer, daemon=True)
+    peer.start()
+    group = WorkerGroup(channel.Channel(comfyui_side, "peer"), "peer", world_size=1)
+    tracemalloc.start()
+    try:
+        with pytest.raises(WorkerGroupError, match=f"over the bound of {request.output_bytes() + 2**20 + 1} bytes"):
+            group.generate(handle, request)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    peer.join(timeout=30)
+    assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB allocated for a refused frame"
+    assert group.conn is None  # the group that sent it is dropped
 
 
 @pytest.mark.parametrize("reply, expected", [

@@ -26,11 +26,13 @@ BAD_VALUES = {
     "TPU_DIFFUSERS_LAUNCH_TIMEOUT": ("10m", "a number of seconds above 0, without a unit"),
     "TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT": ("-5", "a number of seconds above 0"),
     "TPU_DIFFUSERS_CONTROL_KEY": ("0123abcd", "the control key has 8 hex digits; it must be 64"),
+    "TPU_DIFFUSERS_ATTACH_ALLOW": ("10.0.0.2:port", "'10.0.0.2:port' is not host:port or host"),
     "TPU_DIFFUSERS_RECOMPILE_LIMIT": ("lots", "a whole number of at least 1"),
     "TPU_DIFFUSERS_COMPILE_CACHE": ("s3://bucket/cache", "a local folder or a gs:// location"),
     "TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL": ("fast", "one of O0, O1, O2, O3"),
     "TPU_DIFFUSERS_WORKER_PROCESS": ("sometimes", "one of tpu, always, never"),
     "TPU_DIFFUSERS_DOWNLOADS": ("no", "one of allow, forbid"),
+    "TPU_DIFFUSERS_MEMORY_PLAN": ("ignore", "one of refuse, warn"),
 }
 
 
@@ -59,6 +61,9 @@ def test_a_bad_value_fails_when_read_and_the_error_names_the_variable_and_the_va
     ("TPU_DIFFUSERS_COMPILE_CACHE", "gs://bucket/cache", "gs://bucket/cache"),
     ("TPU_DIFFUSERS_COMPILE_CACHE", "~/cache", os.path.join(os.path.expanduser("~"), "cache")),
     ("TPU_DIFFUSERS_CONTROL_KEY", "", None),
+    ("TPU_DIFFUSERS_ATTACH_ALLOW", "", None),
+    ("TPU_DIFFUSERS_ATTACH_ALLOW", "10.0.0.2:7777, Host-1,[fd00::2]:7777,::1,",
+     (("10.0.0.2", 7777), ("host-1", None), ("fd00::2", 7777), ("::1", None))),
     ("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "o1", "O1"),
 ])
 def test_good_values_and_unset_variables_read_as_what_the_pack_uses(monkeypatch, name, text, value):

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import ipaddress
 import os
 import shutil
 import signal
@@ -19,13 +20,13 @@ import torch
 
 import tiny_loras
 from comfy_host import free_port
-from processes import alive_after, launched_workers
+from processes import alive_after, launched_workers, listening_addresses
 
 from tpu_diffusers_runtime.errors import CompileError
 from tpu_diffusers_runtime.specs import CompileSpec
 from tpu_diffusers_runtime.device import device_info
 from tpu_diffusers_runtime.distributed import channel
-from tpu_diffusers_runtime.distributed.group import WORKER_SCRIPT, root_cause
+from tpu_diffusers_runtime.distributed.group import WORKER_SCRIPT, WorkerGroup, root_cause
 from tpu_diffusers_runtime.errors import WorkerGroupError, WorkerRequestError, from_wire
 from tpu_diffusers_runtime.distributed.mesh import check_mesh
 from tpu_diffusers_runtime.specs import MeshSpec, Workers
@@ -58,6 +59,19 @@ def engine():
     engine = Engine()
     yield engine
     engine.unload()
+
+
+def test_a_local_group_listens_on_loopback_only(tiny, engine):
+    """torchrun's rendezvous, the process group's and the group's stores, gloo and the control channel of a
+    group launched on this host: no port of it is open to the network."""
+    result = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(chips=2)), request())
+    launcher, *ranks = result.info.worker_pids
+    listening = {pid: listening_addresses(pid) for pid in (launcher, *ranks)}
+    assert len(ranks) == 2 and all(listening[rank] for rank in ranks), listening  # each rank serves gloo at least
+    open_to_the_network = {pid: [address for address in addresses
+                                 if not ipaddress.ip_address(address.rpartition(":")[0]).is_loopback]
+                           for pid, addresses in listening.items()}
+    assert not any(open_to_the_network.values()), open_to_the_network
 
 
 @pytest.mark.parametrize("name", ["flux1-schnell", "flux2", "qwenimage", "flux2-klein"])
@@ -504,6 +518,35 @@ def test_each_way_a_connection_fails_has_its_own_message(address, key, raised, m
     assert workers_key not in str(error.value)
 
 
+@pytest.mark.parametrize("allowed", [None, "10.0.0.2:7777, 127.0.0.2", "localhost,[::1]"])
+def test_attach_connects_only_to_an_address_the_environment_allows(tiny, engine, monkeypatch, allowed):
+    """A workflow names the attach address, and whoever made it may not be who runs it: unless
+    $TPU_DIFFUSERS_ATTACH_ALLOW lists the address (a host alone: any of its ports), nothing connects there."""
+    monkeypatch.setenv(channel.KEY_ENV, channel.new_key())
+    if allowed is None:
+        monkeypatch.delenv(channel.ATTACH_ALLOW_ENV, raising=False)
+    else:
+        monkeypatch.setenv(channel.ATTACH_ALLOW_ENV, allowed)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = "127.0.0.1:%d" % listener.getsockname()[1]
+        mesh = MeshSpec(workers=Workers.ATTACH, address=address)
+        refused = f"address '{address}' is not in \\$TPU_DIFFUSERS_ATTACH_ALLOW"
+        with pytest.raises(UserInputError, match=refused) as error:
+            engine.generate(handle_for(tiny, "flux1-schnell", mesh=mesh), request())
+        with pytest.raises(UserInputError, match=refused):
+            WorkerGroup.attach(mesh)  # where the connection would be made
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing ever connected
+    assert f"add {address} to $TPU_DIFFUSERS_ATTACH_ALLOW" in str(error.value)
+    assert ("It allows: nothing (it is unset)." if allowed is None else f"It allows: {allowed.replace(' ', '')}.") \
+        in str(error.value).replace(", ", ",")
+    assert engine.workers.current is None
+    for entry in (address, "127.0.0.1", f"10.0.0.2:7777,{address}"):
+        monkeypatch.setenv(channel.ATTACH_ALLOW_ENV, entry)
+        channel.check_attach_address(address)  # allowed: no error
+
+
 def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkeypatch):
     """Two `torchrun --nnodes=2` "hosts" on loopback, as on a two-host TPU slice; the node attaches."""
     key, master_port, control = channel.new_key(), free_port(), f"127.0.0.1:{free_port()}"
@@ -513,8 +556,11 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
                                str(WORKER_SCRIPT), "--control", control, "--stay"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
               for rank in (0, 1)]
+    # what the user of attach sets for the ComfyUI process: the key (never the workflow's) and the address
+    monkeypatch.setenv(channel.KEY_ENV, key)
+    monkeypatch.setenv(channel.ATTACH_ALLOW_ENV, control)
     try:
-        mesh = MeshSpec(chips=2, workers=Workers.ATTACH, address=control, key=key)
+        mesh = MeshSpec(chips=2, workers=Workers.ATTACH, address=control)
         deadline = time.monotonic() + 180
         while True:  # the hosts take a while to start; the node would just be queued again
             try:
@@ -530,11 +576,9 @@ def test_attach_to_workers_started_by_torchrun_on_two_hosts(tiny, engine, monkey
         with pytest.raises(UserInputError, match="refused the key"):
             channel.connect(control, channel.new_key(), timeout=30)
         assert all(h.poll() is None for h in hosts)
-        monkeypatch.setenv(channel.KEY_ENV, key)  # the key from the environment, not from the (shared) workflow
-        without_key = MeshSpec(chips=2, workers=Workers.ATTACH, address=control)
-        again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=without_key), request(seed=18))
+        again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=mesh), request(seed=18))
         assert again.info.loaded  # unload asked the attached workers to drop the pipeline
-        assert key not in repr(mesh)
+        assert key not in repr(handle_for(tiny, "flux1-schnell", mesh=mesh).to_wire())  # nowhere in what travels
         # the same workers as one replica per "host": the shape is chosen per prompt
         per_host = MeshSpec(chips=2, replicas=2, workers=Workers.ATTACH, address=control)
         spanning = engine.generate(handle_for(tiny, "flux1-schnell", mesh=per_host), request(batch_size=2))

@@ -63,10 +63,18 @@ def test_a_killed_single_chip_worker_fails_the_run_clearly_and_the_next_run_rela
     assert again.info.loaded and not set(again.info.worker_pids) & set(pids)
 
 
+def allow_attach(monkeypatch, address: str, key: str) -> None:
+    """What the user of attach sets for the ComfyUI process: the workers' key and their address."""
+    monkeypatch.setenv(channel.KEY_ENV, key)
+    monkeypatch.setenv(channel.ATTACH_ALLOW_ENV, address)
+
+
 @pytest.fixture
-def staying_group(tmp_path):
-    """A 1-rank `--stay` group started as the README's attach section says: (address, key, its log)."""
+def staying_group(tmp_path, monkeypatch):
+    """A 1-rank `--stay` group started as the README's attach section says, this process allowed to attach to
+    it: (address, key, its log)."""
     process, address, key = start_staying_workers(WORKER_SCRIPT, tmp_path / "workers.log")
+    allow_attach(monkeypatch, address, key)
     yield address, key, tmp_path / "workers.log"
     stop_workers(process)
 
@@ -80,7 +88,7 @@ def test_probes_silent_peers_garbage_and_bad_messages_do_not_stop_a_staying_grou
     garbage.sendall(os.urandom(4096))
     started = time.monotonic()
     attached = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(workers=Workers.ATTACH,
-                                                                            address=address, key=key)), request())
+                                                                            address=address)), request())
     assert attached.info.world_size == 1
     assert time.monotonic() - started < 120  # the silent peer was dropped after the handshake bound
     engine.unload()  # detach
@@ -95,7 +103,7 @@ def test_probes_silent_peers_garbage_and_bad_messages_do_not_stop_a_staying_grou
     silent.close()
     garbage.close()
     again = engine.generate(handle_for(tiny, "flux1-schnell", mesh=MeshSpec(workers=Workers.ATTACH,
-                                                                         address=address, key=key)), request())
+                                                                         address=address)), request())
     assert again.info.world_size == 1
     text = log.read_text()
     assert "refused a client that closed the connection during the handshake" in text
@@ -111,20 +119,21 @@ def test_a_client_of_another_protocol_is_refused_by_name_and_the_group_stays_up(
     assert f"protocol {protocol.PROTOCOL_VERSION + 1} (pack 9.9.9)" in reply["message"]
     assert f"protocol {protocol.PROTOCOL_VERSION} (pack {protocol.PACK_VERSION})" in reply["message"]
     client.close()
-    mesh = MeshSpec(workers=Workers.ATTACH, address=address, key=key)
+    mesh = MeshSpec(workers=Workers.ATTACH, address=address)
     assert engine.generate(handle_for(tiny, "flux1-schnell", mesh=mesh), request()).info.world_size == 1
 
 
-def test_workers_of_another_pack_version_are_refused_with_both_versions(tiny, engine, tmp_path):
+def test_workers_of_another_pack_version_are_refused_with_both_versions(tiny, engine, tmp_path, monkeypatch):
     """Workers started from another checkout (here: a copy of this one with the next protocol)."""
     worker_script = other_version_checkout(PACK, tmp_path / "other_checkout", "9.0.0")
     key, port = channel.new_key(), free_port()
+    allow_attach(monkeypatch, f"127.0.0.1:{port}", key)
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                                 str(worker_script), "--control", f"127.0.0.1:{port}", "--stay"],
                                env={**os.environ, channel.KEY_ENV: key}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:  # not start_staying_workers: it would wait for a hello these workers refuse
-        mesh = MeshSpec(workers=Workers.ATTACH, address=f"127.0.0.1:{port}", key=key)
+        mesh = MeshSpec(workers=Workers.ATTACH, address=f"127.0.0.1:{port}")
         deadline = time.monotonic() + 180
         while True:
             try:

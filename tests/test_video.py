@@ -1,6 +1,8 @@
 """Video (Wan 2.2): each model's tasks equal plain diffusers for the same seed (seed + i per video), frames out as
 ComfyUI's IMAGE batch video after video, and the refusals that need no model (frames, images, sizes)."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -100,10 +102,26 @@ def test_a_video_too_large_for_the_chip_is_refused_before_loading(tiny, monkeypa
     weights refuses the run, says what it would need, and nothing is loaded."""
     monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda device_type: 2**20)
     engine = Engine()
-    with pytest.raises(UserInputError, match=r"Wan 2.2 at 64x64 x 9 frames, batch 1, needs .* it cannot fit\. Try"):
+    with pytest.raises(UserInputError, match=r"Wan 2.2 at 64x64 x 9 frames, batch 1, needs .* it cannot fit\. Try"
+                                             r".* TPU_DIFFUSERS_MEMORY_PLAN=warn runs it anyway"):
         engine.generate(PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline"),
                         request(frames=9, batch_size=1))
     assert not engine.cache
+
+
+def test_the_memory_plan_set_to_warn_runs_the_video_anyway_and_says_so(tiny, monkeypatch, caplog):
+    """The plan's estimate was never measured on a chip: TPU_DIFFUSERS_MEMORY_PLAN=warn runs what it would refuse,
+    with the estimate in the run info and the log."""
+    monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda device_type: 2**20)  # a chip far too small
+    monkeypatch.setenv("TPU_DIFFUSERS_MEMORY_PLAN", "warn")
+    with caplog.at_level(logging.WARNING, logger="tpu_diffusers"):
+        result = Engine().generate(PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline"),
+                                   request(frames=9, batch_size=1))
+    assert result.images.shape == (9, 64, 64, 3)
+    [note] = [note for note in result.info.notes if note.startswith("memory plan: ")]
+    assert "Wan 2.2 at 64x64 x 9 frames, batch 1, needs" in note and "it cannot fit" in note
+    assert note.endswith("Running anyway: TPU_DIFFUSERS_MEMORY_PLAN=warn.")
+    assert note in caplog.text
 
 
 def test_an_image_model_refuses_frames():

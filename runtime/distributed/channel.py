@@ -5,7 +5,8 @@ ways, before a single message is read, so an unauthenticated peer gets nothing; 
 time (a kernel receive/send timeout on the socket), so a peer that connects and stays silent is
 dropped after HANDSHAKE_SECONDS instead of holding rank 0. After it, messages follow protocol.py:
 JSON with binary payloads, bounded in size, never pickles. Rank 0 binds to loopback unless told
-another address (attach mode across hosts).
+another address (attach mode across hosts). Attach takes its key only from the environment and connects
+only to an address the environment allows (attach_key, check_attach_address).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
+from .. import settings
 from ..errors import UserInputError
-from ..settings import KEY_BYTES, KEY_ENV, decode_key  # noqa: F401  (KEY_ENV: the channel's variable)
+from ..settings import ATTACH_ALLOW_ENV, KEY_BYTES, KEY_ENV, decode_key  # noqa: F401  (the channel's variables)
 from . import protocol
 
 HANDSHAKE_SECONDS = 5.0  # a peer that has not authenticated by then is dropped
@@ -36,6 +38,38 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def attach_key() -> str:
+    """The key for attached workers: $TPU_DIFFUSERS_CONTROL_KEY of this process, never a workflow's (a shared
+    workflow would carry it to everyone it is shared with)."""
+    key = settings.get(KEY_ENV)
+    if not key:
+        raise UserInputError(f"attach needs the workers' key: set ${KEY_ENV} for the ComfyUI process to the key "
+                             "the workers printed (or start the workers with that same variable), then restart "
+                             "ComfyUI.")
+    return key
+
+
+def check_attach_address(address: str) -> None:
+    """Refuse an attach address that $TPU_DIFFUSERS_ATTACH_ALLOW does not list. A workflow names it, and whoever
+    made the workflow may not be who runs it: the prompt, its input images and local paths go there. Loopback is
+    not allowed by default either: any local user can listen on a loopback port and relay the handshake to the
+    real workers (it proves the key, it does not bind the connection), reading every message after it."""
+    host, port = parse_address(address)
+    allowed = settings.get(ATTACH_ALLOW_ENV) or ()
+    if (host.lower(), port) in allowed or (host.lower(), None) in allowed:
+        return
+    listed = ", ".join(_entry_text(*entry) for entry in allowed) or "nothing (it is unset)"
+    raise UserInputError(f"address '{address}' is not in ${ATTACH_ALLOW_ENV}, so attach does not connect there: "
+                         "a workflow chooses the address, and the prompt, its images and local paths would go to "
+                         f"it. If these are your workers, add {address} to ${ATTACH_ALLOW_ENV} (comma-separated "
+                         f"host:port or host) for the ComfyUI process and restart ComfyUI. It allows: {listed}.")
+
+
+def _entry_text(host: str, port: int | None) -> str:
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port else host
+
+
 class Channel:
     """One authenticated connection: messages with payloads, both ways."""
 
@@ -45,8 +79,9 @@ class Channel:
     def send(self, message: dict, payloads: list[bytes] = ()) -> None:
         protocol.send(self.sock, message, payloads)
 
-    def receive(self, timeout: float | None = None) -> tuple[dict, list[bytes]] | None:
-        return protocol.receive(self.sock, timeout)
+    def receive(self, timeout: float | None = None,
+                max_bytes: int = protocol.MAX_MESSAGE_BYTES) -> tuple[dict, list[bytes]] | None:
+        return protocol.receive(self.sock, timeout, max_bytes)
 
     def close(self) -> None:
         self.sock.close()

@@ -1,8 +1,9 @@
 """Launch (or attach to) a worker group and run prompts on it.
 
-A local group is launcher.py running torch's own launcher (torchrun: `--standalone --nproc_per_node=N
-worker.py`), which starts, watches and stops the ranks. We only keep the launcher process, a private
-folder with its log, and an authenticated connection to rank 0. The group stays up between prompts
+A local group is launcher.py running torch's own launcher (torchrun: `--nproc_per_node=N worker.py`, its
+rendezvous a file, see local_rendezvous), which starts, watches and stops the ranks; every socket of the
+group listens on loopback only. We only keep the launcher process, a private folder with its log and
+rendezvous file, and an authenticated connection to rank 0. The group stays up between prompts
 and across models (the ranks' pipeline cache evicts the old model); "Unload Models", another number
 of ranks, a failure and ComfyUI's exit stop it. Every process of it ends when ComfyUI is gone
 (lifeline.py); we signal only the launcher, our own child, never a pid read from elsewhere.
@@ -16,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,7 @@ WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 LAUNCHER_SCRIPT = Path(__file__).with_name("launcher.py")
 POLL_SECONDS = 0.1
 TERMINATE_GRACE_SECONDS = 15  # torchrun's own teardown of its ranks after SIGTERM
+IFF_LOOPBACK = 0x8  # in /sys/class/net/<interface>/flags
 
 
 def root_cause(log_text: str) -> str:
@@ -57,11 +60,31 @@ def root_cause(log_text: str) -> str:
     return "the worker group stopped: " + (" | ".join(tail) or "no output")
 
 
+def local_rendezvous(folder: Path) -> list[str]:
+    """torchrun's arguments for one host that opens no port to the network: the rendezvous is a file in the
+    group's private folder (`--standalone` serves it as a TCP store on every interface), and the ranks learn
+    MASTER_ADDR=127.0.0.1, so rank 0 serves the process group's store on loopback (worker.hosted_store)."""
+    return ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={folder / 'rendezvous'}",
+            "--rdzv-conf=store_type=file", "--rdzv-id=local", "--local-addr=127.0.0.1"]
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface (Linux: `lo`), for GLOO_SOCKET_IFNAME."""
+    for _, name in socket.if_nameindex():
+        if int(Path(f"/sys/class/net/{name}/flags").read_text(), 16) & IFF_LOOPBACK:
+            return name
+    raise WorkerGroupError("this host has no loopback network interface, which a local worker group listens on.")
+
+
 def launch_env(key: str) -> dict:
     """The environment for a local group: ComfyUI's own, plus the key, with TorchTPU's autoload as the
-    user had it (ComfyUI's process keeps TorchTPU out, see device.keep_tpu_for_workers). A copy:
-    ComfyUI's os.environ is never changed, as other threads read it."""
-    env = {**device_module.worker_environment(os.environ), channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
+    user had it (ComfyUI's process keeps TorchTPU out, see device.keep_tpu_for_workers), and every listening
+    socket on loopback: gloo's (and on CUDA NCCL's bootstrap) on the loopback interface, and no TCP store of
+    torchrun's own (the ranks serve theirs, see local_rendezvous). A copy: ComfyUI's os.environ is never
+    changed, as other threads read it."""
+    loopback = loopback_interface()
+    env = {**device_module.worker_environment(os.environ), channel.KEY_ENV: key, "PYTHONUNBUFFERED": "1",
+           "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop(lifeline.LAUNCHER_PID_ENV, None)
     return env
 
@@ -89,8 +112,8 @@ class WorkerGroup:
         folder = Path(tempfile.mkdtemp(prefix="tpu_diffusers_workers_"))
         port_file = folder / "control_port"
         command = [sys.executable, str(LAUNCHER_SCRIPT), "--parent", str(os.getpid()),
-                   *(["--tpu"] if device.type == "tpu" else []), "--",
-                   "--standalone", f"--nproc_per_node={world_size}", "--max_restarts=0", str(WORKER_SCRIPT),
+                   *(["--tpu"] if device.type == "tpu" else []), "--", *local_rendezvous(folder),
+                   f"--nproc_per_node={world_size}", "--max_restarts=0", str(WORKER_SCRIPT),
                    "--control", "127.0.0.1:0", "--port-file", str(port_file)]
         with open(os.open(folder / "workers.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as log:
             # Own session: a Ctrl-C meant for ComfyUI does not tear through the ranks mid-step; they
@@ -119,10 +142,9 @@ class WorkerGroup:
 
     @classmethod
     def attach(cls, spec: MeshSpec) -> "WorkerGroup":
-        key = spec.key or settings.get(channel.KEY_ENV)
-        if not key:
-            raise UserInputError(f"attach needs the workers' key: type it in the node, or set ${channel.KEY_ENV} "
-                                 "for the ComfyUI process (keeps it out of shared workflows).")
+        """Connect to workers started elsewhere: only at an allowed address, only with this process's key."""
+        key = channel.attach_key()
+        channel.check_attach_address(spec.address)
         group = cls(channel.connect(spec.address, key, timeout=30), spec.address, 0)
         try:
             group.world_size = group._hello()
@@ -150,16 +172,21 @@ class WorkerGroup:
 
     def generate(self, handle, request, on_progress=None, preview=None):
         """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict). With a
-        PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message."""
+        PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
+
+        No frame larger than the request's images (and the JSON beside them) is read: a preview, one image at
+        latent size in uint8, is far smaller, so a peer cannot make this process allocate more than the
+        request could bring back."""
         import numpy as np
         import torch
 
         request_data, arrays = request.to_wire()  # images and masks travel as binary payloads
         self.conn.send({"op": "generate", "handle": handle.to_wire(), "request": request_data,
                         "preview": preview and preview.to_wire()}, arrays)
+        bound = request.output_bytes() + protocol.MAX_JSON_BYTES + 1  # + the NUL between JSON and payloads
         interrupted = None
         while True:
-            message, payloads = self._next_message()
+            message, payloads = self._next_message(max_bytes=bound)
             op = message["op"]
             if op == "progress" and on_progress and interrupted is None:
                 try:
@@ -180,16 +207,18 @@ class WorkerGroup:
         self.conn.send({"op": "unload"})
         self._next_message(silence_timeout=60)
 
-    def _next_message(self, silence_timeout: float | None = None, errors_raise: bool = True):
-        """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT). A
-        request that failed on every rank raises its error (unless `errors_raise` is False); a dead or
-        silent group becomes a WorkerGroupError, never a hang."""
+    def _next_message(self, silence_timeout: float | None = None, errors_raise: bool = True,
+                      max_bytes: int = protocol.MAX_JSON_BYTES):
+        """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT), at
+        most `max_bytes` long (by default a message without payloads). A request that failed on every rank
+        raises its error (unless `errors_raise` is False); a dead or silent group, or one that sends more
+        than asked for, becomes a WorkerGroupError, never a hang."""
         if silence_timeout is None:
             silence_timeout = settings.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT")
         quiet_since = time.monotonic()
         while True:
             try:
-                received = self.conn.receive(timeout=POLL_SECONDS)
+                received = self.conn.receive(timeout=POLL_SECONDS, max_bytes=max_bytes)
             except protocol.MessageRefused as e:
                 self.stop()
                 raise WorkerGroupError(f"the workers sent a message this side cannot use ({e}); the group was "
@@ -275,7 +304,7 @@ class WorkerGroups:
     def get(self, spec: MeshSpec, shape: tuple[int, ...], device: device_module.DeviceInfo,
             on_progress=None) -> GroupUse:
         world_size = math.prod(shape)
-        key = (spec.workers, spec.address, spec.key, world_size)
+        key = (spec.workers, spec.address, world_size)
         if self.current is not None and self.key == key and self.current.alive():
             note = (f"worker group reused: {world_size} rank(s)" if shape == self.shape else
                     f"worker group reshaped: the same {world_size} rank(s), mesh {self.shape} -> {shape} (nothing "

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 
-from .. import settings
 from ..device import TPU_IN_WORKERS_ENV, DeviceInfo, tpu_chip_count
 from ..errors import ModelLoadError, UserInputError
 from ..families import FAMILIES, Family, family_for
-from ..settings import KEY_ENV, decode_key
 from ..sources import components, is_hub_id, read_model_index
 from ..specs import MeshSpec, Workers
-from .channel import parse_address
+from .channel import attach_key, check_attach_address
 
 CPU_MESH_DEFAULT_RANKS = 2  # a CPU "mesh" is for development; two ranks show everything TP does
 
@@ -106,12 +104,8 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     """Refuse what cannot work before launching: returns notes on the mesh's shape and what stays whole.
     `from_files`: components loaded from single files (their text encoders stay whole on every rank)."""
     if spec.workers == Workers.ATTACH:
-        key = spec.key or settings.get(KEY_ENV)
-        if not spec.address or not key:
-            raise UserInputError(f"attach needs the address (host:port) of the workers' rank 0 and their key (in "
-                                 f"the node, or ${KEY_ENV} for the ComfyUI process).")
-        parse_address(spec.address)
-        decode_key(key)
+        attach_key()
+        check_attach_address(spec.address)
     size = world_size(spec, device)
     if spec.workers == Workers.LAUNCH_LOCAL and size > local_chips(device):
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"

@@ -4,8 +4,10 @@ A message is one frame in `multiprocessing.connection`'s wire format (a 4-byte b
 -1 and an 8-byte length, then the body), so a worker of an older pack still reads our hello and is
 refused by version instead of crashing. The body is JSON; a message with binary payloads (images,
 masks, video frames, previews) lists their sizes in "payloads" and carries them after a NUL byte
-(JSON text never holds a raw NUL). Every frame is bounded: one over MAX_MESSAGE_BYTES is skipped
-unread, so the stream stays in step and the sender gets an error reply instead of a dead group.
+(JSON text never holds a raw NUL). Every frame is bounded: one over the receiver's bound (the workers':
+MAX_MESSAGE_BYTES; ComfyUI's: what the request it waits on can bring back) is skipped unread, never
+allocated, so the stream stays in step and the workers answer with an error instead of a dead group
+(ComfyUI's side drops a group that sends more than it asked for).
 
 PROTOCOL_VERSION counts changes to the messages' meaning (ops and fields); the framing above stays.
 Every hello carries it and the pack version, and each side refuses a peer of another protocol.
@@ -66,10 +68,12 @@ def wait_readable(sock: socket.socket, timeout: float | None) -> bool:
     return bool(select.select([sock], [], [], timeout)[0])
 
 
-def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, list[memoryview]] | None:
+def receive(sock: socket.socket, timeout: float | None = None,
+            max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[dict, list[memoryview]] | None:
     """The next message and its payloads (views of one writable buffer, so images become arrays without a
-    copy); None if none began within `timeout` seconds. Raises EOFError when the peer closed, OSError
-    when it stalled inside a frame, MessageRefused for an unusable frame."""
+    copy); None if none began within `timeout` seconds. A frame over `max_bytes` (the caller's bound: what
+    the request it waits on can bring) is refused before its buffer is allocated. Raises EOFError when the
+    peer closed, OSError when it stalled inside a frame, MessageRefused for an unusable frame."""
     if not wait_readable(sock, timeout):
         return None
     sock.settimeout(FRAME_STALL_SECONDS)
@@ -77,9 +81,9 @@ def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, li
         (size,) = struct.unpack("!i", _read(sock, 4))
         if size == -1:
             (size,) = struct.unpack("!Q", _read(sock, 8))
-        if size < 0 or size > MAX_MESSAGE_BYTES:
+        if size < 0 or size > max_bytes:
             _discard(sock, max(size, 0))
-            raise MessageRefused(f"a message of {size} bytes is over the bound of {MAX_MESSAGE_BYTES} bytes")
+            raise MessageRefused(f"a message of {size} bytes is over the bound of {max_bytes} bytes")
         head = _read_until_nul(sock, min(size, MAX_JSON_BYTES + 1))
         if len(head) > MAX_JSON_BYTES:
             _discard(sock, size - len(head))

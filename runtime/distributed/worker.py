@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import ipaddress
 import os
+import socket
 import sys
 import time
 
@@ -408,6 +410,43 @@ def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple
     return reply
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback IP address as written (a host name is not resolved: Debian maps the
+    host's own name to 127.0.1.1, while the other hosts of a slice reach it at its network address)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def hosted_store(host: str, port: int, world: int, timeout: datetime.timedelta | None = None):
+    """A TCPStore this rank serves at host:port (port 0: a free one). TCPStore itself listens on every
+    interface whatever host it is given; for a group on one host (MASTER_ADDR a loopback address, as
+    ComfyUI's local launch sets it) this one listens on loopback only."""
+    import torch.distributed as dist
+
+    options = dict(is_master=True, wait_for_workers=False, **({"timeout": timeout} if timeout else {}))
+    if not is_loopback(host):
+        return dist.TCPStore(host, port, world, **options)
+    listener = socket.create_server((host, port))
+    return dist.TCPStore(host, listener.getsockname()[1], world, master_listen_fd=listener.detach(), **options)
+
+
+def init_process_group(backend: str) -> None:
+    """Join the group. Under torchrun's shared store (TORCHELASTIC_USE_AGENT_STORE) every rank is its
+    client, as torch does; otherwise (ComfyUI's local launch) rank 0 serves it, on loopback."""
+    import torch.distributed as dist
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend=backend, timeout=IDLE_TIMEOUT)
+        return
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = hosted_store(host, port, world, IDLE_TIMEOUT) if rank == 0 else \
+        dist.TCPStore(host, port, world, is_master=False, timeout=IDLE_TIMEOUT)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=IDLE_TIMEOUT)
+
+
 def group_store(rank: int, world: int):
     """A key-value store of the group's own, served by rank 0 where torchrun's master is, for what
     replicas share without waiting for each other (step counts, the cancel decision)."""
@@ -415,7 +454,7 @@ def group_store(rank: int, world: int):
 
     host = os.environ["MASTER_ADDR"]
     port = [None]
-    store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False) if rank == 0 else None
+    store = hosted_store(host, 0, world) if rank == 0 else None
     if store is not None:
         port = [store.port]
     dist.broadcast_object_list(port, src=0)
@@ -446,7 +485,7 @@ def main(argv=None) -> int:
         enable_cpu_tensor_parallel()
     elif info.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=info.process_group_backend, timeout=IDLE_TIMEOUT)
+    init_process_group(info.process_group_backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     outcome_group = dist.new_group(backend="gloo", timeout=AGREE_TIMEOUT)
     gather_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)  # images wait for the slowest replica

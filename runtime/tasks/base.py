@@ -79,6 +79,10 @@ class SampleRequest:
         images = arrays[:len(data.get("image_shapes", ()))]
         return cls(**fields, images=tuple(images), mask=arrays[len(images)] if data.get("mask_shape") else None)
 
+    def output_bytes(self) -> int:
+        """The size of what the request makes: ComfyUI's IMAGE batch in float32, frame after frame of a video."""
+        return 4 * 3 * self.width * self.height * self.batch_size * max(self.frames, 1)
+
     def batch_slice(self, start: int, count: int) -> "SampleRequest":
         """Images start .. start + count - 1 of this request's batch as a request of their own (a replica's
         share): seed + start, and each output image keeps the input images it pairs with."""
@@ -161,7 +165,7 @@ class Task:
     def host_bytes(self, request: SampleRequest) -> int:
         """Host memory the output alone needs, checked before anything is allocated: the pipeline's float32
         output and the IMAGE tensor made from it, 2 x 4 bytes per value."""
-        return 2 * 4 * 3 * request.width * request.height * request.batch_size * max(request.frames, 1)
+        return 2 * request.output_bytes()
 
     def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
             on_step: StepCallback | None = None, preview: PreviewSpec | None = None):

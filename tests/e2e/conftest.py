@@ -40,8 +40,10 @@ def server(tiny_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-base")
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / "other_pack_unload_all_models.py").write_text(OTHER_PACK_NODE)
-    # ComfyUI 0.3.75's default preview method, named so a newer default cannot change what the tests see
-    with comfy_server(base, tiny_dir, broken_models=True, args=["--preview-method", "none"]) as running:
+    # ComfyUI 0.3.75's default preview method, named so a newer default cannot change what the tests see;
+    # the TP Mesh's attach address that test_validation.py queues (nothing listens there) allowed
+    with comfy_server(base, tiny_dir, broken_models=True, args=["--preview-method", "none"],
+                      env={"TPU_DIFFUSERS_ATTACH_ALLOW": "127.0.0.1:7777"}) as running:
         yield running
 
 

@@ -100,6 +100,11 @@ class TestRefusedWhenQueued:
         (dict(address="10.0.0.2:port"), "address", "is not host:port"),
         pytest.param(dict(key=""), "key", f"key is empty and ${KEY_ENV} is not set",
                      marks=pytest.mark.skipif(KEY_ENV in os.environ, reason=f"${KEY_ENV} is set")),
+        # a shared workflow chooses neither the key nor, unless the server's owner allowed it, the address
+        (dict(key="ab" * 32), "key", f"key must be empty: attach takes the workers' key only from ${KEY_ENV}"),
+        (dict(key="ab" * 32, workers="launch_local"), "key", "Clear this field"),
+        (dict(address="10.0.0.2:7777"), "address",
+         "address '10.0.0.2:7777' is not in $TPU_DIFFUSERS_ATTACH_ALLOW, so attach does not connect there"),
     ])
     def test_tp_mesh_attach(self, server, workflow, inputs, field, expected):
         prompt = with_mesh(workflow(), **inputs)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from comfy_host import ComfyServer
 from serving import comfy_server
+from tpu_diffusers_runtime.distributed import channel
 
 DATA_LIMIT_BYTES = 4 * 2**30  # ComfyUI with the tiny models needs ~1.5 GiB
+WORKERS_KEY = channel.new_key()  # the key of every worker group the tests start to attach to (attach_env)
 
 # An IMAGE of any shape, filled with 0.5: ComfyUI's own nodes make 3 channels (4 with Join Image with Alpha).
 IMAGE_OF_SHAPE_NODE = """
@@ -59,11 +61,18 @@ def inductor_cache(server: ComfyServer) -> Path:
     return Path(server.extra_env["TORCHINDUCTOR_CACHE_DIR"])
 
 
+def attach_env() -> dict[str, str]:
+    """What a user of attach sets for ComfyUI: the workers' key (start_staying_workers(key=WORKERS_KEY)) and
+    their address, here any port of loopback, where the tests start their workers."""
+    return {channel.KEY_ENV: WORKERS_KEY, channel.ATTACH_ALLOW_ENV: "127.0.0.1"}
+
+
 def start_server(base: Path, tiny_dir: Path, env: dict | None = None) -> ComfyServer:
     """A started server that sees every tiny model and the broken ones, with its own compile caches
-    (unless `env` names others), the memory cap and the test-only image node."""
+    (unless `env` names others), attach to WORKERS_KEY's workers on loopback allowed, the memory cap and
+    the test-only image node."""
     (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / "test_image_of_shape.py").write_text(IMAGE_OF_SHAPE_NODE)
-    server = comfy_server(base, tiny_dir, broken_models=True, env={**cache_env(base), **(env or {})},
+    server = comfy_server(base, tiny_dir, broken_models=True, env={**cache_env(base), **attach_env(), **(env or {})},
                           data_limit_bytes=DATA_LIMIT_BYTES)
     return server.start()

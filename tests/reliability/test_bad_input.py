@@ -22,7 +22,7 @@ from serving import (COMPILE, LOADER, MESH, MODE, SAMPLER, a_good_prompt_succeed
                      image_sizes, outcome, run_info, run_ok, sampler_prompt, with_compile, with_mesh)
 
 FLUX = "tiny-flux1-schnell"
-UNUSED_KEY = "ab" * 32  # well-formed, matches no worker group
+UNUSED_KEY = "ab" * 32  # well-formed, matches no worker group (and refused when a workflow types it)
 
 
 def edited(node: str, **inputs):
@@ -95,13 +95,13 @@ CASES = [
     case("warmup-size-not-a-multiple-of-16", compiled(warmup_sizes="1000x1000"), COMPILE, ["multiple of 16"]),
     case("unknown-compile-scope", compiled(scope="everything"), (COMPILE, SAMPLER), ["scope", "everything"]),
     # the TP Mesh
-    case("attach-address-not-host-port", meshed(workers="attach", address="nohost", key=UNUSED_KEY), MESH,
-         ["address", "host:port"]),
-    case("attach-without-a-key", meshed(workers="attach", address="127.0.0.1:9"), MESH, ["key"]),
-    case("attach-key-not-hex", meshed(workers="attach", address="127.0.0.1:9", key="zz" * 32), (MESH, SAMPLER),
-         ["key", "hex"]),
-    case("attach-where-nothing-listens", meshed(workers="attach", address="127.0.0.1:9", key=UNUSED_KEY),
-         (MESH, SAMPLER), ["127.0.0.1:9"]),
+    case("attach-address-not-host-port", meshed(workers="attach", address="nohost"), MESH, ["address", "host:port"]),
+    case("attach-key-typed-in-the-workflow", meshed(workers="attach", address="127.0.0.1:9", key=UNUSED_KEY), MESH,
+         ["key", "TPU_DIFFUSERS_CONTROL_KEY"]),
+    case("attach-address-not-allowed", meshed(workers="attach", address="10.0.0.2:9"), MESH,
+         ["10.0.0.2:9", "TPU_DIFFUSERS_ATTACH_ALLOW"]),
+    case("attach-where-nothing-listens", meshed(workers="attach", address="127.0.0.1:9"), (MESH, SAMPLER),
+         ["127.0.0.1:9"]),
     case("unknown-workers-kind", meshed(workers="cloud"), MESH, ["workers", "cloud"]),
     case("more-chips-than-the-host-has", meshed(chips=64), (MESH, SAMPLER), ["64", "chips"]),
     case("tp-for-a-model-without-a-tp-plan", meshed(model="tiny-sd3"), (MESH, SAMPLER), ["SD3", "plan"]),
@@ -385,7 +385,7 @@ def test_two_clients_queueing_at_once_each_get_their_own_outcome(server):
     with its own error or images."""
     count("bad inputs tried")
     start = threading.Barrier(4)
-    bad = meshed(workers="attach", address="127.0.0.1:9", key=UNUSED_KEY)(server)
+    bad = meshed(workers="attach", address="127.0.0.1:9")(server)
 
     def bad_prompt(client):
         start.wait()

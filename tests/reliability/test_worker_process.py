@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness import REPORT, count, start_server
+from harness import REPORT, WORKERS_KEY, count, start_server
 from processes import (alive_after, children, launched_workers, other_version_checkout, start_staying_workers,
                        stop_workers)
 from serving import (MESH, SAMPLER, clear_error, failure, run_info, run_ok, sampler_prompt, with_mesh)
@@ -122,9 +122,9 @@ def test_a_sigkilled_comfyui_leaves_no_worker_in_any_phase(tiny_dir, tmp_path, p
 
 
 def test_probes_silent_and_garbage_clients_on_the_control_port_do_not_stop_a_running_prompt(server, tmp_path):
-    process, address, key = start_staying_workers(WORKER_SCRIPT, tmp_path / "workers.log", ranks=2)
+    process, address, _ = start_staying_workers(WORKER_SCRIPT, tmp_path / "workers.log", ranks=2, key=WORKERS_KEY)
     try:
-        prompt = with_mesh(sampler_prompt(steps=40), workers="attach", address=address, key=key)
+        prompt = with_mesh(sampler_prompt(steps=40), workers="attach", address=address)
         host, port = channel.parse_address(address)
         with server.events() as events:
             prompt_id = server.queue(prompt, client_id=events.client_id)
@@ -139,7 +139,7 @@ def test_probes_silent_and_garbage_clients_on_the_control_port_do_not_stop_a_run
         assert run_info(entry)["world_size"] == 2
         server.post("/free", {"unload_models": True, "free_memory": True})  # detach: the peers get their turn
         silent_kept = time.monotonic()
-        again = run_info(run_ok(server, with_mesh(sampler_prompt(), workers="attach", address=address, key=key)))
+        again = run_info(run_ok(server, with_mesh(sampler_prompt(), workers="attach", address=address)))
         assert again["world_size"] == 2 and process.poll() is None
         print(f"\n[fault] probe + silent + garbage clients on a --stay group: prompt ok, next attach after "
               f"{time.monotonic() - silent_kept:.1f}s")
@@ -152,9 +152,9 @@ def test_probes_silent_and_garbage_clients_on_the_control_port_do_not_stop_a_run
 
 def test_workers_of_another_protocol_version_are_refused_on_the_node(server, tmp_path):
     worker_script = other_version_checkout(PACK, tmp_path / "other_checkout", "9.0.0")
-    process, address, key = start_staying_workers(worker_script, tmp_path / "workers.log")
+    process, address, _ = start_staying_workers(worker_script, tmp_path / "workers.log", key=WORKERS_KEY)
     try:
-        prompt = with_mesh(sampler_prompt(), workers="attach", address=address, key=key)
+        prompt = with_mesh(sampler_prompt(), workers="attach", address=address)
         message = clear_error(server, prompt, (SAMPLER, MESH), "protocol mismatch",
                               f"protocol {protocol.PROTOCOL_VERSION + 1}", f"protocol {protocol.PROTOCOL_VERSION}",
                               "same version")
