@@ -196,26 +196,40 @@ def synchronize(info: DeviceInfo) -> None:
 
 
 def empty_cache(info: DeviceInfo) -> None:
-    import torch
-
     if info.type != "cpu":
-        torch.accelerator.empty_cache()
+        _memory_call("empty_cache")
 
 
 def peak_memory_bytes(info: DeviceInfo) -> int | None:
-    """Peak accelerator memory since the last reset; None on cpu (use the process RSS there)."""
-    import torch
-
+    """Peak accelerator memory since the last reset; None on cpu (use the process RSS there) and where the device
+    does not count it (0 bytes after a run means its allocator keeps no statistics)."""
     if info.type == "cpu":
         return None
-    return torch.accelerator.max_memory_allocated()
+    return _memory_call("max_memory_allocated") or None
 
 
 def reset_peak_memory(info: DeviceInfo) -> None:
+    if info.type != "cpu":
+        _memory_call("reset_peak_memory_stats")
+
+
+def _memory_call(name: str):
+    """torch.accelerator.<name>(), or None when it fails. TorchTPU 0.2.0 documents no memory API (its allocator
+    implements some of torch.accelerator's calls and raises "not implemented for TPU" for others, untried on a
+    chip): memory figures and cache emptying are diagnostics, and must never fail a run or an unload."""
     import torch
 
-    if info.type != "cpu":
-        torch.accelerator.reset_peak_memory_stats()
+    try:
+        return getattr(torch.accelerator, name)()
+    except Exception as error:  # noqa: BLE001  (any failure: the figure is unknown, the cache stays)
+        _note_memory_call_failed(name, f"{type(error).__name__}: {error}")
+        return None
+
+
+@functools.cache
+def _note_memory_call_failed(name: str, why: str) -> None:
+    log.warning("TPU Diffusers: torch.accelerator.%s() failed on this device (%s); carrying on without it.",
+                name, why)
 
 
 # What TorchTPU's out-of-memory errors say: torch_tpu 0.2.0 has no exception type of its own for it (its
