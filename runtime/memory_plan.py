@@ -54,7 +54,7 @@ VAE_CHUNK_FRAMES = 4
 # (decodes at half resolution then unpatchifies 2x2; its lower stages weigh more: measured ~22.2 of its top width)
 VAE_TENSORS = 16
 PATCHED_VAE_TENSORS = 24
-DEGREES = (1, 2, 4, 8)  # the tp and cp degrees the suggestions consider, up to a host's chips (v7: 8 devices on 4 chips)
+DEGREES = (1, 2, 4, 8)  # tp and cp degrees the suggestions consider, up to a host's chips (v7: 8 devices on 4 chips)
 GIB = 2**30
 
 
