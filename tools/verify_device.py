@@ -122,8 +122,8 @@ SUITES = ("contract", "all", "none")
 # How far a cell's output (every value of its 0..1 images or frames) may be from the host CPU's float32 reference, by
 # the dtype the cell ran in (the device's default: float32 on a CPU, bfloat16 on a TPU or GPU). Measured on a CPU
 # with the tiny models, bfloat16 against float32, the worst family: max 0.115, mean 0.0056 (the bench FLUX.1 and SDXL at
-# 512x512: max 0.033, mean 0.0021); another seed is a mean of 0.022 or more away, a grey or black image 0.04 or more. A float32 CPU cell differs by rounding only (compiled,
-# offloaded, TP or CP: at most ~1e-5).
+# 512x512: max 0.033, mean 0.0021); another seed is a mean of 0.022 or more away, a grey or black image 0.04 or more.
+# A float32 CPU cell differs by rounding only (compiled, offloaded, TP or CP: at most ~1e-5).
 REFERENCE_DTYPE = "float32"
 TOLERANCES = {"float32": {"max_abs_diff": 5e-3, "mean_abs_diff": 5e-4},
               "bfloat16": {"max_abs_diff": 0.25, "mean_abs_diff": 0.015}}
