@@ -19,9 +19,15 @@ import sys
 log = logging.getLogger("tpu_diffusers")
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
-# The PCI device ids of TPU chips (v4, v5p, v5e, v6e, v7), as torch_tpu 0.2.0 lists them; other Google PCI
-# devices (a gVNIC network card) are not chips.
-TPU_PCI_DEVICES = frozenset({"0x005e", "0x0062", "0x0063", "0x006f", "0x0076"})
+# The PCI device id of each TPU generation, as torch_tpu 0.2.0 lists them; other Google PCI devices (a gVNIC
+# network card) are not chips.
+TPU_KIND_BY_PCI_DEVICE = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e", "0x0076": "v7"}
+TPU_PCI_DEVICES = frozenset(TPU_KIND_BY_PCI_DEVICE)
+# The ranks one host's TorchTPU launch environment can form, per generation: torch_tpu 0.2.0's
+# `set_tpu_launch_env(nproc_per_node=n)` takes a topology from its table (_internal/utils/hardware.py) and raises
+# "No TPU topology found for count: n" for any other n. tests/test_torch_tpu_contract.py compares this with the
+# installed wheel's table.
+TPU_WORLD_SIZES = {"v4": (1, 2, 4, 8), "v5p": (1, 2, 4, 8), "v5e": (1, 4, 8), "v6e": (1, 4, 8), "v7": (2, 4, 8)}
 AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"  # torch loads TorchTPU at `import torch` unless it is 0
 # Set in ComfyUI's process when it keeps TorchTPU out (the TPU chips it found); never passed to workers.
 TPU_IN_WORKERS_ENV = "TPU_DIFFUSERS_TPU_IN_WORKERS"
@@ -49,6 +55,17 @@ def tpu_pci_models() -> list[str]:
         except OSError:
             continue
     return models
+
+
+def tpu_kind() -> str | None:
+    """The TPU generation on this host's PCI bus (v5e, v6e, ...), read without loading TorchTPU; None without one."""
+    return next((TPU_KIND_BY_PCI_DEVICE[model] for model in tpu_pci_models()), None)
+
+
+def launchable_world_sizes(kind: str) -> tuple[int, ...]:
+    """The ranks a local worker group can have on a host of this TPU generation: TorchTPU's topologies, and one rank
+    always (where TorchTPU knows no one-rank topology, v7, the launcher starts it without its launch environment)."""
+    return tuple(sorted({1, *TPU_WORLD_SIZES[kind]}))
 
 
 def tpu_on_pci_bus() -> bool:
@@ -196,26 +213,40 @@ def synchronize(info: DeviceInfo) -> None:
 
 
 def empty_cache(info: DeviceInfo) -> None:
-    import torch
-
     if info.type != "cpu":
-        torch.accelerator.empty_cache()
+        _memory_call("empty_cache")
 
 
 def peak_memory_bytes(info: DeviceInfo) -> int | None:
-    """Peak accelerator memory since the last reset; None on cpu (use the process RSS there)."""
-    import torch
-
+    """Peak accelerator memory since the last reset; None on cpu (use the process RSS there) and where the device
+    does not count it (0 bytes after a run means its allocator keeps no statistics)."""
     if info.type == "cpu":
         return None
-    return torch.accelerator.max_memory_allocated()
+    return _memory_call("max_memory_allocated") or None
 
 
 def reset_peak_memory(info: DeviceInfo) -> None:
+    if info.type != "cpu":
+        _memory_call("reset_peak_memory_stats")
+
+
+def _memory_call(name: str):
+    """torch.accelerator.<name>(), or None when it fails. TorchTPU 0.2.0 documents no memory API (its allocator
+    implements some of torch.accelerator's calls and raises "not implemented for TPU" for others, untried on a
+    chip): memory figures and cache emptying are diagnostics, and must never fail a run or an unload."""
     import torch
 
-    if info.type != "cpu":
-        torch.accelerator.reset_peak_memory_stats()
+    try:
+        return getattr(torch.accelerator, name)()
+    except Exception as error:  # noqa: BLE001  (any failure: the figure is unknown, the cache stays)
+        _note_memory_call_failed(name, f"{type(error).__name__}: {error}")
+        return None
+
+
+@functools.cache
+def _note_memory_call_failed(name: str, why: str) -> None:
+    log.warning("TPU Diffusers: torch.accelerator.%s() failed on this device (%s); carrying on without it.",
+                name, why)
 
 
 # What TorchTPU's out-of-memory errors say: torch_tpu 0.2.0 has no exception type of its own for it (its

@@ -49,7 +49,6 @@ from .specs import Placement
 log = logging.getLogger("tpu_diffusers")
 
 HBM_PER_DEVICE_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "v7": 96}  # TorchTPU 0.2.0's table, per device
-TPU_KIND_BY_PCI_DEVICE = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e", "0x0076": "v7"}
 USABLE_SHARE = 0.9
 HIDDEN_TENSORS = 12  # in the working dtype: 24 bytes per hidden channel per token in bf16 (measured ~15.6)
 FFN_TENSORS = 2  # the FFN's input projection and its GELU (measured ~1.2 bf16 tensors)
@@ -59,8 +58,7 @@ VAE_CHUNK_FRAMES = 4
 # (decodes at half resolution then unpatchifies 2x2; its lower stages weigh more: measured ~22.2 of its top width)
 VAE_TENSORS = 16
 PATCHED_VAE_TENSORS = 24
-MAX_CHIPS = 8  # what the suggestions search up to: a host's chips (v7: 8 devices on 4 chips)
-DEGREES = (1, 2, 4, 8)
+DEGREES = (1, 2, 4, 8)  # tp and cp degrees the suggestions consider, up to a host's chips (v7: 8 devices on 4 chips)
 GIB = 2**30
 
 
@@ -209,32 +207,25 @@ def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames:
                     max(denoiser + denoising, resident.get("vae", 0) + vae, others))
 
 
-def layouts(max_chips: int = MAX_CHIPS) -> list[Layout]:
+def layouts(world_sizes: tuple[int, ...] = DEGREES) -> list[Layout]:
     """The layouts the suggestions and the docs table consider, fewest chips first, `device` (no host copies) before
     model CPU offload (tp 1 only: TP keeps its shards on the chips), with tp or cp in 1, 2, 4, 8 (a replica is one or
-    the other: diffusers does not combine them)."""
+    the other: diffusers does not combine them) over a number of chips the host can launch (`world_sizes`: a TPU
+    generation's, device.launchable_world_sizes)."""
     found = [Layout(placement, tp=tp, cp=cp) for tp in DEGREES for cp in DEGREES
              for placement in (Placement.MODEL_CPU_OFFLOAD, Placement.DEVICE)
-             if tp * cp <= max_chips and min(tp, cp) == 1 and (tp == 1 or placement is Placement.DEVICE)]
+             if tp * cp in world_sizes and min(tp, cp) == 1 and (tp == 1 or placement is Placement.DEVICE)]
     return sorted(found, key=lambda layout: (layout.chips, layout.placement is not Placement.DEVICE, layout.cp))
 
 
 # --- the device's memory
 
 
-def tpu_kind() -> str | None:
-    """The TPU generation on this host's PCI bus (v5e, v6e, ...), read without loading TorchTPU."""
-    from .device import tpu_pci_models
-
-    return next((TPU_KIND_BY_PCI_DEVICE[model] for model in tpu_pci_models() if model in TPU_KIND_BY_PCI_DEVICE),
-                None)
-
-
 def device_memory_bytes(device_type: str) -> int | None:
     """Memory of one chip: the accelerator's own total where this process has it loaded (CUDA; TPU in a worker),
     TorchTPU 0.2.0's per-device table by the PCI device id otherwise (ComfyUI's process keeps TorchTPU out), the
     host's available memory on cpu. None when unknown."""
-    from .device import TPU_IN_WORKERS_ENV, available_host_memory_bytes
+    from .device import TPU_IN_WORKERS_ENV, available_host_memory_bytes, tpu_kind
 
     if device_type == "cpu":
         return available_host_memory_bytes()
@@ -261,7 +252,7 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
     configs folder, local or the hub cache); a hub model's are not read before its download. `holding`: the
     pack already holds pipelines in this host's memory; on cpu, where the budget is the host's available memory,
     they would be counted twice, so the check is left to the first load."""
-    from .device import resolve_device
+    from .device import launchable_world_sizes, resolve_device, tpu_kind
     from .distributed.mesh import mesh_shape, world_size
 
     device = resolve_device(handle.device)
@@ -277,7 +268,8 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
     where = f"a {kind} chip" if kind else ("this host" if device.type == "cpu" else f"one {device.type} chip")
     message = refusal(family, sizes_of_folder(_configs_folder(handle), family), layout, request, budget, where,
                       shared_host=device.type == "cpu",
-                      dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2)
+                      dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2,
+                      world_sizes=launchable_world_sizes(kind) if kind else DEGREES)
     if not message:
         return []
     if settings.get("TPU_DIFFUSERS_MEMORY_PLAN") == "refuse":
@@ -289,10 +281,10 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
 
 
 def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: int, where: str,
-            shared_host: bool = False, dtype_bytes: int = 2) -> str | None:
+            shared_host: bool = False, dtype_bytes: int = 2, world_sizes: tuple[int, ...] = DEGREES) -> str | None:
     """What to tell the user when `request` needs more than `budget` bytes per chip (None when it fits): the
-    estimate, and what would fit (fewer videos per replica, the fewest-chips layout, fewer frames). shared_host:
-    the chips are one host's processes (cpu), which share `budget`."""
+    estimate, and what would fit (fewer videos per replica, the fewest-chips layout over chips the host can launch,
+    `world_sizes`, fewer frames). shared_host: the chips are one host's processes (cpu), which share `budget`."""
     def usable(chips: int) -> int:
         return int(budget * USABLE_SHARE) // (chips if shared_host else 1)
 
@@ -303,7 +295,7 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
     tries = []
     if math.ceil(request.batch_size / layout.replicas) > 1:
         tries.append("a smaller batch (or more replicas)")
-    better = next((other for other in layouts() if other != layout and estimate(
+    better = next((other for other in layouts(world_sizes) if other != layout and estimate(
         sizes, other, *size, request.frames, 1, dtype_bytes).total <= usable(other.chips)), None)
     if better is not None:
         per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes).total
@@ -366,8 +358,10 @@ def reference_sizes(model: str) -> ModelSizes:
 
 
 def markdown_table() -> str:
-    """docs/parallelism.md's table: for each Wan 2.2 model, size and chip type, the first of `layouts` (fewest chips)
-    that fits one 81-frame video in bf16, and its estimate per chip."""
+    """docs/parallelism.md's table: for each Wan 2.2 model, size and chip type, the first of `layouts` (fewest chips,
+    over as many as the chip type can launch) that fits one 81-frame video in bf16, and its estimate per chip."""
+    from .device import launchable_world_sizes
+
     rows = ["| model | size x 81 frames | " + " | ".join(f"{kind} ({HBM_PER_DEVICE_GIB[kind]} GiB)"
                                                      for kind in TABLE_CHIPS) + " |",
             "|---|---|" + "---|" * len(TABLE_CHIPS)]
@@ -377,7 +371,7 @@ def markdown_table() -> str:
             cells = []
             for kind in TABLE_CHIPS:
                 usable = int(HBM_PER_DEVICE_GIB[kind] * GIB * USABLE_SHARE)
-                layout = next((layout for layout in layouts() if estimate(
+                layout = next((layout for layout in layouts(launchable_world_sizes(kind)) if estimate(
                     sizes, layout, width, height, TABLE_FRAMES, 1).total <= usable), None)
                 cells.append("does not fit on 8" if layout is None else _cell(
                     layout, estimate(sizes, layout, width, height, TABLE_FRAMES, 1)))

@@ -9,7 +9,8 @@ import torch
 from processes import alive_after, pid_alive
 from test_tensor_parallel import TP_VS_SINGLE_ATOL, handle_for, request
 
-from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime import device
+from tpu_diffusers_runtime.device import TPU_KIND_BY_PCI_DEVICE, device_info
 from tpu_diffusers_runtime.errors import WorkerGroupError
 from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, split_batch
 from tpu_diffusers_runtime.distributed.sharding import local_bytes
@@ -200,6 +201,28 @@ def test_bad_meshes_are_refused_before_anything_launches(tiny, engine, monkeypat
     # at tp 1 nothing is sharded, so a transformer without a TP plan (SD3) can have replicas
     notes = check_mesh(MeshSpec(chips=2, replicas=2), tiny("sd3"), device_info("cpu"))
     assert "tp 1: nothing is sharded, each replica holds the whole pipeline" in notes
+
+
+@pytest.mark.parametrize("kind, pci_id", [(kind, pci) for pci, kind in TPU_KIND_BY_PCI_DEVICE.items()])
+def test_a_tpu_host_refuses_rank_counts_torch_tpu_cannot_launch_naming_those_it_can(tiny, monkeypatch, kind, pci_id):
+    """ComfyUI's process on a TPU host of 8 chips of each generation (a fake PCI bus: no TPU here): torch_tpu 0.2.0's
+    launch environment knows 1, 4 and 8 ranks on v5e and v6e, 1, 2, 4 and 8 on v4 and v5p, 2, 4 and 8 on v7 (one
+    rank runs without it): any other count is refused before anything launches."""
+    monkeypatch.setattr(device, "tpu_pci_models", lambda: [pci_id] * 8)
+    monkeypatch.setenv(device.TPU_IN_WORKERS_ENV, "8")  # ComfyUI's process: chips are counted on the PCI bus
+    launchable = {"v4": [1, 2, 4, 8], "v5p": [1, 2, 4, 8], "v5e": [1, 4, 8], "v6e": [1, 4, 8], "v7": [1, 2, 4, 8]}
+    for ranks in range(1, 9):
+        replicas = MeshSpec(chips=ranks, replicas=ranks)  # tp 1: nothing of the model is read
+        if ranks in launchable[kind]:
+            check_mesh(replicas, tiny("flux1-schnell"), device_info("tpu"))
+            continue
+        with pytest.raises(UserInputError) as refused:
+            check_mesh(replicas, tiny("flux1-schnell"), device_info("tpu"))
+        can = ", ".join(map(str, launchable[kind][:-1])) + " or 8"
+        assert str(refused.value) == (
+            f"TorchTPU cannot launch {ranks} ranks on a {kind} host: torch_tpu 0.2.0 has launch topologies for "
+            f"{', '.join(map(str, device.TPU_WORLD_SIZES[kind]))} ranks there. This host has 8 {kind} chips: set "
+            f"chips to {can} (replicas x tp, or replicas x context_parallel, equal to it).")
 
 
 def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_process_images(tiny, engine):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tpu_diffusers_runtime import memory_plan
-from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.device import device_info, launchable_world_sizes
 from tpu_diffusers_runtime.distributed.mesh import check_mesh, shardable_families
 from tpu_diffusers_runtime.families import wan
 from tpu_diffusers_runtime.handle import PipelineHandle
@@ -83,6 +83,18 @@ def test_a_run_that_cannot_fit_is_refused_with_what_would_fit(sizes):
             "size with this mesh.") in refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD), at_480p,
                                                32 * GIB, "a v6e chip")
     assert refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD, cp=8), request, 32 * GIB, "") is None
+
+
+@pytest.mark.parametrize("kind, suggested", [("v4", "cp 2 over 2 chips"), ("v5p", "cp 2 over 2 chips"),
+                                             ("v5e", "cp 4 over 4 chips"), ("v6e", "cp 4 over 4 chips"),
+                                             ("v7", "cp 2 over 2 chips")])
+def test_the_suggestion_is_a_rank_count_the_chip_type_can_launch(sizes, kind, suggested):
+    """With 33 GiB per chip (a budget chosen so that 2 chips of offload and cp 2 are the fewest that fit A14B at
+    480p), a v5e or v6e host is told 4 chips: TorchTPU 0.2.0 cannot launch 2 ranks there."""
+    request = SampleRequest(prompt="a cat", width=832, height=480, frames=81)
+    message = refusal(wan.FAMILY, sizes[A14B], Layout(Placement.MODEL_CPU_OFFLOAD), request, 33 * GIB,
+                      f"a {kind} chip", world_sizes=launchable_world_sizes(kind))
+    assert f"Try placement 'model_cpu_offload', {suggested} (~" in message
 
 
 @pytest.mark.parametrize("name", ["wan22-t2v-a14b", "wan22-i2v-a14b", "wan22-ti2v-5b"])

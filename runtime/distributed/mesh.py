@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from ..device import TPU_IN_WORKERS_ENV, DeviceInfo, tpu_chip_count
+from ..device import (TPU_IN_WORKERS_ENV, TPU_WORLD_SIZES, DeviceInfo, launchable_world_sizes, tpu_chip_count,
+                      tpu_kind)
 from ..errors import ModelLoadError, UserInputError
 from ..families import FAMILIES, Family, family_for
 from ..sources import components, is_hub_id, read_model_index
@@ -71,6 +72,20 @@ def layout(spec: MeshSpec, ranks: int) -> tuple[int, int, int, bool, bool]:
     return replicas, cp, tp, tp > 1 and spec.shard_transformer, tp > 1 and spec.shard_text_encoder
 
 
+def check_tpu_world_size(ranks: int, kind: str | None, chips: int) -> None:
+    """Refuse a local worker group TorchTPU cannot launch on this TPU generation (`kind`, None: unknown, not
+    checked): its launch environment has topologies for some rank counts only (device.TPU_WORLD_SIZES), and for
+    any other it raises before a rank starts."""
+    if kind is None or ranks in launchable_world_sizes(kind):
+        return
+    topologies = ", ".join(map(str, TPU_WORLD_SIZES[kind]))
+    can = [str(n) for n in launchable_world_sizes(kind) if n <= chips]
+    raise UserInputError(f"TorchTPU cannot launch {ranks} ranks on a {kind} host: torch_tpu 0.2.0 has launch "
+                         f"topologies for {topologies} ranks there. This host has {chips} {kind} chips: set "
+                         f"chips to {', '.join(can[:-1]) + ' or ' if len(can) > 1 else ''}{can[-1]} (replicas x tp, "
+                         "or replicas x context_parallel, equal to it).")
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -111,6 +126,8 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
         unit = "CPU cores" if device.type == "cpu" else f"{device.type} chips"
         raise UserInputError(f"the mesh asks for {size} chips but this host has {local_chips(device)} {unit}; "
                              "lower 'chips', or attach to workers started on several hosts.")
+    if spec.workers == Workers.LAUNCH_LOCAL and device.type == "tpu":
+        check_tpu_world_size(size, tpu_kind(), local_chips(device))
     replicas, cp, tp = mesh_shape(spec, size)
     if cp > 1:  # each replica's ranks load the whole pipeline; context_parallel_notes checks the run
         return [f"mesh: {replicas} replica(s) x {cp}-way context parallel over {size} ranks"]
