@@ -77,7 +77,8 @@ class TPUSampler(io.ComfyNode):
                 # optional: an API-format prompt saved before this input existed has no denoise and still runs
                 io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01, optional=True,
                                tooltip="Image to image and inpaint: how much of the image is replaced (diffusers' "
-                                       "strength). The last steps x denoise steps run: 20 steps at 0.6 run 12. "
+                                       "strength). About the last steps x denoise steps run: 20 steps at 0.6 run 12 "
+                                       "(each model rounds its own way; the progress bar counts what runs). "
                                        "1.0 without an image; edit models take only 1.0."),
                 io.Image.Input("image", optional=True,
                                tooltip="The image to start from, repaint or edit (Load Image). Its batch pairs with "

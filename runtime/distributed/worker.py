@@ -159,10 +159,18 @@ class Run:
     ranks (TP or CP) stay in step and its first rank's decision is broadcast to the others."""
 
     prefix: str  # store keys of this run
+    replicas: int
     leader: int  # global rank of this replica's first rank
     control_group: object  # a gloo group of this replica's ranks (its TP or CP ranks), for control data
     replica_size: int
-    group_steps: int  # sampling steps of all replicas together
+    calls: int  # pipeline calls of this replica's slice
+    group_calls: int  # pipeline calls of all replicas together
+    steps: int = 0  # sampling steps this rank ran (as the pipeline counts them)
+    group_steps: int = 0  # rank 0: sampling steps of all replicas together, once its pipeline has said
+
+    def done_key(self, replica: int) -> str:
+        """Set by a replica's first rank when its slice has ended (run, cancelled or failed)."""
+        return f"{self.prefix}done{replica}"
 
 
 class RankWorker:
@@ -224,6 +232,8 @@ class RankWorker:
 
         run = self.run_state
         decision = [False]
+        if what == "sampling":
+            run.steps += 1
         if dist.get_rank() == run.leader:
             if what == "sampling":
                 self.store.add(run.prefix + "steps", 1)
@@ -237,9 +247,11 @@ class RankWorker:
 
     def report(self, done: int, total: int, what: str, preview=None) -> None:
         """Rank 0: send progress (sampling counted over every replica, with rank 0's preview image) and
-        pass a Cancel on to all."""
+        pass a Cancel on to all. Every call of every replica runs as many steps as rank 0's pipeline says its
+        own calls run (the calls differ only in images and seeds)."""
         run = self.run_state
         if what == "sampling":
+            run.group_steps = total // run.calls * run.group_calls
             done, total = self.store.add(run.prefix + "steps", 0), run.group_steps
         message, payloads = {"op": "progress", "done": done, "total": total, "what": what}, []
         if preview is not None:
@@ -252,13 +264,19 @@ class RankWorker:
             self.store.set(self.run_state.prefix + "cancel", "1")
 
     def wait_for_replicas(self) -> None:
-        """Rank 0, its own slice done: keep reporting the other replicas' steps until they finish."""
+        """Rank 0, its own slice done: keep reporting the other replicas' steps until the first rank of each
+        has said its slice ended (a step count is never what ends the wait, so no miscount can hang it)."""
         run = self.run_state
+        done_keys = [run.done_key(replica) for replica in range(run.replicas)]
         reported = None
-        while (steps := self.store.add(run.prefix + "steps", 0)) < run.group_steps:
+        while True:
+            finished = self.store.check(done_keys)
+            steps = self.store.add(run.prefix + "steps", 0)
             if steps != reported:
                 self.server.send({"op": "progress", "done": steps, "total": run.group_steps, "what": "sampling"})
                 reported = steps
+            if finished:
+                return
             self.pass_on_cancel()
             if self.store.check([run.prefix + "cancel"]):
                 raise Cancelled
@@ -303,26 +321,32 @@ class RankWorker:
         replica = mesh.get_local_rank("dp")
         slices = split_batch(request.batch_size, replicas)
         start, count = slices[replica]
-        replica_steps = [task.progress_steps(pipeline, request.batch_slice(first, n)) for first, n in slices]
         self.runs += 1
-        self.run_state = Run(prefix=f"run{self.runs}/", leader=replica * cp * tp, control_group=control_group,
-                             replica_size=cp * tp, group_steps=sum(replica_steps))
+        self.run_state = run = Run(prefix=f"run{self.runs}/", replicas=replicas,
+                                   leader=replica * cp * tp, control_group=control_group, replica_size=cp * tp,
+                                   calls=task.call_count(request.batch_slice(start, count)),
+                                   group_calls=task.call_count(request))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
         tokens = latent_tokens(family, request.width, request.height, request.frames)
         try:
-            if count:
-                generation = self.engine.generate(handle, request.batch_slice(start, count), on_progress=self.progress,
-                                                  preview=preview)
-                mine["info"] = generation.info.as_dict()
-                if dist.get_rank() == self.run_state.leader:  # the replica's other ranks made the same images
-                    mine["images"] = np.ascontiguousarray(generation.images.numpy())
-                if self.server:
-                    self.wait_for_replicas()
+            try:
+                if count:
+                    generation = self.engine.generate(handle, request.batch_slice(start, count),
+                                                      on_progress=self.progress, preview=preview)
+                    mine["info"] = generation.info.as_dict()
+                    if dist.get_rank() == run.leader:  # the replica's other ranks made the same images
+                        mine["images"] = np.ascontiguousarray(generation.images.numpy())
+            finally:
+                if dist.get_rank() == run.leader:
+                    self.store.set(run.done_key(replica), "1")
+            if self.server:
+                self.wait_for_replicas()
             denoisers = Engine.denoisers(self.engine.realise(handle, self.progress)[0], handle)  # A14B: both experts
             mine.update(bytes=sum(map(local_bytes, denoisers)), fraction=sharded_fraction(*denoisers),
                         tokens=tokens // context_parallel_degree(denoisers[0]))  # as the loaded model is split
         except Cancelled:
             mine["cancelled"] = True
+        mine["steps"] = run.steps
         if dist.get_world_size() == 1:
             gathered = [mine]  # a single-chip group: nothing to gather (and no copy of the images)
         else:  # every rank takes part, cancelled or not, so no replica waits here for one that left
@@ -330,16 +354,16 @@ class RankWorker:
             dist.gather_object(mine, gathered, dst=0, group=self.gather_group)
         if not self.server:
             return None
-        for name in ("steps", "cancel"):  # a long-lived group must not keep every run's keys
-            self.store.delete_key(self.run_state.prefix + name)
+        for key in ("steps", "cancel", *(f"done{r}" for r in range(replicas))):  # a long-lived group must not
+            self.store.delete_key(run.prefix + key)  # keep every run's keys
         if any(entry["cancelled"] for entry in gathered):
             raise Cancelled
-        return self.result(gathered, slices, cp, tp, replica_steps)
+        return self.result(gathered, slices, cp, tp)
 
     @staticmethod
-    def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int, replica_steps: list[int]):
-        """Rank 0's reply: the images in batch order, and run info for the whole mesh (replica_steps: the
-        denoising steps each replica ran, every pipeline call's). A replica's ranks (TP or CP) all make its
+    def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int):
+        """Rank 0's reply: the images in batch order, and run info for the whole mesh (each entry's "steps":
+        the denoising steps its rank ran, every pipeline call's). A replica's ranks (TP or CP) all make its
         whole images; only its first rank sends them."""
         import numpy as np
 
@@ -367,7 +391,7 @@ class RankWorker:
                     sharded_fraction_per_rank=[entry["fraction"] for entry in gathered],
                     rank_pids=[entry["pid"] for entry in gathered], replica_images=counts,
                     replica_sample_seconds=seconds,
-                    replica_step_seconds=[s / max(steps, 1) for s, steps in zip(seconds, replica_steps)],
+                    replica_step_seconds=[s / max(entry["steps"], 1) for s, entry in zip(seconds, leaders)],
                     replica_compile_seconds=compiles,
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],

@@ -40,7 +40,7 @@ class SampleRequest:
     guidance: float = 0.0
     seed: int = 0
     batch_size: int = 1
-    denoise: float = 1.0  # diffusers' strength: how much of the image is replaced; the last steps x denoise run
+    denoise: float = 1.0  # diffusers' strength: how much of the image is replaced; about the last steps x denoise run
     first_image: int = 0  # image 0 here is image first_image of the Sampler's batch (a replica's share): pairing
     frames: int = 0  # video: frames of each video (Wan: 4k + 1); 0: images
     images: tuple = dataclasses.field(default=(), compare=False)
@@ -117,13 +117,6 @@ class Task:
         """The image arguments of the call for image `index` of the Sampler's batch (none for text to image)."""
         raise NotImplementedError
 
-    @staticmethod
-    def steps_run(pipeline: TaskPipeline, request: SampleRequest) -> int:
-        """Denoising steps one pipeline call runs: with denoise < 1 diffusers skips the first steps and runs
-        the last steps x denoise (its get_timesteps: int() of the skipped share, so at least one runs)."""
-        return request.steps - int(request.steps - request.steps * request.denoise) if pipeline.strength \
-            else request.steps
-
     def calls(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> list[dict]:
         """The keyword arguments of each pipeline call, in batch order."""
         kwargs = dict(prompt=request.prompt, height=request.height, width=request.width,
@@ -157,10 +150,9 @@ class Task:
         """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""
         return 1 if self.per_image else request.batch_size
 
-    def progress_steps(self, pipeline: TaskPipeline, request: SampleRequest) -> int:
-        """Steps the whole request reports (every call's; none for a share of no images)."""
-        calls = request.batch_size if self.per_image else min(request.batch_size, 1)
-        return self.steps_run(pipeline, request) * calls
+    def call_count(self, request: SampleRequest) -> int:
+        """Pipeline calls the request makes (none for a share of no images)."""
+        return request.batch_size if self.per_image else min(request.batch_size, 1)
 
     def host_bytes(self, request: SampleRequest) -> int:
         """Host memory the output alone needs, checked before anything is allocated: the pipeline's float32
@@ -175,16 +167,20 @@ class Task:
         import torch
 
         self.validate(family, pipeline, request)
-        steps, total = self.steps_run(pipeline, request), self.progress_steps(pipeline, request)
+        calls = self.calls(family, pipeline, request)
         results = []
-        for call, kwargs in enumerate(self.calls(family, pipeline, request)):
+        for call, kwargs in enumerate(calls):
             previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
 
-            def step_end(_pipe, step, _timestep, callback_kwargs, done_before=call * steps, previewer=previewer):
+            def step_end(running, step, _timestep, callback_kwargs, call=call, previewer=previewer):
+                # The pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips the
+                # first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
+                steps = running.num_timesteps
+                done, total = call * steps + step + 1, len(calls) * steps
                 if previewer:
-                    on_step(done_before + step + 1, total, previewer(callback_kwargs["latents"]))
+                    on_step(done, total, previewer(callback_kwargs["latents"]))
                 elif on_step:
-                    on_step(done_before + step + 1, total)
+                    on_step(done, total)
                 return callback_kwargs
 
             with outside_inference_mode():
