@@ -180,7 +180,8 @@ def per_step(case: Case, folder, device, device_name: str, inputs: Inputs, repea
                      and (first["ours"][2] == first["plain"][2]).all())
         return {**{f"{arm}_step": statistics.median(steps[arm]) for arm in arms},
                 **{f"{arm}_fastest": min(steps[arm]) for arm in arms},
-                **{f"{arm}_call": statistics.median(calls[arm]) for arm in arms}, "equal": equal}
+                **{f"{arm}_call": statistics.median(calls[arm]) for arm in arms}, "equal": equal,
+                "steps_run": len(first["plain"][0]) + 1}  # plain diffusers' step callbacks (gaps after the first)
     finally:
         ours.engine.unload()
         del ours, plain, arms
@@ -246,8 +247,7 @@ def main(argv=None) -> int:
         folder = built_model(case.family, args.size)
         inputs = Inputs.of(case, width, height, args.steps, args.denoise)
         print(f"{case.name} ({case.cls}, {folder.name})", flush=True)
-        steps_run = args.steps - int(args.steps - args.steps * inputs.request.denoise)  # diffusers' get_timesteps
-        rows.append(dict(case=case, folder=folder.name, steps_run=steps_run,
+        rows.append(dict(case=case, folder=folder.name,
                          **per_step(case, folder, device, args.device, inputs, args.repeats),
                          **switch_and_reload(case, folder, args.device, inputs, args.repeats)))
 

@@ -106,6 +106,23 @@ def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, en
     assert engine.workers.current is None  # nothing was launched
 
 
+def test_context_parallel_refuses_a_hub_id_before_anything_launches(tiny, engine, monkeypatch):
+    """A download reports progress by the clock, and a replica's CP ranks meet in a collective at each progress
+    point: they would make different numbers of them and deadlock. So a hub id is refused, as for TP."""
+    from tpu_diffusers_runtime.handle import PipelineHandle
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    hub_id, mesh = "Wan-AI/Wan2.2-T2V-A14B-Diffusers", MeshSpec(chips=2, context_parallel=2)
+    refusal = rf"context parallelism .*; download '{hub_id}' into models/diffusers and pick the folder"
+    with pytest.raises(UserInputError, match=refusal):
+        check_mesh(mesh, hub_id, device_info("cpu"))
+    with pytest.raises(UserInputError, match=refusal):
+        engine.generate(PipelineHandle.of(source=hub_id, model_class="WanPipeline", mesh=mesh), request(frames=5))
+    assert engine.workers.current is None  # nothing was launched
+    assert check_mesh(mesh, tiny("wan22-t2v-a14b"), device_info("cpu"))  # a folder runs
+    assert check_mesh(TWO_REPLICAS, hub_id, device_info("cpu"))  # replicas load as one process does: a hub id runs
+
+
 def test_two_replicas_give_the_single_process_images_in_order_and_stay_warm(tiny, engine, single):
     handle = handle_for(tiny, "flux1-schnell", mesh=TWO_REPLICAS)
     runs = {batch: engine.generate(handle, request(batch_size=batch)) for batch in (2, 3, 4, 1)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -122,4 +123,36 @@ def test_a_silent_peer_is_dropped_within_the_handshake_bound(monkeypatch):
         assert time.monotonic() - started < 5
     finally:
         silent.close()
+        server.close()
+
+
+def test_a_socket_whose_descriptor_is_above_1023_is_read(pair):
+    """A long-lived ComfyUI holds many files: select.select refuses descriptors from 1024 on."""
+    a, b = pair
+    high = socket.socket(fileno=os.dup2(b.fileno(), max(1500, b.fileno() + 1)))
+    try:
+        protocol.send(a, {"op": "progress"}, [b"\x01"])
+        assert protocol.receive(high, timeout=5) == ({"op": "progress"}, [b"\x01"])
+        assert protocol.receive(high, timeout=0.05) is None
+    finally:
+        high.close()
+
+
+def test_both_ends_of_a_channel_probe_a_silent_peer_with_tcp_keepalive():
+    """A client whose host vanishes without closing the connection fails rank 0's read instead of holding it."""
+    server = channel.listen("127.0.0.1:0")
+    key, address = channel.new_key(), "127.0.0.1:%d" % server.getsockname()[1]
+    accepted = []
+    thread = threading.Thread(target=lambda: accepted.append(channel.accept(server, key)), daemon=True)
+    thread.start()
+    client = channel.connect(address, key, timeout=10)
+    thread.join(10)
+    try:
+        for end in (accepted[0].sock, client.sock):
+            assert end.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            for name, value in channel.KEEPALIVE.items():
+                assert end.getsockopt(socket.IPPROTO_TCP, getattr(socket, name)) == value
+    finally:
+        client.close()
+        accepted[0].close()
         server.close()

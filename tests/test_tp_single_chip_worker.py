@@ -4,12 +4,16 @@ TP group when a TP Mesh comes, and the control channel's guards against peers an
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,6 +71,57 @@ def allow_attach(monkeypatch, address: str, key: str) -> None:
     """What the user of attach sets for the ComfyUI process: the workers' key and their address."""
     monkeypatch.setenv(channel.KEY_ENV, key)
     monkeypatch.setenv(channel.ATTACH_ALLOW_ENV, address)
+
+
+@contextlib.contextmanager
+def held_by_another_process(path: Path):
+    """A write lease on `path` (fcntl F_SETLEASE, what a file server takes for a client's oplock): another
+    process's open of the file waits until the lease is let go, or for the kernel's lease-break-time (45 s by
+    default). Yields a function that tells whether an open is waiting now."""
+    previous = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the holder is told of each waiting open by SIGIO
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        yield lambda: fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_WRLCK  # a break is pending
+    finally:
+        os.close(fd)  # lets the lease go
+        signal.signal(signal.SIGIO, previous)
+
+
+class Interrupted(Exception):
+    """What ComfyUI's progress callback raises once Cancel was pressed."""
+
+
+def test_cancel_while_the_workers_send_nothing_returns_at_once_and_the_next_prompt_runs(tiny, engine, monkeypatch,
+                                                                                      tmp_path):
+    """The worker's load waits on a file another process holds, so it sends nothing: Cancel returns within 2 s
+    all the same. The group cannot answer the Cancel; the next prompt stops it and runs on a new one."""
+    monkeypatch.setenv("TPU_DIFFUSERS_WORKER_PROCESS", "always")
+    first = engine.generate(handle_for(tiny, "flux1-schnell"), request())  # a warm group: its launch is not timed
+    model = shutil.copytree(tiny("flux1-schnell"), tmp_path / "tiny-flux1-schnell")
+    pressed = []
+    with held_by_another_process(model / "scheduler" / "scheduler_config.json") as open_waiting:
+        def press_cancel_once_the_load_waits():
+            deadline = time.monotonic() + 120
+            while not open_waiting() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            pressed.append(time.monotonic())
+
+        def comfy_progress(done, total, what, *preview):
+            if pressed:
+                raise Interrupted
+
+        presser = threading.Thread(target=press_cancel_once_the_load_waits, daemon=True)
+        presser.start()
+        with pytest.raises(Interrupted):
+            engine.generate(handle_for(lambda _: str(model), "flux1-schnell"), request(), on_progress=comfy_progress)
+        returned = time.monotonic()
+        presser.join()
+        assert returned - pressed[0] < 2
+        again = engine.generate(handle_for(tiny, "flux1-schnell"), request(seed=5))  # the load still waits
+    assert again.info.loaded and not set(again.info.worker_pids) & set(first.info.worker_pids)
+    assert any("did not answer Cancel" in note for note in again.info.notes), again.info.notes
+    assert alive_after(first.info.worker_pids, timeout=30) == []
 
 
 @pytest.fixture
@@ -162,3 +217,17 @@ def test_the_launch_leaves_comfyuis_environment_alone_and_removes_its_folder(tin
     assert folder.is_dir() and json.dumps(dict(os.environ), sort_keys=True) == json.dumps(before, sort_keys=True)
     engine.unload()
     assert not folder.exists()
+
+
+def test_a_connection_that_broke_fails_the_run_as_a_dead_group_and_the_next_run_attaches_again(tiny, engine,
+                                                                                              staying_group,
+                                                                                              monkeypatch):
+    address, key, _ = staying_group
+    allow_attach(monkeypatch, address, key)
+    handle = handle_for(tiny, "flux1-schnell", mesh=MeshSpec(workers=Workers.ATTACH, address=address))
+    engine.generate(handle, request())
+    engine.workers.current.conn.sock.shutdown(socket.SHUT_WR)  # this side's half of the connection is gone
+    with pytest.raises(WorkerGroupError, match="the connection to the attached workers was lost"):
+        engine.generate(handle, request())
+    again = engine.generate(handle, request())
+    assert any(note.startswith("worker group attached") for note in again.info.notes), again.info.notes

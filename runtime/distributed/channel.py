@@ -25,6 +25,10 @@ from ..settings import ATTACH_ALLOW_ENV, KEY_BYTES, KEY_ENV, decode_key  # noqa:
 from . import protocol
 
 HANDSHAKE_SECONDS = 5.0  # a peer that has not authenticated by then is dropped
+# TCP keepalive on every channel: a peer whose host vanished without closing the connection (a VM stopped, a
+# cable pulled) stops answering the kernel's probes and the connection fails after about 60 + 10 x 6 s of
+# silence, so a rank 0 waiting between commands takes the next client instead of blocking forever.
+KEEPALIVE = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 6}
 
 
 def new_key() -> str:
@@ -96,6 +100,13 @@ def _kernel_timeouts(sock: socket.socket, seconds: float) -> None:
         sock.setsockopt(socket.SOL_SOCKET, option, value)
 
 
+def _keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        if hasattr(socket, name):  # Linux's names; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 def _handshake(sock: socket.socket, authkey: bytes, serving: bool, seconds: float) -> None:
     """Both sides prove they hold the key (the order is Listener.accept's and Client's)."""
     _kernel_timeouts(sock, max(seconds, 0.01))
@@ -122,6 +133,7 @@ def accept(server: socket.socket, key: str) -> Channel:
     socket) AuthenticationError for a wrong key, EOFError for a peer that left, OSError for a silent one."""
     sock, peer = server.accept()
     try:
+        _keepalive(sock)
         _handshake(sock, decode_key(key), serving=True, seconds=HANDSHAKE_SECONDS)
     except BaseException:
         sock.close()
@@ -150,6 +162,7 @@ def connect(address: str, key: str, timeout: float) -> Channel:
         raise ConnectionError(f"cannot reach {address} ({e}).") from None
     sock.settimeout(None)
     try:
+        _keepalive(sock)
         _handshake(sock, authkey, serving=False, seconds=deadline - time.monotonic())
     except AuthenticationError:
         sock.close()

@@ -33,6 +33,10 @@ from . import channel, lifeline, protocol
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 LAUNCHER_SCRIPT = Path(__file__).with_name("launcher.py")
 POLL_SECONDS = 0.1
+QUIET_CHECK_SECONDS = 0.5  # while the workers send nothing, how often ComfyUI's Cancel is checked
+# How long after a Cancel the workers have to answer it (they do at their next step or progress point); a group
+# that has not answered by the next command is stopped then, and a new one launched.
+CANCEL_ANSWER_SECONDS = 5.0
 TERMINATE_GRACE_SECONDS = 15  # torchrun's own teardown of its ranks after SIGTERM
 IFF_LOOPBACK = 0x8  # in /sys/class/net/<interface>/flags
 
@@ -94,6 +98,7 @@ class WorkerGroup:
                  folder: Path | None = None):
         self.conn, self.address, self.world_size = conn, address, world_size
         self.process, self.folder = process, folder  # folder: a launched group's private log and port file
+        self.cancelled_at: float | None = None  # when a Cancel was sent that the workers have not answered yet
 
     @property
     def log_path(self) -> Path | None:
@@ -159,7 +164,7 @@ class WorkerGroup:
 
     def _hello(self) -> int:
         """Exchange versions; a group of another protocol is refused by name (protocol.mismatch)."""
-        self.conn.send(protocol.hello())
+        self._send(protocol.hello())
         message, _ = self._next_message(silence_timeout=30, errors_raise=False)
         return protocol.check_hello_reply(message, self.address)["world_size"]
 
@@ -174,6 +179,10 @@ class WorkerGroup:
         """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict). With a
         PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
 
+        ComfyUI's Cancel (`on_progress` raising) is checked also while the workers send nothing (a long load,
+        a download, a compile: the last progress is reported again), passed on to them, and raised here at
+        once; their answer is read before the next command (`answered`).
+
         No frame larger than the request's images (and the JSON beside them) is read: a preview, one image at
         latent size in uint8, is far smaller, so a peer cannot make this process allocate more than the
         request could bring back."""
@@ -181,41 +190,81 @@ class WorkerGroup:
         import torch
 
         request_data, arrays = request.to_wire()  # images and masks travel as binary payloads
-        self.conn.send({"op": "generate", "handle": handle.to_wire(), "request": request_data,
-                        "preview": preview and preview.to_wire()}, arrays)
+        self._send({"op": "generate", "handle": handle.to_wire(), "request": request_data,
+                    "preview": preview and preview.to_wire()}, arrays)
+        latest = (0, 1, "waiting for the workers")
+
+        def report(*progress) -> None:
+            if on_progress is None:
+                return
+            try:
+                on_progress(*progress)
+            except BaseException:  # ComfyUI's interrupt: every rank stops at its next step
+                self._cancel()
+                raise
+
         bound = request.output_bytes() + protocol.MAX_JSON_BYTES + 1  # + the NUL between JSON and payloads
-        interrupted = None
         while True:
-            message, payloads = self._next_message(max_bytes=bound)
+            message, payloads = self._next_message(max_bytes=bound, on_quiet=lambda: report(*latest))
             op = message["op"]
-            if op == "progress" and on_progress and interrupted is None:
-                try:
-                    image = [np.frombuffer(p, dtype=np.uint8).reshape(message["preview_shape"]) for p in payloads]
-                    on_progress(message["done"], message["total"], message["what"], *image)
-                except BaseException as e:  # ComfyUI's interrupt: stop every rank at the next step
-                    interrupted = e
-                    self.conn.send({"op": "cancel"})
+            if op == "progress":
+                latest = (message["done"], message["total"], message["what"])
+                report(*latest, *(np.frombuffer(p, dtype=np.uint8).reshape(message["preview_shape"])
+                                  for p in payloads))
             elif op == "cancelled":
-                raise interrupted or WorkerGroupError("the workers cancelled the run")
+                raise WorkerGroupError("the workers cancelled the run")
             elif op == "result":
-                if interrupted is not None:
-                    raise interrupted
                 images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])  # no copy
                 return torch.from_numpy(images), message["info"]
 
+    def _cancel(self) -> None:
+        self.cancelled_at = time.monotonic()
+        try:
+            self.conn.send({"op": "cancel"})
+        except OSError:  # the connection broke: the group is not alive(), the next run replaces it
+            self.conn.close()
+            self.conn = None
+
+    def answered(self) -> bool:
+        """Whether this (alive) group is free for the next command: no Cancel is owed an answer, or the answer
+        (the cancelled run's last message, dropped here) came within CANCEL_ANSWER_SECONDS of the Cancel. A
+        group that has not answered by then is stopped (a launched one at once), for the caller to replace."""
+        while self.cancelled_at is not None:
+            try:
+                received = self.conn.receive(timeout=max(0.0, self.cancelled_at + CANCEL_ANSWER_SECONDS
+                                                         - time.monotonic()))
+            except (protocol.MessageRefused, EOFError, OSError):
+                received = None
+            if received is None:
+                self.stop(timeout=0)
+                return False
+            if received[0]["op"] in ("cancelled", "result", "error"):
+                self.cancelled_at = None
+        return True
+
     def unload(self) -> None:
-        self.conn.send({"op": "unload"})
-        self._next_message(silence_timeout=60)
+        if self.answered():
+            self._send({"op": "unload"})
+            self._next_message(silence_timeout=60)
+
+    def _send(self, message: dict, payloads: list = ()) -> None:
+        """A send that fails means the connection broke: a WorkerGroupError, so the group is dropped and the
+        next run starts (or attaches) a new one."""
+        try:
+            self.conn.send(message, payloads)
+        except OSError:
+            raise WorkerGroupError(self._failure()) from None
 
     def _next_message(self, silence_timeout: float | None = None, errors_raise: bool = True,
-                      max_bytes: int = protocol.MAX_JSON_BYTES):
+                      max_bytes: int = protocol.MAX_JSON_BYTES, on_quiet=None):
         """The next message from rank 0 (by default waiting up to TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT), at
         most `max_bytes` long (by default a message without payloads). A request that failed on every rank
         raises its error (unless `errors_raise` is False); a dead or silent group, or one that sends more
-        than asked for, becomes a WorkerGroupError, never a hang."""
+        than asked for, becomes a WorkerGroupError, never a hang. `on_quiet` is called every
+        QUIET_CHECK_SECONDS while nothing comes (it may raise: ComfyUI's Cancel)."""
         if silence_timeout is None:
             silence_timeout = settings.get("TPU_DIFFUSERS_WORKER_SILENCE_TIMEOUT")
-        quiet_since = time.monotonic()
+        quiet_since = checked = time.monotonic()
         while True:
             try:
                 received = self.conn.receive(timeout=POLL_SECONDS, max_bytes=max_bytes)
@@ -231,6 +280,9 @@ class WorkerGroup:
                 return received
             if self.process is not None and self.process.poll() is not None:
                 raise WorkerGroupError(self._failure())
+            if on_quiet is not None and time.monotonic() - checked >= QUIET_CHECK_SECONDS:
+                on_quiet()
+                checked = time.monotonic()
             if time.monotonic() - quiet_since > silence_timeout:
                 self.stop()
                 raise WorkerGroupError(f"the workers sent nothing for {silence_timeout:.0f}s and were stopped "
@@ -305,7 +357,8 @@ class WorkerGroups:
             on_progress=None) -> GroupUse:
         world_size = math.prod(shape)
         key = (spec.workers, spec.address, world_size)
-        if self.current is not None and self.key == key and self.current.alive():
+        same = self.current is not None and self.key == key and self.current.alive()
+        if same and self.current.answered():
             note = (f"worker group reused: {world_size} rank(s)" if shape == self.shape else
                     f"worker group reshaped: the same {world_size} rank(s), mesh {self.shape} -> {shape} (nothing "
                     "relaunched)")
@@ -324,6 +377,8 @@ class WorkerGroups:
             if before is not None:
                 note = (f"worker group relaunched: {before} -> {world_size} rank(s) (stopping the old one took "
                         f"{stopped - started:.1f}s, starting the new one {time.perf_counter() - stopped:.1f}s)")
+        if same:  # `answered` stopped it
+            note += f"; the old one did not answer Cancel within {CANCEL_ANSWER_SECONDS:.0f}s"
         self.key, self.shape = key, shape
         return GroupUse(self.current, True, note)
 

@@ -129,14 +129,17 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     if spec.workers == Workers.LAUNCH_LOCAL and device.type == "tpu":
         check_tpu_world_size(size, tpu_kind(), local_chips(device))
     replicas, cp, tp = mesh_shape(spec, size)
+    if (cp > 1 or tp > 1) and is_hub_id(source):
+        # A replica's CP ranks stay in step through collectives at each progress point; a download reports
+        # progress by the clock, so the ranks would make different numbers of them and deadlock.
+        how = ("tensor parallelism loads each rank's slice from a local folder" if tp > 1 else
+               "context parallelism loads the pipeline on a replica's ranks in step, which a download does not keep")
+        raise UserInputError(f"{how}; download '{source}' into models/diffusers and pick the folder.")
     if cp > 1:  # each replica's ranks load the whole pipeline; context_parallel_notes checks the run
         return [f"mesh: {replicas} replica(s) x {cp}-way context parallel over {size} ranks"]
     if tp == 1:  # every rank loads as one process would: hub ids, offload and LoRAs work as in ComfyUI's process
         return [] if size == 1 else [f"mesh: {replicas} replicas over {size} ranks",
                                      "tp 1: nothing is sharded, each replica holds the whole pipeline"]
-    if is_hub_id(source):
-        raise UserInputError("tensor parallelism loads each rank's slice from a local folder; download "
-                             f"'{source}' into models/diffusers and pick the folder.")
     index = read_model_index(source, is_folder=True)
     parts = components(index)
     notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]

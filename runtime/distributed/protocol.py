@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
+import selectors
 import socket
 import struct
 
@@ -64,8 +64,11 @@ def send(sock: socket.socket, message: dict, payloads: list[bytes] = ()) -> None
 
 
 def wait_readable(sock: socket.socket, timeout: float | None) -> bool:
-    """Whether bytes (or the end of the stream) are ready within `timeout` seconds (None: wait for good)."""
-    return bool(select.select([sock], [], [], timeout)[0])
+    """Whether bytes (or the end of the stream) are ready within `timeout` seconds (None: wait for good).
+    A selector, not select.select, which refuses file descriptors from 1024 on (a long-lived ComfyUI has them)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ)
+        return bool(selector.select(timeout))
 
 
 def receive(sock: socket.socket, timeout: float | None = None,

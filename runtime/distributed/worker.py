@@ -325,7 +325,8 @@ class RankWorker:
         self.run_state = run = Run(prefix=f"run{self.runs}/", replicas=replicas,
                                    leader=replica * cp * tp, control_group=control_group, replica_size=cp * tp,
                                    calls=task.call_count(request.batch_slice(start, count)),
-                                   group_calls=task.call_count(request))
+                                   group_calls=sum(task.call_count(request.batch_slice(first, n))
+                                                   for first, n in slices))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
         tokens = latent_tokens(family, request.width, request.height, request.frames)
         try:
