@@ -4,6 +4,7 @@ from comfy_api.latest import io
 
 from tpu_diffusers_runtime import settings
 from tpu_diffusers_runtime.distributed.channel import check_attach_address
+from tpu_diffusers_runtime.distributed.mesh import queued_world_size_problem
 from tpu_diffusers_runtime.settings import KEY_ENV
 from tpu_diffusers_runtime.specs import MeshSpec, Workers
 from tpu_diffusers_runtime.errors import SettingError, UserInputError
@@ -78,17 +79,20 @@ class TPUMesh(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, workers: str | None = None, address: str | None = None,
-                        key: str | None = None) -> bool | str:
+                        key: str | None = None, chips: int | None = None) -> bool | str:
         """Checked when the prompt is queued, so attach settings that cannot work are refused on this
-        node before any node runs or anything connects; the run checks again. ComfyUI skips its own
-        list check for the inputs named here, so workers is checked too. An input fed by a link
-        arrives as None and is checked when the node runs."""
+        node before any node runs or anything connects, and so is a chips count TorchTPU cannot launch on
+        this TPU host; the run checks again. ComfyUI skips its own checks of the inputs named here, so
+        workers and chips are checked here too. An input fed by a link arrives as None and is checked when
+        the node runs."""
         if workers is not None and workers not in list(Workers):
             return f"workers must be '{Workers.LAUNCH_LOCAL}' or '{Workers.ATTACH}', not '{workers}'."
         if key is not None and key.strip():
             return TYPED_KEY_REFUSED
+        if chips is not None and (not isinstance(chips, int) or not 0 <= chips <= 1024):
+            return "chips must be a whole number from 0 to 1024 (0 = every chip of this host)."
         if workers != Workers.ATTACH:
-            return True
+            return queued_world_size_problem(chips or 0) or True
         if address is not None:
             try:
                 check_attach_address(address.strip())

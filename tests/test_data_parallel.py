@@ -12,7 +12,7 @@ from test_tensor_parallel import TP_VS_SINGLE_ATOL, handle_for, request
 from tpu_diffusers_runtime import device
 from tpu_diffusers_runtime.device import TPU_KIND_BY_PCI_DEVICE, device_info
 from tpu_diffusers_runtime.errors import WorkerGroupError
-from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, split_batch
+from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, queued_world_size_problem, split_batch
 from tpu_diffusers_runtime.distributed.sharding import local_bytes
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
@@ -232,9 +232,11 @@ def test_a_tpu_host_refuses_rank_counts_torch_tpu_cannot_launch_naming_those_it_
         replicas = MeshSpec(chips=ranks, replicas=ranks)  # tp 1: nothing of the model is read
         if ranks in launchable[kind]:
             check_mesh(replicas, tiny("flux1-schnell"), device_info("tpu"))
+            assert queued_world_size_problem(ranks) is None
             continue
         with pytest.raises(UserInputError) as refused:
             check_mesh(replicas, tiny("flux1-schnell"), device_info("tpu"))
+        assert queued_world_size_problem(ranks) == str(refused.value)  # the TP Mesh node's check when queued
         can = ", ".join(map(str, launchable[kind][:-1])) + " or 8"
         assert str(refused.value) == (
             f"TorchTPU cannot launch {ranks} ranks on a {kind} host: torch_tpu 0.2.0 has launch topologies for "

@@ -86,6 +86,20 @@ def check_tpu_world_size(ranks: int, kind: str | None, chips: int) -> None:
                          "or replicas x context_parallel, equal to it).")
 
 
+def queued_world_size_problem(chips: int) -> str | None:
+    """What is wrong with a local mesh of `chips` ranks on this host's TPU generation, for the TP Mesh node's
+    queue-time check (no model needed; the PCI bus is read, TorchTPU is not loaded); None where it can launch,
+    off a TPU host, or for chips 0 (every chip: a count TorchTPU knows). The run checks again (check_mesh)."""
+    kind = tpu_kind()
+    if not chips or kind is None:
+        return None
+    try:
+        check_tpu_world_size(chips, kind, tpu_chip_count())
+    except UserInputError as e:
+        return str(e)
+    return None
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
