@@ -3,7 +3,7 @@
 A bad value (TPU_DIFFUSERS_LAUNCH_TIMEOUT=10m) then fails the feature that reads it, with a
 message naming the variable and the value, instead of keeping the whole pack from importing.
 Imports neither torch nor ComfyUI: ComfyUI's prestartup script reads it before torch starts.
-README.md's "Environment variables" table is `markdown_table()` of this one.
+docs/environment.md's table is `markdown_table()` of this one.
 """
 
 from __future__ import annotations

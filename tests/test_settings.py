@@ -102,7 +102,7 @@ def test_a_bad_control_key_in_the_environment_is_refused_before_attaching_withou
     assert key[2:] not in str(raised.value)
 
 
-def test_the_readme_documents_every_variable_as_the_settings_table_says():
-    readme = (ROOT / "README.md").read_text()
-    assert settings.markdown_table() in readme, "README's Environment variables table differs from:\n" + \
+def test_the_environment_page_documents_every_variable_as_the_settings_table_says():
+    page = (ROOT / "docs" / "environment.md").read_text()
+    assert settings.markdown_table() in page, "docs/environment.md's table differs from:\n" + \
         settings.markdown_table()

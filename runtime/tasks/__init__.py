@@ -91,7 +91,7 @@ def run_pipeline(pipe, family: Family, request: SampleRequest, on_step=None, pre
 
 
 def markdown_matrix() -> str:
-    """README's and docs/image_inputs.md's task matrix: each model class's tasks and the diffusers class of each."""
+    """docs/image_inputs.md's task matrix: each model class's tasks and the diffusers class of each."""
     names = {TEXT2IMAGE: "text to image", IMAGE2IMAGE: "image to image", EDIT: "edit (references)",
              INPAINT: "inpaint"}
     from ..families import FAMILIES
