@@ -47,8 +47,9 @@ class Engine:
     def generate(self, handle: PipelineHandle, request: SampleRequest, on_progress: ProgressCallback | None = None,
                  preview: PreviewSpec | None = None) -> Generation:
         """Sample `request` with the pipeline `handle` describes: planned here, once (`run`)."""
-        to_run = worker_handle(self.workers, handle, resolve_device(handle.device)) or handle
-        return self.run(to_run, plan_request(to_run, request), on_progress, preview)
+        device = resolve_device(handle.device)
+        to_run = worker_handle(self.workers, handle, device) or handle
+        return self.run(to_run, plan_request(to_run, request, device), on_progress, preview)
 
     def run(self, handle: PipelineHandle, plan: Plan, on_progress: ProgressCallback | None = None,
             preview: PreviewSpec | None = None) -> Generation:

@@ -66,9 +66,10 @@ class Plan:
                    output=data["output"], layout=data["layout"] and tuple(data["layout"]), settings=data["settings"])
 
 
-def plan_request(handle: PipelineHandle, request: SampleRequest) -> Plan:
-    """The plan for running `request` with the model `handle` names, checked before anything loads."""
-    device = resolve_device(handle.device)
+def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceInfo | None = None) -> Plan:
+    """The plan for running `request` with the model `handle` names on `device` (by default the handle's),
+    checked before anything loads."""
+    device = device or resolve_device(handle.device)
     plan = _planned(handle.model_class, request, model_settings(handle.source), device, layout=None)
     if handle.mesh is None:
         return plan
