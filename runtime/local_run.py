@@ -63,7 +63,9 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         notes.append(f"negative prompt ignored: {plan.family.name} takes none")
     start = time.perf_counter()
     device = plan.device
-    entry, loaded = realise(cache, handle, device, on_progress, plan.family if plan.settings is not None else None)
+    # a plan made before the model's settings were readable leaves its family to the loaded model's config
+    known_family = plan.family if plan.settings is not None else None
+    entry, loaded = realise(cache, handle, device, on_progress, known_family)
     plan = plan.refined(entry.pipe.config)
     task, family, request = plan.task, plan.family, plan.request
     pipe = entry.pipeline(plan.pipeline.cls)
