@@ -21,7 +21,8 @@ from pathlib import Path
 
 from common import PROMPT, bench_model, parse_size
 
-from tpu_diffusers_runtime.engine import SINGLE_CHIP, Engine
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.worker_client import SINGLE_CHIP
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
 from tpu_diffusers_runtime.tasks import SampleRequest

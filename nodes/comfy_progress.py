@@ -6,9 +6,8 @@ import comfy.utils
 from comfy.cli_args import LatentPreviewMethod, args
 from PIL import Image
 
-from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.features.preview import PreviewSpec
-from tpu_diffusers_runtime.sources import model_settings
+from tpu_diffusers_runtime.plan import family_of
 
 
 def preview_spec(handle) -> PreviewSpec | None:
@@ -20,7 +19,7 @@ def preview_spec(handle) -> PreviewSpec | None:
     """
     if args.preview_method == LatentPreviewMethod.NoPreviews:
         return None
-    family = family_for(handle.model_class, settings=model_settings(handle.source))  # Wan 2.2 5B: Wan22's
+    family = family_of(handle)  # Wan 2.2 5B: Wan22's
     format_class = getattr(comfy.latent_formats, family.comfy_latent_format, None)
     latent_format = format_class() if format_class else None
     if latent_format is None or not latent_format.latent_rgb_factors:

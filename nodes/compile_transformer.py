@@ -6,7 +6,7 @@ Where compiled graphs persist is a process setting (prestartup_script.py), not a
 from comfy_api.latest import io
 
 from tpu_diffusers_runtime.features.compilation import parse_sizes
-from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.plan import family_of
 from tpu_diffusers_runtime.specs import CompileScope, CompileSpec, ExecutionMode
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.tasks import size_problem, validate_size
@@ -63,7 +63,7 @@ class TPUCompileTransformer(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, scope: str, fullgraph: bool, warmup_sizes: str) -> io.NodeOutput:
         sizes = parse_sizes(warmup_sizes)
-        family = family_for(pipeline.model_class)
+        family = family_of(pipeline)  # with the model's settings: Wan 2.2 TI2V-5B's sizes step by 32, not 16
         for width, height, *_ in sizes:
             validate_size(family, width, height)
         spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes)

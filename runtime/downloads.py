@@ -13,7 +13,6 @@ stopped download never leaves a file that looks complete.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -24,10 +23,10 @@ from huggingface_hub.errors import CachedRepoTreeNotFoundError, LocalEntryNotFou
 from huggingface_hub.utils import tqdm
 
 from . import settings
-from .errors import ModelLoadError, UserInputError
+from .errors import UserInputError
+from .model_folder import INDEX, read_index_file
 from .specs import ProgressCallback
 
-INDEX = "model_index.json"
 POLL_SECONDS = 0.5  # how often the caller's thread reports progress, so Cancel is seen within about this long
 
 # What diffusers counts as weights (pipeline_loading_utils' weight names), so the same files are fetched.
@@ -99,7 +98,7 @@ def cached_snapshot(repo_id: str) -> str | None:
         listing = get_cached_repo_tree(repo_id, revision=os.path.basename(folder))
     except CachedRepoTreeNotFoundError:
         return folder
-    needed = files_to_fetch(_read_index(index_path, repo_id), [f.path for f in listing])
+    needed = files_to_fetch(read_index_file(index_path, repo_id), [f.path for f in listing])
     return folder if all(os.path.isfile(os.path.join(folder, f)) for f in needed) else None
 
 
@@ -159,14 +158,6 @@ def _offline_folder(repo_id: str) -> str:
                              f"then put the folder in models/diffusers and pick it in the list.") from e
 
 
-def _read_index(path: str, repo_id: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"model_index.json of '{repo_id}' cannot be read ({e}); download the model again.") from e
-
-
 def _download_error(repo_id: str, e: BaseException) -> UserInputError:
     name = repo_id.split("/")[-1]
     return UserInputError(f"'{repo_id}' could not be downloaded ({type(e).__name__}: {e}). Download it where there "
@@ -202,7 +193,7 @@ def _download(repo_id: str, on_progress: ProgressCallback | None) -> str:
         sizes = {f.path: f.size for f in get_cached_repo_tree(repo_id, revision=os.path.basename(folder))}
     except CachedRepoTreeNotFoundError:
         return folder  # the hub was out of reach and an older download is all there is
-    needed = files_to_fetch(_read_index(os.path.join(folder, INDEX), repo_id), sizes)
+    needed = files_to_fetch(read_index_file(os.path.join(folder, INDEX), repo_id), sizes)
     missing = [f for f in needed if not os.path.isfile(os.path.join(folder, f))]
     if not missing:
         return folder

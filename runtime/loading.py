@@ -16,7 +16,7 @@ from . import single_file
 from .device import DeviceInfo
 from .distributed.sharding import apply_context_parallel
 from .errors import ModelLoadError, UserInputError
-from .families import family_for
+from .families import Family, family_for
 from .features import offload
 from .handle import PipelineHandle
 from .sources import check_source, components, config_values, has_weights, local_folder, read_model_index
@@ -100,12 +100,12 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     # With single files, the folder (or the hub repo's small files) gives configs, tokenizers, scheduler.
     folder = single_file.config_folder(handle.source) if files else local_folder(handle.source, on_progress)
     index = read_model_index(folder, is_folder=True)
-    left_out = optional_left_out(handle, folder) if files else {}
+    family = family_for(handle.model_class, settings=config_values(index))  # Wan 2.2 TI2V-5B: one denoiser, its slots
+    left_out = optional_left_out(family, handle, folder) if files else {}
     check_index(handle.source, index, folder, from_files=frozenset(files), left_out=frozenset(left_out))
     if index["_class_name"] != handle.model_class:
         raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.model_class} "
                              "the Loader found; queue the workflow again.")
-    family = family_for(handle.model_class)
     pipeline_cls = getattr(diffusers, handle.model_class)
     takes = inspect.signature(pipeline_cls).parameters
     parts = {name: part for name, part in components(index).items() if name in takes}
@@ -172,11 +172,11 @@ def init_options(pipeline_cls, index: dict | None = None) -> dict:
     return options
 
 
-def optional_left_out(handle: PipelineHandle, folder: str) -> dict[str, str]:
+def optional_left_out(family: Family, handle: PipelineHandle, folder: str) -> dict[str, str]:
     """{component: its tokenizer} of the family's optional components (SD3's T5) that neither a picked file
     nor the configs folder's weights provide: the pipeline runs without them, as diffusers allows."""
     left_out = {}
-    for name in family_for(handle.model_class).optional_slots:
+    for name in family.optional_slots:
         if name not in dict(handle.files) and not has_weights(folder, name):
             left_out[name] = None
             left_out[name.replace("text_encoder", "tokenizer")] = None

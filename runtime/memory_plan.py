@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import logging
 import math
 import os
@@ -166,16 +165,16 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
 
     import torch
 
+    from .model_folder import component_config
     from .sources import components, config_values, read_model_index
 
     index = read_model_index(folder, is_folder=True)
     configs = {}
     for name, (library, cls_name) in components(index).items():
         cls = getattr(importlib.import_module(library), cls_name, None)
-        path = os.path.join(folder, name, "config.json")
-        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(path):
-            with open(path) as f:
-                configs[name] = (cls, json.load(f))
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(
+                os.path.join(folder, name, "config.json")):
+            configs[name] = (cls, component_config(folder, name))
     return sizes_from_configs(family, configs, config_values(index))
 
 

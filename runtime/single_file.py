@@ -19,7 +19,7 @@ import os
 
 from .errors import ModelLoadError, UserInputError
 from .families import FAMILIES, FILE_KINDS, Family, FileKind, FileVariant, family_for, supported
-from .sources import check_hub_id, config_values
+from .sources import check_hub_id, config_values, read_model_index
 
 SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8), or ComfyUI's "
                      "int8 without ConvRot")
@@ -533,8 +533,7 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     should say about the file is appended to `notes`."""
     import torch
 
-    with open(os.path.join(config_folder, "model_index.json")) as f:
-        index = json.load(f)
+    index = read_model_index(config_folder, is_folder=True)
     model_class = index["_class_name"]
     settings = config_values(index)
     family = family_for(model_class, settings=settings)
@@ -609,8 +608,7 @@ def check_files_against_configs(files, config_folder: str, model_class: str) -> 
     and a model built on the meta device (no weights read): CLIP-G where CLIP-L goes, a text encoder of
     another model size. Runs when the File Loader executes, so the error is on that node, not later on the
     Sampler's load. Weights the file names differently are left to the load's own check."""
-    with open(os.path.join(config_folder, "model_index.json")) as f:
-        index = json.load(f)
+    index = read_model_index(config_folder, is_folder=True)
     settings = config_values(index)
     family = family_for(model_class, settings=settings)
     for component, path in files:

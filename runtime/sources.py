@@ -7,12 +7,12 @@ loads weights. Hub files come through runtime/downloads.py.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from . import downloads
 from .errors import ModelLoadError, UserInputError
+from .model_folder import INDEX, read_index_file
 from .specs import ProgressCallback
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -55,11 +55,7 @@ def read_model_index(source: str, is_folder: bool) -> dict:
                                  "Point the loader at the folder that contains model_index.json.")
     else:
         path = downloads.model_index_file(source)
-    try:
-        with open(path) as f:
-            index = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"model_index.json of '{source}' cannot be read ({e}); re-download the model.") from e
+    index = read_index_file(path, source)
     if not isinstance(index, dict) or "_class_name" not in index:
         raise UserInputError(f"model_index.json of '{source}' names no pipeline class (_class_name); "
                              "it is not a diffusers pipeline.")
@@ -83,24 +79,23 @@ def config_values(index: dict) -> dict:
             if not name.startswith("_") and isinstance(value, (bool, int, float, str))}
 
 
-def model_settings(source: str) -> dict:
+def model_settings(source: str) -> dict | None:
     """The model_index settings of a handle's source, read before loading where that needs no download (a folder,
-    or a hub id whose model_index.json is in the local cache); {} otherwise: the loaded pipeline's config is
-    checked again once it is loaded."""
+    or a hub id whose model_index.json is in the local cache); None otherwise: the loaded pipeline's config
+    decides once it is loaded (runtime/plan.py's `Plan.refined`)."""
     if is_hub_id(source):
         from huggingface_hub import try_to_load_from_cache
 
-        path = try_to_load_from_cache(source, "model_index.json") if HUB_ID.match(source) else None
+        path = try_to_load_from_cache(source, INDEX) if HUB_ID.match(source) else None
         if not isinstance(path, str):
-            return {}
+            return None
     else:
-        path = os.path.join(source, "model_index.json")
+        path = os.path.join(source, INDEX)
     try:
-        with open(path) as f:
-            index = json.load(f)
-    except (OSError, ValueError):
-        return {}  # the load reports an unreadable model_index.json
-    return config_values(index) if isinstance(index, dict) else {}
+        index = read_index_file(path, source)
+    except ModelLoadError:
+        return None  # the load reports an unreadable model_index.json
+    return config_values(index) if isinstance(index, dict) else None
 
 
 def is_hub_id(source: str) -> bool:

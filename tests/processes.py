@@ -86,7 +86,7 @@ def free_port() -> int:
 
 
 def start_staying_workers(worker_script, log, ranks: int = 1, key: str | None = None):
-    """Workers as the README's attach section starts them (torchrun ... worker.py --control ... --stay), on
+    """Workers as the README's attach section starts them (torchrun ... worker_program.py --control ... --stay), on
     loopback, with `key` (default: a new one), once they answer; returns (torchrun process, address, key).
     Stop them with stop_workers."""
     import subprocess
@@ -119,7 +119,7 @@ def stop_workers(process) -> None:
 
 def other_version_checkout(pack, folder, pack_version: str):
     """A copy of this checkout that speaks the next protocol and calls itself `pack_version` (workers
-    started from another checkout); returns its worker.py."""
+    started from another checkout); returns its worker_program.py."""
     import shutil
 
     from tpu_diffusers_runtime.distributed import protocol
@@ -132,4 +132,4 @@ def other_version_checkout(pack, folder, pack_version: str):
     pyproject = folder / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace(f'version = "{protocol.PACK_VERSION}"',
                                                        f'version = "{pack_version}"'))
-    return folder / "runtime" / "distributed" / "worker.py"
+    return folder / "runtime" / "worker_program.py"

@@ -91,7 +91,7 @@ def test_a_result_larger_than_the_request_can_make_is_refused_before_it_is_alloc
     tracemalloc.start()
     try:
         with pytest.raises(WorkerGroupError, match=f"over the bound of {request.output_bytes() + 2**20 + 1} bytes"):
-            group.generate(handle, request)
+            group.generate(handle, {}, request)  # the peer reads no plan
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -76,7 +76,7 @@ def test_good_values_and_unset_variables_read_as_what_the_pack_uses(monkeypatch,
 def test_the_runtime_imports_with_a_bad_value(name):
     """As ComfyUI imports the pack: every runtime module, with the variable set badly."""
     script = ("import runtime_package; runtime_package.load(); "
-              "import tpu_diffusers_runtime.engine, tpu_diffusers_runtime.settings, tpu_diffusers_runtime.distributed.worker")
+              "import tpu_diffusers_runtime.engine, tpu_diffusers_runtime.settings, tpu_diffusers_runtime.worker_program")
     env = {**os.environ, name: BAD_VALUES[name][0]}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)

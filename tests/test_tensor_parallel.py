@@ -241,7 +241,7 @@ import runtime_package
 runtime_package.load()
 import torch.distributed as dist
 
-from tpu_diffusers_runtime.distributed.worker import RankWorker
+from tpu_diffusers_runtime.worker_program import RankWorker
 from tpu_diffusers_runtime.specs import MeshSpec
 
 dist.init_process_group("gloo")

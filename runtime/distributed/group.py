@@ -1,6 +1,6 @@
 """Launch (or attach to) a worker group and run prompts on it.
 
-A local group is launcher.py running torch's own launcher (torchrun: `--nproc_per_node=N worker.py`, its
+A local group is launcher.py running torch's own launcher (torchrun: `--nproc_per_node=N worker_program.py`, its
 rendezvous a file, see local_rendezvous), which starts, watches and stops the ranks; every socket of the
 group listens on loopback only. We only keep the launcher process, a private folder with its log and
 rendezvous file, and an authenticated connection to rank 0. The group stays up between prompts
@@ -30,7 +30,8 @@ from ..errors import UserInputError, WorkerGroupError
 from ..specs import MeshSpec, Workers
 from . import channel, lifeline, protocol
 
-WORKER_SCRIPT = Path(__file__).with_name("worker.py")
+# the worker program lives above the engine it runs (this package is below it): launched by path
+WORKER_SCRIPT = Path(__file__).parent.parent / "worker_program.py"
 LAUNCHER_SCRIPT = Path(__file__).with_name("launcher.py")
 POLL_SECONDS = 0.1
 QUIET_CHECK_SECONDS = 0.5  # while the workers send nothing, how often ComfyUI's Cancel is checked
@@ -175,9 +176,10 @@ class WorkerGroup:
     def pids(self) -> list[int]:
         return [self.process.pid] if self.process else []
 
-    def generate(self, handle, request, on_progress=None, preview=None):
-        """Run one prompt on every rank; returns (images [B,H,W,C] float32 tensor, rank 0's info dict). With a
-        PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
+    def generate(self, handle, plan: dict, request, on_progress=None, preview=None):
+        """Run one prompt on every rank, as `plan` (the request's plan, in its wire form) says; returns (images
+        [B,H,W,C] float32 tensor, rank 0's info dict). With a PreviewSpec, rank 0 sends each step's preview (RGB
+        bytes) with its progress message.
 
         ComfyUI's Cancel (`on_progress` raising) is checked also while the workers send nothing (a long load,
         a download, a compile: the last progress is reported again), passed on to them, and raised here at
@@ -190,7 +192,7 @@ class WorkerGroup:
         import torch
 
         request_data, arrays = request.to_wire()  # images and masks travel as binary payloads
-        self._send({"op": "generate", "handle": handle.to_wire(), "request": request_data,
+        self._send({"op": "generate", "handle": handle.to_wire(), "plan": plan, "request": request_data,
                     "preview": preview and preview.to_wire()}, arrays)
         latest = (0, 1, "waiting for the workers")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Starts a local worker group for ComfyUI: torch's own launcher (torchrun) runs in this process.
 
-    launcher.py --parent PID [--tpu] -- <torchrun arguments: --nproc_per_node=N ... worker.py ...>
+    launcher.py --parent PID [--tpu] -- <torchrun arguments: --nproc_per_node=N ... worker_program.py ...>
 
 Before torchrun starts the ranks, this process (not ComfyUI's) takes TorchTPU's launch environment
 for N ranks (`torch.tpu.distributed.set_tpu_launch_env`, which writes os.environ: here it writes

@@ -3,14 +3,14 @@ launched."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..device import (TPU_IN_WORKERS_ENV, TPU_WORLD_SIZES, DeviceInfo, launchable_world_sizes, tpu_chip_count,
                       tpu_kind)
-from ..errors import ModelLoadError, UserInputError
+from ..errors import UserInputError
 from ..families import FAMILIES, Family, family_for
-from ..sources import components, is_hub_id, read_model_index
+from ..model_folder import component_config, unreadable_config
+from ..sources import components, config_values, is_hub_id, read_model_index
 from ..specs import MeshSpec, Workers
 from .channel import attach_key, check_attach_address
 
@@ -116,19 +116,6 @@ def split_batch(batch_size: int, replicas: int) -> list[tuple[int, int]]:
     return slices
 
 
-def _subfolder_config(folder: str, name: str) -> dict:
-    path = os.path.join(folder, name, "config.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise _unreadable_config(folder, name, e) from e
-
-
-def _unreadable_config(folder: str, name: str, error: Exception) -> ModelLoadError:
-    return ModelLoadError(f"cannot read {name}/config.json of '{folder}' ({error}); download the model again.")
-
-
 def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: frozenset = frozenset()) -> list[str]:
     """Refuse what cannot work before launching: returns notes on the mesh's shape and what stays whole.
     `from_files`: components loaded from single files (their text encoders stay whole on every rank)."""
@@ -158,7 +145,7 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     parts = components(index)
     notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]
     if spec.shard_transformer:
-        family = family_for(index["_class_name"])
+        family = family_for(index["_class_name"], settings=config_values(index))
         for denoiser in family.denoisers:  # Wan 2.2 A14B's two experts; an absent one (TI2V-5B's) is not in parts
             if denoiser in parts:
                 notes += _check_transformer(source, denoiser, parts[denoiser][1], tp, family)
@@ -224,7 +211,7 @@ def context_parallel_notes(cp: int, family: Family, width: int, height: int, fra
                              f"{_shape_text(width, height, frames)}; "
                              f"{_divisible_shapes(cp, family, width, height, frames)}.")
     if os.path.isdir(os.path.join(source, family.denoiser)):
-        heads = _subfolder_config(source, family.denoiser).get("num_attention_heads")
+        heads = component_config(source, family.denoiser).get("num_attention_heads")
         if heads and heads % cp:
             raise UserInputError(f"context_parallel {cp} does not divide the transformer's {heads} attention heads "
                                  f"(Ulysses attention splits them over the ranks); use one of {_divisors(heads)}.")
@@ -270,12 +257,12 @@ FAMILY_PLANNED: set = set()  # diffusers classes whose `_tp_plan` a family's pla
 def _check_transformer(source: str, denoiser: str, cls: str, tp: int, family: Family) -> list[str]:
     import diffusers
 
-    if tp_plan_for(getattr(diffusers, cls), family, _subfolder_config(source, denoiser)) is None:
+    if tp_plan_for(getattr(diffusers, cls), family, component_config(source, denoiser)) is None:
         raise UserInputError(f"{cls} has no tensor-parallel plan in diffusers, so it cannot be sharded "
                              f"({shardable_families()} can). Use replicas instead: turn shard_transformer off (each "
                              "chip then holds the whole pipeline and runs its share of the batch), or drop the TP "
                              "Mesh.")
-    heads = _subfolder_config(source, denoiser).get("num_attention_heads")
+    heads = component_config(source, denoiser).get("num_attention_heads")
     if heads and heads % tp:
         valid = [n for n in range(1, heads + 1) if heads % n == 0]
         raise UserInputError(f"tp {tp} (chips / replicas) does not divide the transformer's {heads} attention "
@@ -287,7 +274,7 @@ def _check_text_encoder(source: str, name: str, cls: str, tp: int) -> str:
     """Sharded when transformers has a TP plan for it; otherwise kept whole on every rank (said in a note)."""
     if not text_encoder_has_tp_plan(source, name):
         return f"{name} ({cls}) has no TP plan in transformers: kept whole on every rank"
-    text = _subfolder_config(source, name)
+    text = component_config(source, name)
     text = text.get("text_config", text)
     for field in ("num_attention_heads", "num_key_value_heads"):
         count = text.get(field)
@@ -304,5 +291,5 @@ def text_encoder_has_tp_plan(source: str, name: str) -> bool:
     try:
         config = AutoConfig.from_pretrained(os.path.join(source, name))
     except (OSError, ValueError) as e:
-        raise _unreadable_config(source, name, e) from e
+        raise unreadable_config(source, name, e) from e
     return bool(getattr(config.get_text_config(), "base_model_tp_plan", None))

@@ -24,7 +24,7 @@ import struct
 
 from ..errors import WorkerGroupError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: "generate" carries the request's plan (runtime/plan.py), so ranks plan nothing again
 MAX_MESSAGE_BYTES = 16 * 2**30  # a batch of 64 float32 1024x1024 images is 0.8 GiB; video frames fit too
 MAX_JSON_BYTES = 2**20
 FRAME_STALL_SECONDS = 120.0  # inside a frame, the longest wait for the next bytes before the peer is dropped

@@ -10,8 +10,9 @@ replica's "tp" sub-mesh; at tp 1 nothing is sharded and each replica holds a who
 from __future__ import annotations
 
 from ..families import Family
+from ..model_folder import component_config
 from ..specs import MeshSpec
-from .mesh import FAMILY_PLANNED, _subfolder_config, text_encoder_has_tp_plan, tp_plan_for
+from .mesh import FAMILY_PLANNED, text_encoder_has_tp_plan, tp_plan_for
 
 
 class Sharding:
@@ -26,7 +27,7 @@ class Sharding:
         if name in self.family.denoisers and self.spec.shard_transformer:
             from diffusers import TensorParallelConfig
 
-            use_family_tp_plan(self.family, _subfolder_config(folder, name))
+            use_family_tp_plan(self.family, component_config(folder, name))
             self.sharded.add(name)
             return {"parallel_config": TensorParallelConfig(mesh=self.mesh)}
         if name.startswith("text_encoder") and self.spec.shard_text_encoder and text_encoder_has_tp_plan(folder, name):

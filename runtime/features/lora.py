@@ -375,15 +375,13 @@ def check_lora_fits(model_class: str, config_folder: str, lora: LoraSpec) -> Non
     """The LoRA node's check, before anything is loaded: the same as when fusing, against the pipeline's
     LoRA-loadable models built on the meta device from their configs (no weights), so a LoRA of another
     family fails on the LoRA node."""
-    import json
-
     import diffusers
 
     from ..single_file import meta_model
+    from ..sources import read_model_index
 
     pipeline_cls = getattr(diffusers, model_class)
-    with open(os.path.join(config_folder, "model_index.json")) as f:
-        index = json.load(f)
+    index = read_model_index(config_folder, is_folder=True)
     models = {}
     for component in pipeline_cls._lora_loadable_modules:
         library, cls_name = (index.get(component) or [None, None])[:2]

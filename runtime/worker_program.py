@@ -3,7 +3,7 @@
 torchrun starts one per chip (ComfyUI starts torchrun through launcher.py):
 
     torchrun --nproc_per_node=N [--nnodes=H --node_rank=K --master_addr=A --master_port=P] \\
-        runtime/distributed/worker.py --control HOST:PORT [--stay] [--port-file FILE]
+        runtime/worker_program.py --control HOST:PORT [--stay] [--port-file FILE]
 
 Rank 0 serves the control channel on HOST:PORT (port 0: a free one, written to FILE) with the key in
 $TPU_DIFFUSERS_CONTROL_KEY (a new one is made and printed when it is unset), reads commands, and
@@ -29,7 +29,7 @@ import time
 
 # Run as a script by torchrun: load the runtime under its one import name (runtime_package.py, in the
 # pack's folder; the pack itself imports ComfyUI, which a worker does not have).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import runtime_package  # noqa: E402
 
 runtime_package.load()
@@ -180,9 +180,9 @@ class RankWorker:
     def __init__(self, server: ControlServer | None, device_type: str, store, gather_group):
         from tpu_diffusers_runtime.distributed.sharding import Sharding
         from tpu_diffusers_runtime.engine import Engine
-        from tpu_diffusers_runtime.families import family_for
         from tpu_diffusers_runtime.loading import load_pipeline
         from tpu_diffusers_runtime.pipeline_cache import PipelineCache
+        from tpu_diffusers_runtime.plan import family_of
 
         self.server, self.device_type, self.store, self.gather_group = server, device_type, store, gather_group
         self.meshes = {}  # (replicas, cp, tp) -> (DeviceMesh ("dp", "ring", "ulysses", "tp"), control group)
@@ -198,7 +198,7 @@ class RankWorker:
                 cp_mesh = mesh["ring", "ulysses"]
                 return load_pipeline(handle, device, on_progress, notes=notes,
                                      context_parallel=cp_mesh if cp_mesh.size() > 1 else None)
-            sharding = Sharding(handle.mesh, tp_mesh, family_for(handle.model_class))
+            sharding = Sharding(handle.mesh, tp_mesh, family_of(handle))
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
         self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
@@ -300,22 +300,23 @@ class RankWorker:
         import torch.distributed as dist
 
         from tpu_diffusers_runtime.distributed.mesh import latent_tokens, split_batch
+        from tpu_diffusers_runtime.device import resolve_device
         from tpu_diffusers_runtime.distributed.sharding import context_parallel_degree, local_bytes, sharded_fraction
-        from tpu_diffusers_runtime.engine import Engine
         from tpu_diffusers_runtime.features.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
-        from tpu_diffusers_runtime.sources import model_settings
-        from tpu_diffusers_runtime.tasks import SampleRequest, prepare
+        from tpu_diffusers_runtime.local_run import denoisers
+        from tpu_diffusers_runtime.plan import Plan
+        from tpu_diffusers_runtime.tasks import SampleRequest
 
         # the group's ranks are the mesh (chips 0 asks for all of them): its layout, and the load key, follow them
         handle = PipelineHandle.from_wire(command["handle"])
         handle = handle.replace(mesh=dataclasses.replace(handle.mesh, chips=dist.get_world_size()))
         # Only rank 0 sends previews, so only rank 0 makes them (of its own replica's first image).
         preview = PreviewSpec.from_wire(command["preview"]) if command["preview"] and self.server else None
-        # checked on every rank, even one with no image
-        family, task, pipeline, request = prepare(handle.model_class,
-                                                  SampleRequest.from_wire(command["request"], command["payloads"]),
-                                                  model_settings(handle.source))
+        # the client's plan: checked there, so every rank, even one with no image, runs what it planned
+        plan = Plan.from_wire(command["plan"], SampleRequest.from_wire(command["request"], command["payloads"]),
+                              resolve_device(handle.device))
+        request, task = plan.request, plan.task
         mesh, control_group = self.device_mesh(handle.mesh)
         replicas, _, cp, tp = mesh.mesh.shape
         replica = mesh.get_local_rank("dp")
@@ -328,12 +329,12 @@ class RankWorker:
                                    group_calls=sum(task.call_count(request.batch_slice(first, n))
                                                    for first, n in slices))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
-        tokens = latent_tokens(family, request.width, request.height, request.frames)
+        tokens = latent_tokens(plan.family, request.width, request.height, request.frames)
         try:
             try:
                 if count:
-                    generation = self.engine.generate(handle, request.batch_slice(start, count),
-                                                      on_progress=self.progress, preview=preview)
+                    generation = self.engine.run(handle, plan.for_batch_slice(start, count),
+                                                 on_progress=self.progress, preview=preview)
                     mine["info"] = generation.info.as_dict()
                     if dist.get_rank() == run.leader:  # the replica's other ranks made the same images
                         mine["images"] = np.ascontiguousarray(generation.images.numpy())
@@ -342,9 +343,9 @@ class RankWorker:
                     self.store.set(run.done_key(replica), "1")
             if self.server:
                 self.wait_for_replicas()
-            denoisers = Engine.denoisers(self.engine.realise(handle, self.progress)[0], handle)  # A14B: both experts
-            mine.update(bytes=sum(map(local_bytes, denoisers)), fraction=sharded_fraction(*denoisers),
-                        tokens=tokens // context_parallel_degree(denoisers[0]))  # as the loaded model is split
+            loaded = denoisers(self.engine.realise(handle, self.progress)[0].pipe, plan.family)  # A14B: both experts
+            mine.update(bytes=sum(map(local_bytes, loaded)), fraction=sharded_fraction(*loaded),
+                        tokens=tokens // context_parallel_degree(loaded[0]))  # as the loaded model is split
         except Cancelled:
             mine["cancelled"] = True
         mine["steps"] = run.steps

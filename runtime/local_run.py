@@ -1,0 +1,132 @@
+"""A request run in this process, as its plan says: realise the handle's pipeline (load or reuse it, LoRAs,
+compilation), warm up, sample, and say what happened (RunInfo). ComfyUI's process runs it for a handle without a
+worker group; every worker rank runs it for its replica's share of the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory
+from .errors import CompileError, LoraUnloadError
+from .families import Family, family_for
+from .features import compilation
+from .features.lora import apply_loras
+from .features.preview import PreviewSpec
+from .handle import PipelineHandle
+from .modes import execution_mode, grad_mode, outside_inference_mode
+from .pipeline_cache import LoadedPipeline, PipelineCache
+from .plan import Plan
+from .run_info import Generation, RunInfo
+from .specs import CompileSpec, ExecutionMode, ProgressCallback
+from .tasks import SampleRequest, Task
+from .tasks import images as image_inputs
+
+log = logging.getLogger("tpu_diffusers")
+
+
+def realise(cache: PipelineCache, handle: PipelineHandle, device: DeviceInfo,
+            on_progress: ProgressCallback | None = None, family: Family | None = None) -> tuple[LoadedPipeline, bool]:
+    """The loaded, placed pipeline for a handle, with its LoRAs, compiled or not as the handle says; and whether it
+    was loaded just now. `family`: the model's, as its settings make it; None: as the loaded model's config says
+    (a caller without a plan, or a plan made before the model's settings could be read)."""
+    with outside_inference_mode():  # weights loaded under inference mode would be inference tensors
+        entry, loaded = cache.get(handle, device, on_progress)
+        # fused in place, before compiling: a compiled transformer keeps its graphs (only weight values change)
+        try:
+            apply_loras(entry.pipe, handle.loras, entry.lora, on_progress)  # its notes stay in entry.lora.notes
+        except LoraUnloadError:
+            cache.clear(device)
+            raise
+    family = family or family_for(handle.model_class, settings=dict(entry.pipe.config))
+    entry.compiled = compilation.apply(entry.compiled, denoisers(entry.pipe, family), handle.compile or CompileSpec(),
+                                       handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED,
+                                       prepare=family.prepare_compile)
+    return entry, loaded
+
+
+def denoisers(pipe, family: Family) -> tuple:
+    """Every denoising model the loaded pipeline has (Wan 2.2 A14B: both experts; TI2V-5B has no second)."""
+    loaded = (getattr(pipe, name, None) for name in family.denoisers)
+    return tuple(model for model in loaded if model is not None)
+
+
+def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_progress: ProgressCallback | None,
+                preview: PreviewSpec | None, plan_notes: list[str]) -> Generation:
+    """Sample the plan's request with the pipeline `handle` describes. With a preview spec, each sampling step's
+    on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image).
+    `plan_notes`: the memory plan's, for the run info."""
+    notes = [*plan_notes, *image_inputs.notes(plan.request)]
+    if plan.request.negative_prompt.strip() and not plan.family.takes_negative_prompt:
+        notes.append(f"negative prompt ignored: {plan.family.name} takes none")
+    start = time.perf_counter()
+    device = plan.device
+    # a plan made before the model's settings were readable leaves its family to the loaded model's config
+    known_family = plan.family if plan.settings is not None else None
+    entry, loaded = realise(cache, handle, device, on_progress, known_family)
+    plan = plan.refined(entry.pipe.config)
+    task, family, request = plan.task, plan.family, plan.request
+    pipe = entry.pipeline(plan.pipeline.cls)
+    load_seconds = time.perf_counter() - start
+    notes += entry.notes + entry.lora.notes
+
+    grad_modes = set()
+
+    def on_step(done: int, total: int, *preview_image) -> None:
+        grad_modes.add(grad_mode())
+        if on_progress:
+            on_progress(done, total, "sampling", *preview_image)
+
+    run_denoisers = denoisers(entry.pipe, family)
+
+    def run_at(width: int, height: int, image_size, on_warm_step) -> compilation.CompileActivity:
+        # the request's own inputs at that size (diffusers resizes them, or image_size says), all steps
+        warm_request = dataclasses.replace(
+            request, width=width, height=height, steps=compilation.WARMUP_STEPS, denoise=1.0,
+            batch_size=task.call_batch(request),
+            images=tuple(image_inputs.resized(image, image_size) for image in request.images))
+        task.validate(family, plan.pipeline, warm_request)  # a warm-up size the model does not take
+        return _run(entry, pipe, run_denoisers, dataclasses.replace(plan, request=warm_request), on_warm_step)[1]
+
+    lookups_before = compilation.cache_lookups(device)
+    with execution_mode(handle.mode, device) as mode_ran:
+        warmup = compilation.warm_up(entry.compiled, task.call_batch(request), run_at, on_progress)
+        reset_peak_memory(device)
+        start = time.perf_counter()
+        output, activity = _run(entry, pipe, run_denoisers, plan, on_step, preview)
+        sample_seconds = time.perf_counter() - start
+    peak = peak_memory_bytes(device)
+    lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
+    if entry.compiled:
+        notes += warmup.notes
+        notes.append("compile: " + compilation.describe(entry.compiled, shape_of(task, request), activity))
+    info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=plan.pipeline.cls,
+                   placement=handle.placement.value, loaded=loaded,
+                   load_seconds=load_seconds, sample_seconds=sample_seconds,
+                   peak_device_memory_mb=None if peak is None else peak / 2**20,
+                   compiled_now=bool(activity.graphs) if entry.compiled else None,
+                   compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
+                   compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
+                   frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
+    log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
+    return Generation(images=output, info=info)
+
+
+def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
+         preview: PreviewSpec | None = None):
+    """One task run on `pipe` (entry's pipeline of the task's class); with a compiled denoiser, its compiles are
+    counted and explained."""
+    try:
+        return compilation.counted_run(
+            entry.compiled, run_denoisers, shape_of(plan.task, plan.request),
+            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview))
+    except CompileError:
+        entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
+        raise
+
+
+def shape_of(task: Task, request: SampleRequest) -> tuple[int, int, int, int]:
+    """(width, height, batch, frames) as one pipeline call's denoiser input sees it (frames 0: images)."""
+    return request.width, request.height, task.call_batch(request), request.frames

@@ -1,0 +1,89 @@
+"""One request's plan: everything a run needs to know about a request, resolved once, at its start.
+
+`plan_request` runs the checks that need no model (the family, the task and its diffusers pipeline, the size)
+and resolves the device and the mesh layout; the engine, the local run, the worker-group client and the worker
+ranks read the plan instead of asking again. A worker rank gets it over the protocol (`to_wire`/`from_wire`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from .device import DeviceInfo, resolve_device
+from .distributed.mesh import mesh_shape, world_size
+from .families import Family, TaskPipeline, family_for
+from .handle import PipelineHandle
+from .sources import model_settings
+from .tasks import TASKS, SampleRequest, Task, prepare
+
+IMAGE = "image"  # ComfyUI's IMAGE: a batch of decoded images
+VIDEO = "video"  # ComfyUI's IMAGE as frames: batch x frames decoded images
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    model_class: str  # the model's model_index _class_name
+    family: Family  # as the model's settings make it (`Family.with_settings`)
+    task: Task
+    pipeline: TaskPipeline  # the diffusers pipeline that runs the task
+    device: DeviceInfo  # where this process runs it
+    request: SampleRequest  # checked, its size resolved
+    output: str  # what the run gives back: IMAGE or VIDEO
+    layout: tuple[int, int, int] | None  # (replicas, cp, tp) of the handle's mesh; None: no mesh
+    # the model_index settings the family was made with; None: unreadable before loading (a hub model that is
+    # not downloaded yet), so the loaded pipeline's config decides (`refined`)
+    settings: Mapping | None
+
+    def refined(self, loaded_settings: Mapping) -> "Plan":
+        """The plan as the loaded model's settings make it, when they were unknown before loading (a hub model's
+        model_index.json is only read once downloaded): Wan 2.2 TI2V-5B is then known for what it is, with its
+        own size step. A plan whose settings were read before loading is already right and is returned as is,
+        so a request is planned at most twice."""
+        if self.settings is not None:
+            return self
+        return _planned(self.model_class, self.request, dict(loaded_settings), self.device, self.layout)
+
+    def for_batch_slice(self, start: int, count: int) -> "Plan":
+        """This plan for the images start..start+count of its batch (a replica's share of it)."""
+        return dataclasses.replace(self, request=self.request.batch_slice(start, count))
+
+    def to_wire(self) -> dict:
+        """Plain JSON data for worker ranks, beside the request (which travels with its image payloads). The
+        device is not sent: each rank runs on its own, resolved where it runs (an attached group may be another
+        host's)."""
+        return {"model_class": self.model_class, "settings": None if self.settings is None else dict(self.settings),
+                "task": self.task.name, "output": self.output, "layout": self.layout and list(self.layout)}
+
+    @classmethod
+    def from_wire(cls, data: dict, request: SampleRequest, device: DeviceInfo) -> "Plan":
+        """The client's plan on a worker rank: `request` is the one the client planned (size resolved, checked),
+        so nothing is checked again."""
+        family = family_for(data["model_class"], settings=data["settings"])
+        task = TASKS[data["task"]]
+        return cls(model_class=data["model_class"], family=family, task=task,
+                   pipeline=family.pipeline_for(data["model_class"], task.name), device=device, request=request,
+                   output=data["output"], layout=data["layout"] and tuple(data["layout"]), settings=data["settings"])
+
+
+def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceInfo | None = None) -> Plan:
+    """The plan for running `request` with the model `handle` names on `device` (by default the handle's),
+    checked before anything loads."""
+    device = device or resolve_device(handle.device)
+    plan = _planned(handle.model_class, request, model_settings(handle.source), device, layout=None)
+    if handle.mesh is None:
+        return plan
+    return dataclasses.replace(plan, layout=mesh_shape(handle.mesh, world_size(handle.mesh, device)))
+
+
+def _planned(model_class: str, request: SampleRequest, settings: dict | None, device: DeviceInfo,
+             layout: tuple[int, int, int] | None) -> Plan:
+    family, task, pipeline, request = prepare(model_class, request, settings)
+    return Plan(model_class=model_class, family=family, task=task, pipeline=pipeline, device=device, request=request,
+                output=VIDEO if request.frames else IMAGE, layout=layout, settings=settings)
+
+
+def family_of(handle: PipelineHandle) -> Family:
+    """The family of the handle's model as its settings make it, where they are readable before loading (a folder,
+    a configs folder, a hub model in the local cache): Wan 2.2 TI2V-5B's size step is 32, not Wan's 16."""
+    return family_for(handle.model_class, settings=model_settings(handle.source))
