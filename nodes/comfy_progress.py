@@ -7,7 +7,7 @@ from comfy.cli_args import LatentPreviewMethod, args
 from PIL import Image
 
 from tpu_diffusers_runtime.families import family_for
-from tpu_diffusers_runtime.features.preview import PreviewSpec
+from tpu_diffusers_runtime.preview import PreviewSpec
 from tpu_diffusers_runtime.sources import model_settings
 
 

@@ -23,7 +23,7 @@ from .errors import (CompileError, DeviceOutOfMemoryError, LoraUnloadError, Miss
 from .families import Family, TaskPipeline, family_for
 from .features import compilation
 from .features.lora import LORA_WITH_MESH, apply_loras
-from .features.preview import PreviewSpec
+from .preview import PreviewSpec
 from .handle import PipelineHandle
 from .modes import execution_mode, grad_mode, outside_inference_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache

@@ -302,7 +302,7 @@ class RankWorker:
         from tpu_diffusers_runtime.distributed.mesh import latent_tokens, split_batch
         from tpu_diffusers_runtime.distributed.sharding import context_parallel_degree, local_bytes, sharded_fraction
         from tpu_diffusers_runtime.engine import Engine
-        from tpu_diffusers_runtime.features.preview import PreviewSpec
+        from tpu_diffusers_runtime.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
         from tpu_diffusers_runtime.sources import model_settings
         from tpu_diffusers_runtime.tasks import SampleRequest, prepare
