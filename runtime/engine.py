@@ -13,19 +13,18 @@ import logging
 import time
 import traceback
 
-from . import memory_plan, settings, single_file
+from . import features, memory_plan, settings, single_file
 from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, missing_device_op, missing_op_advice,
                      peak_memory_bytes, reset_peak_memory, resolve_device)
 from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, context_parallel_notes, mesh_shape, world_size
-from .errors import (CompileError, DeviceOutOfMemoryError, LoraUnloadError, MissingDeviceOpError, UserInputError,
-                     WorkerGroupError)
+from .errors import (CompileError, DeviceOutOfMemoryError, MissingDeviceOpError, UserInputError, WorkerGroupError)
 from .families import Family, TaskPipeline, family_for
 from .features import compilation
-from .features.lora import LORA_WITH_MESH, apply_loras
+from .features.lora import LORA_WITH_MESH
 from .preview import PreviewSpec
 from .handle import PipelineHandle
-from .modes import execution_mode, grad_mode, outside_inference_mode
+from .modes import execution_mode, grad_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
 from .sources import model_settings
 from .specs import CompileSpec, ExecutionMode, MeshSpec, Placement, ProgressCallback, Workers
@@ -112,21 +111,9 @@ class Engine:
 
     def realise(self, handle: PipelineHandle,
                 on_progress: ProgressCallback | None = None) -> tuple[LoadedPipeline, DeviceInfo, bool]:
-        """The loaded, placed pipeline for a handle, compiled or not as the handle says; and whether
-        it was loaded just now."""
-        device = resolve_device(handle.device)
-        with outside_inference_mode():  # weights loaded under inference mode would be inference tensors
-            entry, loaded = self.cache.get(handle, device, on_progress)
-            # fused in place, before compiling: a compiled transformer keeps its graphs (only weight values change)
-            try:
-                apply_loras(entry.pipe, handle.loras, entry.lora, on_progress)  # its notes stay in entry.lora.notes
-            except LoraUnloadError:
-                self.cache.clear(device)
-                raise
-        entry.compiled = compilation.apply(entry.compiled, self.denoisers(entry, handle), handle.compile or CompileSpec(),
-                                           handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED,
-                                           prepare=family_for(handle.model_class).prepare_compile)
-        return entry, device, loaded
+        """The loaded, placed pipeline for a handle, with LoRAs and compiled or not as the handle says (every
+        feature, in their one order: runtime/features); its device, and whether it was loaded just now."""
+        return features.realise(self.cache, handle, resolve_device(handle.device), on_progress)
 
     @staticmethod
     def denoiser(entry: LoadedPipeline, handle: PipelineHandle):
@@ -181,7 +168,7 @@ class Engine:
         family, task, pipeline, request = prepare(handle.model_class, request, dict(entry.pipe.config))
         pipe = entry.pipeline(pipeline.cls)
         load_seconds = time.perf_counter() - start
-        notes += entry.notes + entry.lora.notes
+        notes += entry.notes + features.notes(entry)
 
         grad_modes = set()
 
@@ -201,23 +188,24 @@ class Engine:
             task.validate(family, pipeline, warm_request)
             return self._run(entry, pipe, denoisers, task, family, pipeline, warm_request, on_warm_step)[1]
 
+        compiled = entry.states.get(compilation.NAME)
         lookups_before = compilation.cache_lookups(device)
         with execution_mode(handle.mode, device) as mode_ran:
-            warmup = compilation.warm_up(entry.compiled, task.call_batch(request), run_at, on_progress)
+            warmup = compilation.warm_up(compiled, task.call_batch(request), run_at, on_progress)
             reset_peak_memory(device)
             start = time.perf_counter()
             output, activity = self._run(entry, pipe, denoisers, task, family, pipeline, request, on_step, preview)
             sample_seconds = time.perf_counter() - start
         peak = peak_memory_bytes(device)
         lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
-        if entry.compiled:
+        if compiled:
             notes += warmup.notes
-            notes.append("compile: " + compilation.describe(entry.compiled, shape_of(task, request), activity))
+            notes.append("compile: " + compilation.describe(compiled, shape_of(task, request), activity))
         info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=pipeline.cls,
                        placement=handle.placement.value, loaded=loaded,
                        load_seconds=load_seconds, sample_seconds=sample_seconds,
                        peak_device_memory_mb=None if peak is None else peak / 2**20,
-                       compiled_now=bool(activity.graphs) if entry.compiled else None,
+                       compiled_now=bool(activity.graphs) if compiled else None,
                        compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
                        compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
                        frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
@@ -304,10 +292,10 @@ class Engine:
         """One task run on `pipe` (entry's pipeline of the task's class); with a compiled denoiser, its
         compiles are counted and explained."""
         try:
-            return compilation.counted_run(entry.compiled, denoisers, shape_of(task, request),
+            return compilation.counted_run(entry.states.get(compilation.NAME), denoisers, shape_of(task, request),
                                            lambda: task.run(pipe, family, pipeline, request, on_step, preview))
         except CompileError:
-            entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
+            entry.states.pop(compilation.NAME, None)  # the denoiser is eager again; the next compiled run starts afresh
             raise
 
 
