@@ -6,7 +6,7 @@ Every feature module has
   (None: nothing asked), given `state` (what was applied to it before; None: nothing), and return the new
   state (None: nothing applied now). Applying what is applied already does nothing, so it runs on every
   realisation;
-- `remove(entry, state)`: undo what `state` records (apply calls it when the ask changed).
+- `remove(entry, state)`: undo what `state` records, leaving the pipeline as it was before `apply`.
 A state may carry `notes`, said in the info of every run on that pipeline.
 
 FEATURES is the one order they are applied in, by `realise` (the engine's only way to a loaded pipeline):
