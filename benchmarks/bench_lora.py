@@ -95,13 +95,13 @@ def measure(model: Path, args) -> dict:
 
     def way_on(way):
         if way == "fused":
-            apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora)
+            apply_loras(pipe, (LoraSpec(a, 1.0),), entry.states["lora"])
         elif way == "unfused":  # diffusers' own adapter on the base weights: peft layers run in every step
-            apply_loras(pipe, (), entry.lora)
+            apply_loras(pipe, (), entry.states["lora"])
             pipe.load_lora_weights(a, adapter_name="unfused")
             pipe.set_adapters(["unfused"], [1.0])
         else:
-            apply_loras(pipe, (), entry.lora)
+            apply_loras(pipe, (), entry.states["lora"])
 
     def way_off(way):
         if way == "unfused":
@@ -124,12 +124,12 @@ def measure(model: Path, args) -> dict:
     one_step = dataclasses.replace(request, steps=1)
     switch = {}
     with outside_inference_mode():
-        apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora)
-        switch["A -> B"] = seconds(lambda: apply_loras(pipe, (LoraSpec(b, 1.0),), entry.lora))
-        switch["B -> B at 0.5"] = seconds(lambda: apply_loras(pipe, (LoraSpec(b, 0.5),), entry.lora))
-        switch["B -> none"] = seconds(lambda: apply_loras(pipe, (), entry.lora))
-        switch["none -> A"] = seconds(lambda: apply_loras(pipe, (LoraSpec(a, 1.0),), entry.lora))
-        layers = len({key.rsplit(".", 1)[0] for key in entry.lora.changed})  # layers, not parameters
+        apply_loras(pipe, (LoraSpec(a, 1.0),), entry.states["lora"])
+        switch["A -> B"] = seconds(lambda: apply_loras(pipe, (LoraSpec(b, 1.0),), entry.states["lora"]))
+        switch["B -> B at 0.5"] = seconds(lambda: apply_loras(pipe, (LoraSpec(b, 0.5),), entry.states["lora"]))
+        switch["B -> none"] = seconds(lambda: apply_loras(pipe, (), entry.states["lora"]))
+        switch["none -> A"] = seconds(lambda: apply_loras(pipe, (LoraSpec(a, 1.0),), entry.states["lora"]))
+        layers = len({key.rsplit(".", 1)[0] for key in entry.states["lora"].changed})  # layers, not parameters
     b_handle = handle.replace(loras=(LoraSpec(b, 1.0),))
     image_after_switch = seconds(lambda: engine.generate(b_handle, one_step))
     engine.unload()

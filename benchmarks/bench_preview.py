@@ -32,7 +32,7 @@ from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
-from tpu_diffusers_runtime.features.preview import Previewer, PreviewSpec
+from tpu_diffusers_runtime.preview import Previewer, PreviewSpec
 from tpu_diffusers_runtime.tasks import TASKS, SampleRequest
 
 # Latent channels per ComfyUI latent format: the cost depends on the shape of the factors, not on their values

@@ -6,8 +6,8 @@ import comfy.utils
 from comfy.cli_args import LatentPreviewMethod, args
 from PIL import Image
 
-from tpu_diffusers_runtime.features.preview import PreviewSpec
 from tpu_diffusers_runtime.plan import family_of
+from tpu_diffusers_runtime.preview import PreviewSpec
 
 
 def preview_spec(handle) -> PreviewSpec | None:

@@ -17,7 +17,7 @@ from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, 
                      resolve_device)
 from .distributed.group import WorkerGroups
 from .errors import DeviceOutOfMemoryError, MissingDeviceOpError
-from .features.preview import PreviewSpec
+from .preview import PreviewSpec
 from .handle import PipelineHandle
 from .local_run import realise, run_locally
 from .pipeline_cache import LoadedPipeline, PipelineCache

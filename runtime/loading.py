@@ -1,4 +1,4 @@
-"""Check a model source and load it: every component with its own library class, then placed.
+"""Check a model source and load it: every component with its own library class, assembled into its pipeline.
 
 A source is a diffusers-format folder (what ComfyUI's `models/diffusers` holds) or a Hugging Face hub
 id (runtime/sources.py). `inspect_source` only reads `model_index.json` and safetensors headers, so the
@@ -14,10 +14,8 @@ import os
 
 from . import single_file
 from .device import DeviceInfo
-from .distributed.sharding import apply_context_parallel
 from .errors import ModelLoadError, UserInputError
 from .families import Family, family_for
-from .features import offload
 from .handle import PipelineHandle
 from .sources import check_source, components, config_values, has_weights, local_folder, read_model_index
 from .specs import ProgressCallback
@@ -82,16 +80,16 @@ def _check_component_folder(pipeline_folder: str, source: str, name: str, cls: s
 
 
 def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: ProgressCallback | None = None,
-                  sharding=None, context_parallel=None, notes: list[str] | None = None):
-    """Load every component with its own library class, then assemble and place the pipeline.
+                  sharding=None, notes: list[str] | None = None):
+    """Load every component with its own library class, then assemble the pipeline (on the host: the engine
+    places it, with the other features: runtime/features).
 
     model_index.json is read once here, checked, and that same content says what loads: the folder
     may have changed since the Loader checked it, and a second read could differ from the checked
     one. The pipeline is built from the loaded components directly, as `from_pretrained` would read
     the file again. `sharding` (distributed.sharding.Sharding, on a TP rank) adds each component's
-    sharding arguments and says which components it placed itself. `context_parallel` (a CP rank's
-    ("ring", "ulysses") mesh) makes the denoisers context parallel before they are placed. What every
-    run's info should say about the loaded pipeline is appended to `notes`.
+    sharding arguments and says which components it placed itself; the rest are placed here, as every rank
+    holds them whole. What every run's info should say about the loaded pipeline is appended to `notes`.
     """
     import diffusers
     import torch
@@ -115,7 +113,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
                              f"it has {', '.join(parts)}.")
     parts = {name: part for name, part in parts.items() if name not in left_out}
     dtype = getattr(torch, handle.resolved_dtype(device))
-    total = len(parts) + 1
+    total = len(parts)
     loaded = dict(left_out)  # None: the pipeline runs without them
     weights_cache: dict = {}  # one read of an all-in-one checkpoint serves all its components
     for done, (name, (library, cls)) in enumerate(parts.items()):
@@ -147,17 +145,6 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
         for name, module in pipe.components.items():
             if isinstance(module, torch.nn.Module) and name not in sharding.sharded:
                 module.to(device.torch_device())  # replicated on every rank; sharded ones are placed already
-    else:
-        if context_parallel is not None:
-            # Before offload: accelerate's hooks, removed and added again after every run and on a task switch,
-            # restore the forward they wrapped. Wrapped inside them, the CP hooks stay; wrapped around them, the
-            # root one (TI2V-5B's per-token timestep split) would be dropped (diffusers issue #12533).
-            note = apply_context_parallel(pipe, family.denoisers, context_parallel)
-            if notes is not None:
-                notes.append(note)
-        offload.apply(pipe, handle.placement, device)
-    if on_progress:
-        on_progress(total, total, "placed on " + device.type)
     return pipe
 
 

@@ -10,13 +10,13 @@ import logging
 import time
 
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory
-from .errors import CompileError, LoraUnloadError
-from .families import Family, family_for
+from . import features
+from .errors import CompileError
+from .families import Family
 from .features import compilation
-from .features.lora import apply_loras
-from .features.preview import PreviewSpec
+from .preview import PreviewSpec
 from .handle import PipelineHandle
-from .modes import execution_mode, grad_mode, outside_inference_mode
+from .modes import execution_mode, grad_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
 from .plan import Plan
 from .run_info import Generation, RunInfo
@@ -29,22 +29,11 @@ log = logging.getLogger("tpu_diffusers")
 
 def realise(cache: PipelineCache, handle: PipelineHandle, device: DeviceInfo,
             on_progress: ProgressCallback | None = None, family: Family | None = None) -> tuple[LoadedPipeline, bool]:
-    """The loaded, placed pipeline for a handle, with its LoRAs, compiled or not as the handle says; and whether it
-    was loaded just now. `family`: the model's, as its settings make it; None: as the loaded model's config says
-    (a caller without a plan, or a plan made before the model's settings could be read)."""
-    with outside_inference_mode():  # weights loaded under inference mode would be inference tensors
-        entry, loaded = cache.get(handle, device, on_progress)
-        # fused in place, before compiling: a compiled transformer keeps its graphs (only weight values change)
-        try:
-            apply_loras(entry.pipe, handle.loras, entry.lora, on_progress)  # its notes stay in entry.lora.notes
-        except LoraUnloadError:
-            cache.clear(device)
-            raise
-    family = family or family_for(handle.model_class, settings=dict(entry.pipe.config))
-    entry.compiled = compilation.apply(entry.compiled, denoisers(entry.pipe, family), handle.compile or CompileSpec(),
-                                       handle.placement, device, wanted=handle.mode is ExecutionMode.COMPILED,
-                                       prepare=family.prepare_compile)
-    return entry, loaded
+    """The loaded pipeline for a handle with every feature as the handle asks (runtime/features, in their one
+    order); and whether it was loaded just now. `family`: the model's, as its settings make it; None: as the
+    loaded model's config says (a caller without a plan, or a plan made before the model's settings could be
+    read)."""
+    return features.realise(cache, handle, device, on_progress, family)
 
 
 def denoisers(pipe, family: Family) -> tuple:
@@ -70,7 +59,7 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     task, family, request = plan.task, plan.family, plan.request
     pipe = entry.pipeline(plan.pipeline.cls)
     load_seconds = time.perf_counter() - start
-    notes += entry.notes + entry.lora.notes
+    notes += entry.notes + features.notes(entry)
 
     grad_modes = set()
 
@@ -90,23 +79,24 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         task.validate(family, plan.pipeline, warm_request)  # a warm-up size the model does not take
         return _run(entry, pipe, run_denoisers, dataclasses.replace(plan, request=warm_request), on_warm_step)[1]
 
+    compiled = entry.states.get(compilation.NAME)
     lookups_before = compilation.cache_lookups(device)
     with execution_mode(handle.mode, device) as mode_ran:
-        warmup = compilation.warm_up(entry.compiled, task.call_batch(request), run_at, on_progress)
+        warmup = compilation.warm_up(compiled, task.call_batch(request), run_at, on_progress)
         reset_peak_memory(device)
         start = time.perf_counter()
         output, activity = _run(entry, pipe, run_denoisers, plan, on_step, preview)
         sample_seconds = time.perf_counter() - start
     peak = peak_memory_bytes(device)
     lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
-    if entry.compiled:
+    if compiled:
         notes += warmup.notes
-        notes.append("compile: " + compilation.describe(entry.compiled, shape_of(task, request), activity))
+        notes.append("compile: " + compilation.describe(compiled, shape_of(task, request), activity))
     info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=plan.pipeline.cls,
                    placement=handle.placement.value, loaded=loaded,
                    load_seconds=load_seconds, sample_seconds=sample_seconds,
                    peak_device_memory_mb=None if peak is None else peak / 2**20,
-                   compiled_now=bool(activity.graphs) if entry.compiled else None,
+                   compiled_now=bool(activity.graphs) if compiled else None,
                    compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
                    compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
                    frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
@@ -120,10 +110,10 @@ def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
     counted and explained."""
     try:
         return compilation.counted_run(
-            entry.compiled, run_denoisers, shape_of(plan.task, plan.request),
+            entry.states.get(compilation.NAME), run_denoisers, shape_of(plan.task, plan.request),
             lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview))
     except CompileError:
-        entry.compiled = None  # the denoiser is eager again; the next compiled run starts afresh
+        entry.states.pop(compilation.NAME, None)  # the denoiser is eager again; the next compiled run starts afresh
         raise
 
 

@@ -19,8 +19,6 @@ from typing import Callable
 
 from .device import DeviceInfo, empty_cache
 from .features import offload
-from .features.compilation import CompileState
-from .features.lora import LoraState
 from .handle import PipelineHandle
 from .loading import init_options, load_pipeline
 from .specs import Placement, ProgressCallback
@@ -30,13 +28,13 @@ log = logging.getLogger("tpu_diffusers")
 
 @dataclasses.dataclass
 class LoadedPipeline:
-    """A loaded, placed pipeline and what has been done to it since (compiling, warm-up)."""
+    """A loaded pipeline and what has been done to it since: each feature's state (runtime/features) by name,
+    present while that feature is applied (placement, the LoRAs fused in, the compiled denoisers, ...)."""
 
     pipe: object
     device: DeviceInfo
     placement: Placement
-    compiled: CompileState | None = None  # while the denoiser is compiled
-    lora: LoraState = dataclasses.field(default_factory=LoraState)  # the LoRAs fused into its weights now
+    states: dict[str, object] = dataclasses.field(default_factory=dict)
     load_notes: tuple[str, ...] = ()  # what loading found
     on_host: str = ""  # why it was moved to host memory, while it waits there to be moved back
     placed_note: str = ""  # set by each get(): how this realisation placed it, when it did anything
@@ -58,7 +56,7 @@ class LoadedPipeline:
             task_cls = getattr(diffusers, cls)
             pipe = self.task_pipes[cls] = task_cls.from_pipe(self.pipe, **init_options(task_cls))
         if self.placement is Placement.MODEL_CPU_OFFLOAD and (self.hooked or self.pipe) is not pipe:
-            offload.apply(pipe, self.placement, self.device)
+            offload.place(pipe, self.placement, self.device)
             self.hooked = pipe
         return pipe
 
@@ -77,9 +75,12 @@ class CacheStats:
 class PipelineCache:
     """Loaded pipelines keyed by `PipelineHandle.load_key`, least recently used evicted first."""
 
-    def __init__(self, capacity: int = 1, loader=load_pipeline):
+    def __init__(self, capacity: int = 1, loader=load_pipeline, context_parallel=lambda handle: None):
         self.capacity = capacity
         self.loader = loader  # (handle, device, on_progress, notes=[]) -> pipeline; appends to notes
+        # context_parallel(handle): the CP mesh this process splits the handle's denoisers over (a worker rank's
+        # replica), or None; features.realise asks it for the context parallelism feature
+        self.context_parallel = context_parallel
         # make_room(bytes): asks the application to free that much device memory its own models hold, or all
         # of it for None; set by the ComfyUI nodes on CUDA, None where nothing else manages device memory.
         self.make_room: Callable[[int | None], None] | None = None
@@ -115,7 +116,7 @@ class PipelineCache:
         The application is asked for the room first. Returns the note for the run's info."""
         if self.make_room is not None:
             self.make_room(offload.weight_bytes(entry.pipe))
-        offload.apply(entry.pipe, entry.placement, entry.device)
+        offload.place(entry.pipe, entry.placement, entry.device)
         note = f"moved back to {entry.device.type} from host memory ({entry.on_host})"
         entry.on_host = ""
         log.info("TPU Diffusers: pipeline %s", note)
@@ -187,7 +188,7 @@ class PipelineCache:
 
     def _drop(self, key: tuple, device: DeviceInfo) -> None:
         entry = self._pipelines.pop(key)
-        offload.remove(entry.pipe)
+        offload.remove(entry, entry.states.get(offload.NAME))
         del entry
         gc.collect()
         empty_cache(device)

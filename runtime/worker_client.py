@@ -15,7 +15,7 @@ from .distributed.group import WorkerGroups
 from .distributed.mesh import check_mesh, context_parallel_notes
 from .errors import UserInputError, WorkerGroupError
 from .features.lora import LORA_WITH_MESH
-from .features.preview import PreviewSpec
+from .preview import PreviewSpec
 from .handle import PipelineHandle
 from .pipeline_cache import PipelineCache
 from .plan import Plan

@@ -190,18 +190,21 @@ class RankWorker:
         self.run_state: Run | None = None
 
         def sharded_loader(handle, device, on_progress, notes):
-            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked), its
-            denoisers context parallel when the replica has CP ranks."""
-            mesh = self.device_mesh(handle.mesh)[0]
-            tp_mesh = mesh["tp"]
+            """At tp 1 a replica loads as one process would (placement, offload and LoRAs as asked, and its
+            denoisers context parallel when the replica has CP ranks: context_parallel_mesh)."""
+            tp_mesh = self.device_mesh(handle.mesh)[0]["tp"]
             if tp_mesh.size() == 1:
-                cp_mesh = mesh["ring", "ulysses"]
-                return load_pipeline(handle, device, on_progress, notes=notes,
-                                     context_parallel=cp_mesh if cp_mesh.size() > 1 else None)
+                return load_pipeline(handle, device, on_progress, notes=notes)
             sharding = Sharding(handle.mesh, tp_mesh, family_of(handle))
             return load_pipeline(handle, device, on_progress, sharding=sharding, notes=notes)
 
-        self.engine = Engine(PipelineCache(loader=sharded_loader), distribute=False)
+        def context_parallel_mesh(handle):
+            """The replica's ("ring", "ulysses") mesh its CP ranks split the denoisers' tokens over; None without."""
+            cp_mesh = self.device_mesh(handle.mesh)[0]["ring", "ulysses"]
+            return cp_mesh if cp_mesh.size() > 1 else None
+
+        self.engine = Engine(PipelineCache(loader=sharded_loader, context_parallel=context_parallel_mesh),
+                             distribute=False)
 
     def device_mesh(self, spec):
         """The mesh for a spec's shape and this rank's replica control group, made once (every rank makes them
@@ -302,7 +305,7 @@ class RankWorker:
         from tpu_diffusers_runtime.distributed.mesh import latent_tokens, split_batch
         from tpu_diffusers_runtime.device import resolve_device
         from tpu_diffusers_runtime.distributed.sharding import context_parallel_degree, local_bytes, sharded_fraction
-        from tpu_diffusers_runtime.features.preview import PreviewSpec
+        from tpu_diffusers_runtime.preview import PreviewSpec
         from tpu_diffusers_runtime.handle import PipelineHandle
         from tpu_diffusers_runtime.local_run import denoisers
         from tpu_diffusers_runtime.plan import Plan

@@ -66,7 +66,7 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
     assert compiled_now == {"same size": False, "other steps": False, "warmed size": False,
                             "new size": True, "back to a seen size": False}
 
-    state = engine.realise(handle)[0].compiled
+    state = engine.realise(handle)[0].states["compilation"]
     assert state.scope == "whole" and state.request.backend == "inductor"
     assert {shape: record.compiles for shape, record in state.shapes.items()} == \
         {(96, 64, 1, 0): 1, (64, 64, 1, 0): 1, (112, 64, 1, 0): 1}
@@ -87,7 +87,8 @@ def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, 
                             placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
     result = engine.generate(handle, request())
     entry = engine.realise(handle)[0]
-    assert entry.compiled.scope == "repeated_blocks" and entry.compiled.shapes[(64, 64, 1, 0)].compiles == 1
+    compiled = entry.states["compilation"]
+    assert compiled.scope == "repeated_blocks" and compiled.shapes[(64, 64, 1, 0)].compiles == 1
     denoiser = getattr(entry.pipe, family_for(pipeline_class).denoiser)  # a transformer, SDXL's unet
     assert denoiser._compiled_call_impl is None  # the offload hooks around it stay eager
     blocks = [module for module in denoiser.modules() if type(module).__name__ in denoiser._repeated_blocks]
@@ -105,7 +106,7 @@ def test_wan_compiles_the_blocks_of_both_experts_for_its_frames(tiny):
     engine = Engine()
     result = engine.generate(handle, video)
     entry = engine.realise(handle)[0]
-    assert entry.compiled.shapes[(64, 64, 1, 5)].compiles == 1
+    assert entry.states["compilation"].shapes[(64, 64, 1, 5)].compiles == 1
     assert any(note.startswith("compile: compiled now for 64x64x5 frames") for note in result.info.notes)
     for expert in (entry.pipe.transformer, entry.pipe.transformer_2):
         blocks = [module for module in expert.modules() if type(module).__name__ in expert._repeated_blocks]

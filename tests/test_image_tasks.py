@@ -248,7 +248,7 @@ def test_a_lora_fused_on_the_loaded_model_serves_its_image_tasks_as_plain_diffus
 
 
 def test_progress_counts_every_image_call_and_each_step_has_its_preview(tiny):
-    from tpu_diffusers_runtime.features.preview import PreviewSpec
+    from tpu_diffusers_runtime.preview import PreviewSpec
 
     folder = tiny("flux1-schnell")
     handle = PipelineHandle.of(source=folder, model_class="FluxPipeline")

@@ -91,14 +91,14 @@ def test_the_same_loras_again_load_nothing(tiny, loras):
     engine = Engine()
     lora_handle = with_loras(handle(tiny), (loras["flux1-schnell"], 0.7))
     entry = engine.realise(lora_handle)[0]
-    assert entry.lora.applied == lora_handle.loras
+    assert entry.states["lora"].applied == lora_handle.loras
 
     def must_not_load(*_args, **_kwargs):
         raise AssertionError("the LoRA was loaded again")
 
     entry.pipe.load_lora_weights = must_not_load
     with outside_inference_mode():
-        assert apply_loras(entry.pipe, lora_handle.loras, entry.lora) == \
+        assert apply_loras(entry.pipe, lora_handle.loras, entry.states["lora"]) == \
             ["LoRA: flux1-schnell.safetensors @ 0.7 (fused, 7 layers)"]
 
 
@@ -159,7 +159,7 @@ def test_kohya_and_comfyui_loras_load_and_change_the_image(tiny, loras, fmt, lay
     result = engine.generate(with_loras(base_handle, (loras[f"flux1-{fmt}"], 1.0)), request())
     assert differs(result.images, base)
     assert f"LoRA: flux1-{fmt}.safetensors @ 1 (fused, {layers} layers)" in result.info.notes
-    state = engine.realise(with_loras(base_handle, (loras[f"flux1-{fmt}"], 1.0)))[0].lora
+    state = engine.realise(with_loras(base_handle, (loras[f"flux1-{fmt}"], 1.0)))[0].states["lora"]
     assert any(key.startswith("transformer.transformer_blocks.0.attn.to_k.") for key in state.backups)
     assert any(key.startswith("text_encoder.") for key in state.backups) == (fmt == "kohya")
     assert torch.equal(engine.generate(base_handle, request()).images, base)
@@ -196,7 +196,7 @@ def test_an_sdxl_kohya_lora_fuses_into_the_unet_and_both_text_encoders_as_plain_
     base = engine.generate(base_handle, request()).images
     result = engine.generate(with_loras(base_handle, (loras["sdxl-kohya"], 0.8)), request())
     assert "LoRA: sdxl-kohya.safetensors @ 0.8 (fused, 12 layers)" in result.info.notes
-    state = engine.realise(with_loras(base_handle, (loras["sdxl-kohya"], 0.8)))[0].lora
+    state = engine.realise(with_loras(base_handle, (loras["sdxl-kohya"], 0.8)))[0].states["lora"]
     assert {key.split(".")[0] for key in state.backups} == {"unet", "text_encoder", "text_encoder_2"}
     assert any(".down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k." in key for key in state.backups)
     with outside_inference_mode():
@@ -229,7 +229,7 @@ def test_wan_lightx2v_loras_on_the_two_experts_give_plain_diffusers_frames_and_t
                                       "transformer)",
                                       f"LoRA: wan-low.safetensors @ 0.7 (fused, {layers} layers, low_noise: "
                                       "transformer_2)")
-    state = engine.realise(with_loras(base_handle, *pair))[0].lora
+    state = engine.realise(with_loras(base_handle, *pair))[0].states["lora"]
     assert {key.split(".")[0] for key in state.backups} == {"transformer", "transformer_2"}
     with outside_inference_mode():
         pipe = load_pipeline(base_handle, resolve_device(base_handle.device))
@@ -393,7 +393,7 @@ def test_lora_switch_under_model_offload_compiles_nothing(tiny, loras):
     compiled = handle(tiny, mode=ExecutionMode.COMPILED, placement=Placement.MODEL_CPU_OFFLOAD,
                       compile=CompileSpec())
     first = engine.generate(compiled, request())
-    assert first.info.compiled_now is True and engine.realise(compiled)[0].compiled.scope == "repeated_blocks"
+    assert first.info.compiled_now is True and engine.realise(compiled)[0].states["compilation"].scope == "repeated_blocks"
     images = {}
     for name, chain in {"A": ((loras["flux1-schnell"], 1.0),), "none": ()}.items():
         with compilation.watch_compiles() as activity:

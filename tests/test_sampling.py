@@ -3,12 +3,14 @@ import dataclasses
 import pytest
 import torch
 
+from tpu_diffusers_runtime import features
 from tpu_diffusers_runtime.device import device_info, resolve_device
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import FAMILIES
 from tpu_diffusers_runtime.handle import PipelineHandle
-from tpu_diffusers_runtime.loading import inspect_source, load_pipeline
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.pipeline_cache import PipelineCache
 from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
@@ -90,7 +92,7 @@ def test_the_pipeline_is_placed_on_the_device_it_is_given(handle_for):
     """On a device that is not cpu, so that this can fail on a CPU-only host: torch's meta device stands
     in for a chip (nothing runs; where the weights are is what is checked)."""
     chip = dataclasses.replace(device_info("cpu"), type="meta")
-    pipe = load_pipeline(handle_for("flux1-schnell"), chip)
+    pipe = features.realise(PipelineCache(), handle_for("flux1-schnell"), chip)[0].pipe
     models = [pipe.transformer, pipe.vae, pipe.text_encoder, pipe.text_encoder_2]
     assert {p.device.type for model in models for p in model.parameters()} == {"meta"}
 

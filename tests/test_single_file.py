@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import tiny_single_files as tsf
-from tpu_diffusers_runtime import single_file
+from tpu_diffusers_runtime import features, single_file
 from tpu_diffusers_runtime.device import device_info
 from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
 from tpu_diffusers_runtime.handle import PipelineHandle
@@ -784,6 +784,6 @@ def test_a_config_only_folder_names_the_component_that_needs_a_file(sf_dir, tmp_
 def test_progress_names_each_component_loaded_from_files(sf_dir):
     seen = []
     f = files(sf_dir, "flux2")
-    load_pipeline(PipelineHandle.of(source=folder(sf_dir, "flux2"), model_class="Flux2Pipeline",
-                                 files=[("vae", f["vae"])]), CPU, lambda done, total, what: seen.append(what))
+    handle = PipelineHandle.of(source=folder(sf_dir, "flux2"), model_class="Flux2Pipeline", files=[("vae", f["vae"])])
+    features.realise(PipelineCache(), handle, CPU, lambda done, total, what: seen.append(what))
     assert "loading vae" in seen and seen[-1] == "placed on cpu"

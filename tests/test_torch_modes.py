@@ -49,7 +49,8 @@ def test_inside_comfyuis_inference_mode_the_transformer_runs_outside_it(tiny, mo
     assert seen and set(seen) == {(False, False)}
     assert info.grad_mode == OUTSIDE_INFERENCE_MODE
     entry = engine.realise(handle)[0]
-    assert (entry.compiled and entry.compiled.scope) == compiled_scope
+    compiled = entry.states.get("compilation")
+    assert (compiled and compiled.scope) == compiled_scope
     if compiled_scope:
         assert info.compiled_now is True
     parameters = [p for module in entry.pipe.components.values() if isinstance(module, torch.nn.Module)

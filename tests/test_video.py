@@ -11,7 +11,7 @@ from PIL import Image
 from tpu_diffusers_runtime import memory_plan
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
-from tpu_diffusers_runtime.features.preview import PreviewSpec
+from tpu_diffusers_runtime.preview import PreviewSpec
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.sources import model_settings

@@ -248,7 +248,7 @@ def judge(engine, record: dict, handle, first, warm, reference: dict, one_rank: 
                   cache=info.compile_cache_lookups, cache_folders=info.compile_cache, world_size=info.world_size,
                   notes=[*info.notes, *warm.info.notes])
     if handle.compile is not None and handle.mesh is None:
-        record["scope"] = engine.realise(handle)[0].compiled.scope
+        record["scope"] = engine.realise(handle)[0].states["compilation"].scope
     images = first.images
     size = SIZES[record["size"]]
     frames = size.frames(model_family)

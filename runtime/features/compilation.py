@@ -16,13 +16,16 @@ import dataclasses
 import functools
 import logging
 import re
+from typing import Callable
 
 from .. import process_env, settings
 from ..device import DeviceInfo
 from ..errors import CompileError, UserInputError
-from ..specs import CompileScope, CompileSpec, Placement
+from ..specs import CompileScope, CompileSpec, Placement, ProgressCallback
 
 log = logging.getLogger("tpu_diffusers")
+
+NAME = "compilation"
 
 WARMUP_STEPS = 2  # the step count does not change the compiled graph; two steps exercise the whole loop
 
@@ -157,26 +160,44 @@ def compile_denoiser(denoisers: tuple, request: CompileRequest, prepare=None) ->
     return CompileState(request=request, scope=scope)
 
 
-def remove(denoisers: tuple) -> None:
-    """Back to eager: forget the compiled call on the denoisers and all their blocks."""
-    for denoiser in denoisers:
-        for module in denoiser.modules():
+def uncompile(models) -> None:
+    """Back to eager: forget the compiled call on the models and all their blocks."""
+    for model in models:
+        for module in model.modules():
             module._compiled_call_impl = None
 
 
-def apply(state: CompileState | None, denoisers: tuple, spec: CompileSpec, placement: Placement, device: DeviceInfo,
-          wanted: bool, prepare=None) -> CompileState | None:
-    """Compile, recompile with other options, or go back to eager, as the run options ask; the new state.
-    `prepare`: the family's prepare_compile."""
-    request = CompileRequest.of(spec, placement, device)
-    if state is not None and (not wanted or not state.matches(request)):
-        remove(denoisers)
+@dataclasses.dataclass(frozen=True)
+class CompileAsk:
+    """What a handle in compiled mode asks: how to compile, what to warm up, and which models."""
+
+    request: CompileRequest
+    warmup_sizes: tuple[tuple[int, ...], ...]
+    denoisers: tuple[str, ...]  # the pipeline's denoiser components (Wan 2.2 A14B: both experts)
+    prepare: Callable | None = None  # the family's prepare_compile
+
+
+def apply(entry, ask: CompileAsk | None, state: CompileState | None,
+          on_progress: ProgressCallback | None = None) -> CompileState | None:
+    """Compile, recompile with other options, or go back to eager (ask None), as the run options ask; the new
+    state. A changed warm-up list needs no recompile."""
+    if state is not None and (ask is None or not state.matches(ask.request)):
+        remove(entry, state)
         state = None
-    if wanted and state is None:
-        state = compile_denoiser(denoisers, request, prepare)
-    if wanted:
-        state.warmup_sizes = spec.warmup_sizes  # may change without a recompile
+    if ask is None:
+        return None
+    if state is None:
+        models = (getattr(entry.pipe, name, None) for name in ask.denoisers)
+        state = compile_denoiser(tuple(model for model in models if model is not None), ask.request, ask.prepare)
+    state.warmup_sizes = ask.warmup_sizes
     return state
+
+
+def remove(entry, state: CompileState) -> None:
+    """Every model of the pipeline eager again."""
+    import torch
+
+    uncompile(module for module in entry.pipe.components.values() if isinstance(module, torch.nn.Module))
 
 
 @dataclasses.dataclass
@@ -211,13 +232,13 @@ def explained_compile_failures(state: CompileState, denoisers: tuple):
     try:
         yield
     except dynamo_exc.FailOnRecompileLimitHit as e:
-        remove(denoisers)
+        uncompile(denoisers)
         raise CompileError(
             f"the compiled denoiser hit torch's recompile limit ({settings.get('TPU_DIFFUSERS_RECOMPILE_LIMIT')} shapes, "
             f"{len(state.shapes)} seen here). Use fewer distinct sizes, or raise TPU_DIFFUSERS_RECOMPILE_LIMIT "
             f"and restart ComfyUI. The pipeline runs eager until it is compiled again. ({e})") from e
     except dynamo_exc.TorchDynamoException as e:
-        remove(denoisers)
+        uncompile(denoisers)
         root = _root_cause(e)
         cause = f"{type(root).__name__}: {_first_line(root)}" if root is not e else _first_line(e)
         folder = cache_folders()["inductor"]

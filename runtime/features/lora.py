@@ -25,9 +25,11 @@ import os
 import re
 
 from ..errors import LoraUnloadError, UserInputError
-from ..specs import LoraExpert, LoraSpec
+from ..specs import LoraExpert, LoraSpec, ProgressCallback
 
 log = logging.getLogger("tpu_diffusers")
+
+NAME = "lora"
 
 LORA_KEY = re.compile(r"(^|\.)(lora_A|lora_B|lora_down|lora_up)(\.|$)|\.alpha$")
 _LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
@@ -83,6 +85,19 @@ def _read(path: str) -> dict:
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise UserInputError(f"LoRA '{os.path.basename(path)}' could not be read, it is truncated or corrupt ({e}); "
                              "download it again.") from e
+
+
+def apply(entry, loras: tuple[LoraSpec, ...], state: LoraState | None,
+          on_progress: ProgressCallback | None = None) -> LoraState:
+    """The loaded pipeline with `loras` fused in (see apply_loras); the state keeps the base weights' copies."""
+    state = state if state is not None else LoraState()
+    apply_loras(entry.pipe, loras, state, on_progress)
+    return state
+
+
+def remove(entry, state: LoraState) -> None:
+    """The base weights back (exact copies), no LoRA applied."""
+    apply_loras(entry.pipe, (), state)
 
 
 def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:

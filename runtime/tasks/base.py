@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
-from ..features.preview import Previewer, PreviewSpec
+from ..preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
 from . import images
 

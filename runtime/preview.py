@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..families import Family
+from .families import Family
 
 log = logging.getLogger("tpu_diffusers")
 
