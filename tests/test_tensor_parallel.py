@@ -35,6 +35,7 @@ from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.plan import plan_request
 from tpu_diffusers_runtime.specs import ExecutionMode, LoraSpec, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
@@ -450,9 +451,10 @@ def test_a_request_that_fails_on_every_rank_is_answered_with_its_error_and_the_g
     loaded = engine.generate(handle, request())
     assert loaded.info.loaded and loaded.info.worker_pids[0] == group.process.pid
 
-    # a size the ComfyUI side would refuse first, sent to the workers as it is
-    with pytest.raises(UserInputError, match="width 1000 cannot be used with FLUX.1"):
-        group.generate(handle, request(width=1000))
+    # a plan the ComfyUI side would refuse first (a model class the pack does not run), sent to the workers as it is
+    plan = plan_request(handle, request()).to_wire()
+    with pytest.raises(UserInputError, match="'UnknownPipeline', which TPU Diffusers does not run"):
+        group.generate(handle, {**plan, "model_class": "UnknownPipeline"}, request())
     again = engine.generate(handle, request(seed=21))
     assert not again.info.loaded and again.info.worker_pids == loaded.info.worker_pids
 
