@@ -102,6 +102,7 @@ class RunInfo:
 class Generation:
     images: object  # torch.Tensor [B, H, W, C] float32 in 0..1
     info: RunInfo
+    latent: dict | None = None  # ComfyUI's LATENT of the images (outputs.Outputs.latent); None from workers
 
 
 class Engine:
@@ -222,7 +223,7 @@ class Engine:
                        compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
                        frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
         log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
-        return Generation(images=output, info=info)
+        return Generation(images=output.images, info=info, latent=output.latent)
 
     def unload(self) -> int:
         """Drop all loaded pipelines and stop the worker group (ComfyUI's "Unload Models");
