@@ -17,7 +17,7 @@ import torch
 import tiny_single_files as tsf
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import family_for
-from tpu_diffusers_runtime.tasks import SampleRequest, run_pipeline
+from tpu_diffusers_runtime.tasks import SampleRequest, run_pipeline, task_for
 
 SIZE = 64
 
@@ -145,12 +145,14 @@ def test_latent_in_starts_image_to_image_from_those_latents(tiny, name):
     family = family_for(CLASSES[name])
     latent = run_pipeline(pipe, family, request(batch_size=2)).latent["samples"]
 
-    second = request(latent=latent, width=0, height=0, denoise=0.6, seed=7, batch_size=3, steps=4)
-    ours = run_pipeline(pipe, family, second)
-    assert torch.equal(ours.images, run_pipeline(pipe, family, second).images)
+    image2image = getattr(diffusers, IMAGE2IMAGE[name]).from_pipe(pipe)
+    second = request(latent=latent, denoise=0.6, seed=7, batch_size=3, steps=4)
+    task, task_pipeline = task_for(family, CLASSES[name], second)
+    assert task_pipeline.cls == IMAGE2IMAGE[name]
+    ours = task.run(image2image, family, task_pipeline, second)
+    assert torch.equal(ours.images, task.run(image2image, family, task_pipeline, second).images)
     assert ours.images.shape == (3, SIZE, SIZE, 3)
 
-    image2image = getattr(diffusers, IMAGE2IMAGE[name]).from_pipe(pipe)
     start = family.comfy_latent.to_pipeline(pipe, latent[1:2])  # output image 1 starts from latent 1 (of 2)
     plain = image2image(prompt="a photo of a cat", image=start, width=SIZE, height=SIZE, num_inference_steps=4,
                         strength=0.6, generator=torch.Generator().manual_seed(8), output_type="pt",
@@ -159,20 +161,34 @@ def test_latent_in_starts_image_to_image_from_those_latents(tiny, name):
     assert torch.allclose(ours.images[1], plain[0].permute(1, 2, 0).clamp(0, 1), atol=1e-5)
 
 
-def test_latent_in_refusals(tiny):
-    flux = family_for("FluxPipeline")
-    pipe = pipeline(tiny, "flux1-schnell")
+def test_size_zero_is_the_latents_size():
+    from tpu_diffusers_runtime.tasks import prepare
+
+    for model_class, latent in (("FluxPipeline", torch.zeros(1, 16, 6, 4)),
+                                ("QwenImagePipeline", torch.zeros(2, 16, 1, 6, 4))):
+        *_, resolved = prepare(model_class, request(latent=latent, width=0, height=0, denoise=0.5))
+        assert (resolved.width, resolved.height) == (32, 48), model_class
+
+
+def test_latent_in_refusals():
+    """Checked before anything loads (tasks.prepare), each saying what to change."""
+    from tpu_diffusers_runtime.tasks import prepare
+
     latent = torch.zeros(1, 16, SIZE // 8, SIZE // 8)
     image = np.zeros((1, SIZE, SIZE, 3), dtype=np.float32)
     with pytest.raises(UserInputError, match="both an image and a latent"):
-        run_pipeline(pipe, flux, request(latent=latent, images=(image,), denoise=0.5))
+        prepare("FluxPipeline", request(latent=latent, images=(image,), denoise=0.5))
+    with pytest.raises(UserInputError, match="a mask and a latent"):
+        prepare("FluxPipeline", request(latent=latent, mask=image[..., 0], denoise=0.5))
     with pytest.raises(UserInputError, match=r"has shape \[1, 4, 8, 8\].*takes \[1, 16, 8, 8\]"):
-        run_pipeline(pipe, flux, request(latent=torch.zeros(1, 4, 8, 8), denoise=0.5))
-    with pytest.raises(UserInputError, match="has shape"):  # a latent of another size than the asked one
-        run_pipeline(pipe, flux, request(latent=latent, width=128, height=128, denoise=0.5))
-    zimage = pipeline(tiny, "zimage")
-    with pytest.raises(UserInputError, match="Z-Image .* cannot start from a latent"):
-        run_pipeline(zimage, family_for("ZImagePipeline"), request(latent=latent, denoise=0.5))
-    flux2 = pipeline(tiny, "flux2")
+        prepare("FluxPipeline", request(latent=torch.zeros(1, 4, 8, 8), denoise=0.5))
+    with pytest.raises(UserInputError, match=r"has shape \[1, 16, 8, 8\].*takes \[1, 16, 1, 8, 8\]"):
+        prepare("QwenImagePipeline", request(latent=latent, denoise=0.5))  # Qwen-Image's LATENT is 5-D
+    with pytest.raises(UserInputError, match=r"at 128x128 takes \[1, 16, 16, 16\]"):  # another size than asked
+        prepare("FluxPipeline", request(latent=latent, width=128, height=128, denoise=0.5))
+    with pytest.raises(UserInputError, match=r"Z-Image \(ZImageImg2ImgPipeline\) cannot start from a latent"):
+        prepare("ZImagePipeline", request(latent=latent, denoise=0.5))
     with pytest.raises(UserInputError, match="has no image2image pipeline, and a latent is connected"):
-        run_pipeline(flux2, family_for("Flux2Pipeline"), request(latent=torch.zeros(1, 128, 4, 4), denoise=0.5))
+        prepare("Flux2Pipeline", request(latent=torch.zeros(1, 128, 4, 4), denoise=0.5))
+    with pytest.raises(UserInputError, match="has no image2image pipeline, and a latent is connected"):
+        prepare("QwenImageEditPipeline", request(latent=latent, denoise=0.5))  # never an edit's reference
