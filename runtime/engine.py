@@ -102,7 +102,7 @@ class RunInfo:
 class Generation:
     images: object  # torch.Tensor [B, H, W, C] float32 in 0..1
     info: RunInfo
-    latent: dict | None = None  # ComfyUI's LATENT of the images (outputs.Outputs.latent); None from workers
+    latent: dict | None = None  # ComfyUI's LATENT of the images (outputs.Outputs.latent); None for video
 
 
 class Engine:
@@ -273,7 +273,7 @@ class Engine:
         use = self.workers.get(handle.mesh, shape, device, on_progress)
         group, launched = use.group, use.started
         try:
-            images, info = group.generate(handle, request, on_progress, preview)
+            images, info, latent = group.generate(handle, request, on_progress, preview)
         except WorkerGroupError:
             self.workers.stop()  # the next run relaunches
             raise
@@ -291,7 +291,7 @@ class Engine:
                     notes=(*notes, use.note, *info["notes"]))
         run = RunInfo(**info)
         log.info("TPU Diffusers: %s", run.summary().replace("\n", "; "))
-        return Generation(images=images, info=run)
+        return Generation(images=images, info=run, latent=latent)
 
     def _free_chips_for_this_process(self, handle: PipelineHandle) -> None:
         """A single-process run needs the chip that locally launched TP workers hold: stop them first."""
