@@ -31,7 +31,7 @@ def validate(pipeline: TaskPipeline, request) -> None:
         raise UserInputError(f"denoise is {request.denoise:g}; it must be above 0 and at most 1 (1 = replace the "
                              f"image entirely).")
     if request.denoise < 1 and not request.images and request.latent is None:
-        raise UserInputError(f"denoise {request.denoise:g} needs an image (or a latent) to start from: connect one, "
+        raise UserInputError(f"denoise {request.denoise:g} needs an image to start from (or a latent): connect one, "
                              "or set denoise to 1 for text to image.")
     if request.denoise < 1 and not pipeline.strength:
         raise UserInputError(f"denoise {request.denoise:g}: {pipeline.cls} always denoises fully (diffusers gives "
