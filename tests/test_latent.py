@@ -192,3 +192,14 @@ def test_latent_in_refusals():
         prepare("Flux2Pipeline", request(latent=torch.zeros(1, 128, 4, 4), denoise=0.5))
     with pytest.raises(UserInputError, match="has no image2image pipeline, and a latent is connected"):
         prepare("QwenImageEditPipeline", request(latent=latent, denoise=0.5))  # never an edit's reference
+
+
+def test_a_latent_travels_to_workers_with_the_images_and_mask():
+    image, mask = np.random.default_rng(0).random((2, 1, 8, 8, 3), dtype=np.float32)
+    latent = torch.randn(2, 16, 1, 6, 4)
+    sent = request(latent=latent, images=(image,), mask=mask[..., 0])
+    data, payloads = sent.to_wire()
+    received = SampleRequest.from_wire(data, [bytes(payload) for payload in payloads])
+    assert np.array_equal(received.latent, latent.numpy()) and np.array_equal(received.mask, sent.mask)
+    assert np.array_equal(received.images[0], image) and received == sent
+    assert SampleRequest.from_wire(*request().to_wire()).latent is None
