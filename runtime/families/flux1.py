@@ -1,7 +1,8 @@
 """FLUX.1 (Black Forest Labs): schnell and dev (text, image to image, inpaint); Kontext (edit, and inpaint with a
 reference) and Fill (inpaint) share its components."""
 
-from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
+                   TaskPipeline)
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
 from .sd3 import raw_latents, sampled_latents
 

@@ -5,7 +5,8 @@ Its CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is 
 previews it with the Wan21 latent format, one frame.
 """
 
-from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
+                   TaskPipeline)
 from .components import WAN_VAE
 
 TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",

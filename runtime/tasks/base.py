@@ -17,7 +17,7 @@ from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
 from ..features.preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
-from ..outputs import KINDS, CallResult, OutputKind, Outputs, joined
+from ..outputs import IMAGES, KINDS, LATENT, CallResult, OutputKind, Outputs, joined
 from . import images
 
 # on_step(done, total[, preview]): called after each denoising step; it may raise to cancel the run.
@@ -154,7 +154,7 @@ class Task:
 
     def output_kinds(self, family: Family) -> tuple[OutputKind, ...]:
         """What a run returns: the decoded images, and the LATENT where the family has ComfyUI's format for it."""
-        return (KINDS["images"], *((KINDS["latent"],) if family.comfy_latent else ()))
+        return (KINDS[IMAGES], *((KINDS[LATENT],) if family.comfy_latent else ()))
 
     def call_batch(self, request: SampleRequest) -> int:
         """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""
