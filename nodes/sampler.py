@@ -14,7 +14,8 @@ IMAGE_INPUTS = ("image", "image_2", "image_3")
 # What each input takes when linked: ComfyUI leaves link types to a node that reads input_types (this one).
 LINK_TYPES = {"pipeline": TPUPipeline.io_type, "prompt": "STRING", "negative_prompt": "STRING", "width": "INT",
               "height": "INT", "steps": "INT", "guidance": "FLOAT", "seed": "INT", "batch_size": "INT",
-              "denoise": "FLOAT", "image": "IMAGE", "image_2": "IMAGE", "image_3": "IMAGE", "mask": "MASK"}
+              "denoise": "FLOAT", "image": "IMAGE", "image_2": "IMAGE", "image_3": "IMAGE", "mask": "MASK",
+              "latent": "LATENT"}
 
 
 def queue_time_problem(input_types: dict, link_types: dict, prompt, width, height) -> str | None:
@@ -33,7 +34,7 @@ def queue_time_problem(input_types: dict, link_types: dict, prompt, width, heigh
         if value > MAX_SIZE:
             return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
         if value == 0:
-            if "image" not in input_types:
+            if not {"image", "latent"} & set(input_types):
                 return f"{name} 0 means the image's {name}, but no image is connected: connect one or set {name}."
         elif problem := size_problem(name, value):
             return problem
@@ -91,12 +92,20 @@ class TPUSampler(io.ComfyNode):
                 io.Mask.Input("mask", optional=True,
                               tooltip="Inpaint: 1 (white) = repaint, 0 = keep, as Load Image's mask. Resized to the "
                                       "image when its size differs."),
+                io.Latent.Input("latent", optional=True,
+                                tooltip="Image to image from latents instead of an image (FLUX.1, Qwen-Image, SDXL, "
+                                        "SD3: a LATENT of the same VAE, e.g. this node's or VAE Encode's), with "
+                                        "denoise as for an image. Connect either image or latent."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="Connect to Save Image or Preview Image."),
                 io.String.Output(display_name="info",
                                  tooltip="Device, the task and diffusers class that ran, the mode, load and "
                                          "sampling times."),
+                io.Latent.Output(display_name="latent",
+                                 tooltip="The images' latents in ComfyUI's format for the model (not for video), so "
+                                         "ComfyUI's VAE Decode with the same VAE file gives these images, and latent "
+                                         "nodes (Latent Upscale, a KSampler second pass) can follow."),
             ],
         )
 
@@ -114,6 +123,9 @@ class TPUSampler(io.ComfyNode):
         problem = queue_time_problem(input_types, LINK_TYPES, prompt, width, height)
         if problem:
             return problem
+        if "latent" in linked and ({"image", "mask"} & linked):
+            return "latent is connected with an image or mask: image to image starts from either an image or a " \
+                   "latent (inpaint from an image): disconnect one."
         if "mask" in linked and "image" not in linked:
             return "a mask is connected but no image: connect the image to repaint to 'image' (Load Image gives both)."
         for name, before in (("image_2", "image"), ("image_3", "image_2")):
@@ -122,21 +134,22 @@ class TPUSampler(io.ComfyNode):
         if isinstance(denoise, (int, float)):
             if not 0 < denoise <= 1:
                 return f"denoise {denoise:g} is outside 0..1 (0 would change nothing); use a value above 0, at most 1."
-            if denoise < 1 and "image" not in linked:
+            if denoise < 1 and not {"image", "latent"} & linked:
                 return f"denoise {denoise:g} needs an image to start from: connect an image, or set denoise to 1."
         return True
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, steps: int,
                 guidance: float, seed: int, batch_size: int, denoise: float = 1.0, image=None, image_2=None,
-                image_3=None, mask=None) -> io.NodeOutput:
+                image_3=None, mask=None, latent=None) -> io.NodeOutput:
         images = tuple(i for i in (image, image_2, image_3) if i is not None)
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, denoise=denoise,
-                                images=images, mask=mask)
+                                images=images, mask=mask, latent=None if latent is None else latent["samples"])
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
                                      preview=preview_spec(pipeline))
         info = generation.info
         # ComfyUI sends the ui dict to the page (`executed`, where web/tpu_diffusers.js shows it on
         # our nodes) and keeps it in the prompt's history, where API clients read it.
-        return io.NodeOutput(generation.images, info.summary(), ui={"tpu_run_info": [info.as_dict()]})
+        return io.NodeOutput(generation.images, info.summary(), generation.latent,
+                             ui={"tpu_run_info": [info.as_dict()]})

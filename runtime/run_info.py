@@ -82,6 +82,7 @@ class RunInfo:
 class Generation:
     images: object  # torch.Tensor [B, H, W, C] float32 in 0..1
     info: RunInfo
+    latent: dict | None = None  # ComfyUI's LATENT of the images (outputs.Outputs.latent); None for video
 
 
 def _as_type(value, annotation):

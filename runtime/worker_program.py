@@ -341,6 +341,8 @@ class RankWorker:
                     mine["info"] = generation.info.as_dict()
                     if dist.get_rank() == run.leader:  # the replica's other ranks made the same images
                         mine["images"] = np.ascontiguousarray(generation.images.numpy())
+                        if generation.latent is not None:
+                            mine["latent"] = np.ascontiguousarray(generation.latent["samples"].numpy())
             finally:
                 if dist.get_rank() == run.leader:
                     self.store.set(run.done_key(replica), "1")
@@ -367,14 +369,16 @@ class RankWorker:
 
     @staticmethod
     def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int):
-        """Rank 0's reply: the images in batch order, and run info for the whole mesh (each entry's "steps":
-        the denoising steps its rank ran, every pipeline call's). A replica's ranks (TP or CP) all make its
-        whole images; only its first rank sends them."""
+        """Rank 0's reply: the images (and their LATENT, for a family that has one) in batch order, and run info
+        for the whole mesh (each entry's "steps": the denoising steps its rank ran, every pipeline call's). A
+        replica's ranks (TP or CP) all make its whole images; only its first rank sends them."""
         import numpy as np
 
         leaders = gathered[::cp * tp]  # one entry per replica, in replica order
         ran = [entry for entry in leaders if "images" in entry]
-        images = ran[0]["images"] if len(ran) == 1 else np.concatenate([entry["images"] for entry in ran])
+        images, latent = (ran[0].get(name) if len(ran) == 1 else
+                          None if name not in ran[0] else np.concatenate([entry[name] for entry in ran])
+                          for name in ("images", "latent"))
         counts = [count for _, count in slices]
         seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
                              for name in ("sample_seconds", "compile_seconds"))
@@ -401,7 +405,10 @@ class RankWorker:
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],
                     notes=[*notes, *info["notes"]])
-        return {"op": "result", "info": info, "shape": list(images.shape)}, [memoryview(images).cast("B")]
+        arrays = [images, *(() if latent is None else (latent,))]
+        return ({"op": "result", "info": info, "shape": list(images.shape),
+                 "latent_shape": None if latent is None else list(latent.shape)},
+                [memoryview(array).cast("B") for array in arrays])
 
 
 def run_on_every_rank(worker: RankWorker, command: dict, outcome_group) -> tuple[dict, bytes | None] | None:

@@ -36,11 +36,15 @@ def single(tiny_dir):
     handle = handle_for(lambda name: str(tiny_dir / f"tiny-{name}"), "flux1-schnell")
     cache = {}
 
-    def images(batch_size):
+    def generation(batch_size):
         if batch_size not in cache:
-            cache[batch_size] = engine.generate(handle, request(batch_size=batch_size)).images
+            cache[batch_size] = engine.generate(handle, request(batch_size=batch_size))
         return cache[batch_size]
 
+    def images(batch_size):
+        return generation(batch_size).images
+
+    images.latent = lambda batch_size: generation(batch_size).latent["samples"]
     images.full_bytes = lambda: local_bytes(engine.realise(handle)[0].pipe.transformer)
     return images
 
@@ -128,6 +132,8 @@ def test_two_replicas_give_the_single_process_images_in_order_and_stay_warm(tiny
     runs = {batch: engine.generate(handle, request(batch_size=batch)) for batch in (2, 3, 4, 1)}
     for batch, result in runs.items():
         torch.testing.assert_close(result.images, single(batch), atol=TP_VS_SINGLE_ATOL, rtol=0)
+        # the LATENT output comes back from the workers too, in batch order
+        torch.testing.assert_close(result.latent["samples"], single.latent(batch), atol=TP_VS_SINGLE_ATOL, rtol=0)
         assert result.info.mesh_shape == (2, 1, 1) and result.info.replica_ranks == ((0,), (1,))
         assert result.info.replica_images == {2: (1, 1), 3: (2, 1), 4: (2, 2), 1: (1, 0)}[batch]
     # each replica holds a whole pipeline: nothing is sharded at tp 1

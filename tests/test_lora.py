@@ -126,7 +126,7 @@ def test_fused_strengths_match_peft_unfused_adapters(tiny, loras):
         for index, (path, _) in enumerate(chain):
             pipe.load_lora_weights(path, adapter_name=f"a{index}")
         pipe.set_adapters(["a0", "a1"], [strength for _, strength in chain])
-        unfused = run_pipeline(pipe, family_for("FluxPipeline"), request())
+        unfused = run_pipeline(pipe, family_for("FluxPipeline"), request()).images
     torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=0)
 
 
@@ -181,7 +181,7 @@ def test_a_lightx2v_lightning_lora_gives_the_image_of_diffusers_own_load_and_fus
         pipe.load_lora_weights(path)
         pipe.fuse_lora(lora_scale=strength)
         pipe.unload_lora_weights()
-        plain = run_pipeline(pipe, family_for("QwenImagePipeline"), request())
+        plain = run_pipeline(pipe, family_for("QwenImagePipeline"), request()).images
     torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
     assert differs(result.images, engine.generate(base_handle, request()).images)
 
@@ -203,7 +203,7 @@ def test_an_sdxl_kohya_lora_fuses_into_the_unet_and_both_text_encoders_as_plain_
         pipe = diffusers.StableDiffusionXLPipeline.from_pretrained(tiny("sdxl"), local_files_only=True)
         pipe.load_lora_weights(loras["sdxl-kohya"])
         pipe.fuse_lora(lora_scale=0.8)
-        plain = run_pipeline(pipe, family_for("StableDiffusionXLPipeline"), request())
+        plain = run_pipeline(pipe, family_for("StableDiffusionXLPipeline"), request()).images
     assert differs(result.images, base)
     torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
     assert torch.equal(engine.generate(base_handle, request()).images, base)
@@ -238,7 +238,7 @@ def test_wan_lightx2v_loras_on_the_two_experts_give_plain_diffusers_frames_and_t
         pipe.set_adapters(["high", "low"], [1.0, 0.7])
         pipe.fuse_lora(components=["transformer", "transformer_2"], adapter_names=["high", "low"])
         pipe.unload_lora_weights()
-        plain = run_pipeline(pipe, family_for("WanPipeline"), video)
+        plain = run_pipeline(pipe, family_for("WanPipeline"), video).images
     torch.testing.assert_close(result.images, plain, atol=1e-5, rtol=0)
     alone = {lora[2]: engine.generate(with_loras(base_handle, lora), video).images for lora in pair}
     assert all(differs(images, base) for images in alone.values())

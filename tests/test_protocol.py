@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from tpu_diffusers_runtime.distributed import channel, protocol
-from tpu_diffusers_runtime.distributed.group import WorkerGroup
+from tpu_diffusers_runtime.distributed.group import WorkerGroup, reply_bytes
 from tpu_diffusers_runtime.errors import WorkerGroupError
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.tasks import SampleRequest
@@ -90,7 +90,7 @@ def test_a_result_larger_than_the_request_can_make_is_refused_before_it_is_alloc
     group = WorkerGroup(channel.Channel(comfyui_side, "peer"), "peer", world_size=1)
     tracemalloc.start()
     try:
-        with pytest.raises(WorkerGroupError, match=f"over the bound of {request.output_bytes() + 2**20 + 1} bytes"):
+        with pytest.raises(WorkerGroupError, match=f"over the bound of {reply_bytes(request) + 2**20 + 1} bytes"):
             group.generate(handle, {}, request)  # the peer reads no plan
         peak = tracemalloc.get_traced_memory()[1]
     finally:

@@ -94,6 +94,13 @@ def launch_env(key: str) -> dict:
     return env
 
 
+def reply_bytes(request) -> int:
+    """The most a run's result brings back: its images, and a LATENT of at most half a float32 per pixel
+    (FLUX.2's 128 channels per 16 x 16 pixels; the other families' fewer), 1/6 of the images' bytes."""
+    images = request.output_bytes()
+    return images + images // 6
+
+
 class WorkerGroup:
     def __init__(self, conn, address: str, world_size: int, process: subprocess.Popen | None = None,
                  folder: Path | None = None):
@@ -178,8 +185,8 @@ class WorkerGroup:
 
     def generate(self, handle, plan: dict, request, on_progress=None, preview=None):
         """Run one prompt on every rank, as `plan` (the request's plan, in its wire form) says; returns (images
-        [B,H,W,C] float32 tensor, rank 0's info dict). With a PreviewSpec, rank 0 sends each step's preview (RGB
-        bytes) with its progress message.
+        [B,H,W,C] float32 tensor, rank 0's info dict, the images' LATENT or None for a family without one). With
+        a PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
 
         ComfyUI's Cancel (`on_progress` raising) is checked also while the workers send nothing (a long load,
         a download, a compile: the last progress is reported again), passed on to them, and raised here at
@@ -205,7 +212,7 @@ class WorkerGroup:
                 self._cancel()
                 raise
 
-        bound = request.output_bytes() + protocol.MAX_JSON_BYTES + 1  # + the NUL between JSON and payloads
+        bound = reply_bytes(request) + protocol.MAX_JSON_BYTES + 1  # + the NUL between JSON and payloads
         while True:
             message, payloads = self._next_message(max_bytes=bound, on_quiet=lambda: report(*latest))
             op = message["op"]
@@ -217,7 +224,9 @@ class WorkerGroup:
                 raise WorkerGroupError("the workers cancelled the run")
             elif op == "result":
                 images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])  # no copy
-                return torch.from_numpy(images), message["info"]
+                latent = message.get("latent_shape") and {"samples": torch.from_numpy(
+                    np.frombuffer(payloads[1], dtype=np.float32).reshape(message["latent_shape"]))}
+                return torch.from_numpy(images), message["info"], latent
 
     def _cancel(self) -> None:
         self.cancelled_at = time.monotonic()

@@ -92,6 +92,30 @@ class FileVariant:
 
 
 @dataclasses.dataclass(frozen=True)
+class ComfyLatent:
+    """How a family's latents are ComfyUI's LATENT: {"samples": tensor} in the VAE's raw latent space (what the
+    VAE encodes to, before the family's scaling, which ComfyUI's model applies itself: latent_format.process_in)
+    and in ComfyUI's layout for it, so ComfyUI's VAE Decode with the same VAE file decodes it."""
+
+    channels: int  # ComfyUI's latent_format.latent_channels
+    factor: int  # pixels per latent cell (FLUX.2's patchified latent: 16)
+    frame_axis: bool  # 5-D [B, C, 1, h, w], as ComfyUI's video VAEs (Wan 2.1's: Qwen-Image) take one image
+    # (pipe, latents, height, width) -> samples: the denoising loop's final latents (diffusers' packed,
+    # normalised ones, as callback_on_step_end gets them) -> ComfyUI's LATENT samples, as the pipeline's own
+    # decode step prepares them for its VAE
+    to_comfy: Callable
+    # (pipe, samples) -> what the family's image-to-image pipeline takes as `image` to start from latents
+    # instead of encoding an image (its prepare_latents uses an `image` with the latent channel count as is):
+    # the inverse of to_comfy before packing; None: it has none that does
+    to_pipeline: Callable | None = None
+
+    def shape(self, batch: int, width: int, height: int) -> tuple[int, ...]:
+        """The samples' shape for a batch of width x height images."""
+        grid = (height // self.factor, width // self.factor)
+        return (batch, self.channels, 1, *grid) if self.frame_axis else (batch, self.channels, *grid)
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str  # shown to users
     # model_index.json `_class_name`s of this family -> {task: the diffusers pipeline that runs it}, built with
@@ -107,6 +131,8 @@ class Family:
     # image-shaped latent that ComfyUI's latent_rgb_factors for `comfy_latent_format` read, for previews.
     latent_grid: Callable
     comfy_latent_format: str  # the class in ComfyUI's comfy.latent_formats
+    # its latents as ComfyUI's LATENT (the Sampler's LATENT output and input); None: a family without one (video)
+    comfy_latent: ComfyLatent | None
     # Single files: the denoiser's kind, the files ComfyUI's templates download for it, the other components.
     denoiser_kind: FileKind
     denoiser_files: tuple[str, ...]

@@ -1,8 +1,10 @@
 """FLUX.1 (Black Forest Labs): schnell and dev (text, image to image, inpaint); Kontext (edit, and inpaint with a
 reference) and Fill (inpaint) share its components."""
 
-from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
+                   TaskPipeline)
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
+from .sd3 import raw_latents, sampled_latents
 
 TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
                        lambda: diffusers_detection_keys("flux") + ("single_transformer_blocks.0.proj_mlp.weight",))
@@ -11,6 +13,11 @@ TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
 def packed_2x2_latents(pipe, latents, height, width):
     """(B, H*W/256, 64) tokens of 2x2 latent patches -> (B, 16, H/8, W/8)."""
     return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+
+
+def comfy_latents(pipe, latents, height, width):
+    """Unpacked, then / scaling + shift: what FluxPipeline hands its VAE (ComfyUI's Flux LATENT)."""
+    return raw_latents(pipe, packed_2x2_latents(pipe, latents, height, width))
 
 
 FAMILY = Family(
@@ -35,6 +42,9 @@ FAMILY = Family(
     default_steps=4,
     latent_grid=packed_2x2_latents,
     comfy_latent_format="Flux",
+    # FluxImg2ImgPipeline takes (B, 16, h, w) scaled latents as its `image`
+    comfy_latent=ComfyLatent(channels=16, factor=8, frame_axis=False, to_comfy=comfy_latents,
+                             to_pipeline=sampled_latents),
     denoiser_kind=TRANSFORMER,
     denoiser_files=("flux1-dev.safetensors", "flux1-schnell.safetensors", "flux1-dev-kontext_fp8_scaled.safetensors",
                     "flux1-fill-dev.safetensors"),

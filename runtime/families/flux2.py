@@ -1,6 +1,6 @@
 """FLUX.2 [dev] (Black Forest Labs): text to image, and edits from up to three reference images (`image=` list)."""
 
-from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .base import EDIT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
 from .components import diffusers_detection_keys
 
 TRANSFORMER = FileKind("flux2_transformer", "a FLUX.2 diffusion model",
@@ -11,14 +11,23 @@ MISTRAL3 = FileKind("mistral3", "a Mistral 3 text encoder", lambda: (
     "model.layers.0.self_attn.q_proj.weight"))
 
 
-def patchified_latents(pipe, latents, height, width):
-    """FLUX.2 packs (B, 128, H/16, W/16) row by row into tokens: undo Flux2Pipeline._pack_latents, then its
-    own _unpatchify_latents gives (B, 32, H/8, W/8), the layout ComfyUI's Flux2 factors are for (its
-    latent_rgb_factors_reshape does the same)."""
+def latent_grid(pipe, latents, height, width):
+    """FLUX.2 packs (B, 128, H/16, W/16) row by row into tokens: undo Flux2Pipeline._pack_latents. That grid,
+    still batch-normalised, is ComfyUI's Flux2 LATENT: ComfyUI's FLUX.2 VAE undoes the batch norm (its `bn`)
+    and the 2x2 patches when it decodes, as Flux2Pipeline does before its VAE."""
     side = 2 * pipe.vae_scale_factor
     batch, _, channels = latents.shape
-    grid = latents.permute(0, 2, 1).reshape(batch, channels, height // side, width // side)
-    return pipe._unpatchify_latents(grid)
+    return latents.permute(0, 2, 1).reshape(batch, channels, height // side, width // side)
+
+
+def patchified_latents(pipe, latents, height, width):
+    """Flux2Pipeline's own _unpatchify_latents of the grid gives (B, 32, H/8, W/8), the layout ComfyUI's Flux2
+    preview factors are for (its latent_rgb_factors_reshape does the same)."""
+    return pipe._unpatchify_latents(latent_grid(pipe, latents, height, width))
+
+
+# no LATENT input: FLUX.2 has no image-to-image pipeline (its references are edits)
+COMFY_LATENT = ComfyLatent(channels=128, factor=16, frame_axis=False, to_comfy=latent_grid)
 
 
 FAMILY = Family(
@@ -33,6 +42,7 @@ FAMILY = Family(
     default_steps=28,
     latent_grid=patchified_latents,
     comfy_latent_format="Flux2",
+    comfy_latent=COMFY_LATENT,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("flux2_dev_fp8mixed.safetensors",),
     file_slots=(

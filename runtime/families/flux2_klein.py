@@ -42,6 +42,7 @@ FAMILY = Family(
     default_steps=4,
     latent_grid=flux2.patchified_latents,
     comfy_latent_format="Flux2",
+    comfy_latent=flux2.COMFY_LATENT,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("flux-2-klein-4b-fp8.safetensors", "flux-2-klein-4b.safetensors",
                     "flux-2-klein-9b-fp8.safetensors", "flux-2-klein-9b.safetensors",

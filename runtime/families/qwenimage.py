@@ -5,7 +5,8 @@ Its CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is 
 previews it with the Wan21 latent format, one frame.
 """
 
-from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
+                   TaskPipeline)
 from .components import WAN_VAE
 
 TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",
@@ -26,6 +27,29 @@ def edit_inpaint_size(width: int, height: int) -> tuple[int, int]:
 def one_frame_latents(pipe, latents, height, width):
     """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w) -> its one frame."""
     return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
+
+
+def mean_and_std(pipe):
+    """The VAE's per-channel latents_mean and latents_std, shaped (1, C, 1, 1, 1) as its latents."""
+    import torch
+
+    config = pipe.vae.config
+    return (torch.tensor(values, dtype=torch.float32).view(1, config.z_dim, 1, 1, 1)
+            for values in (config.latents_mean, config.latents_std))
+
+
+def comfy_latents(pipe, latents, height, width):
+    """Unpacked to (B, 16, 1, h, w), then x std + mean: what QwenImagePipeline hands its VAE (ComfyUI's Wan21
+    LATENT for one image, 5-D as ComfyUI's VAE Encode makes it with this VAE)."""
+    mean, std = mean_and_std(pipe)
+    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor) * std + mean
+
+
+def sampled_latents(pipe, samples):
+    """ComfyUI's LATENT -> the normalised (B, 16, h, w) latents QwenImageImg2ImgPipeline takes as its `image`
+    (its prepare_latents adds the frame axis back)."""
+    mean, std = mean_and_std(pipe)
+    return ((samples - mean) / std)[:, :, 0]
 
 
 FAMILY = Family(
@@ -49,6 +73,8 @@ FAMILY = Family(
     default_steps=50,
     latent_grid=one_frame_latents,
     comfy_latent_format="Wan21",
+    comfy_latent=ComfyLatent(channels=16, factor=8, frame_axis=True, to_comfy=comfy_latents,
+                             to_pipeline=sampled_latents),
     denoiser_kind=TRANSFORMER,
     denoiser_files=("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_2512_fp8_e4m3fn.safetensors",
                     "qwen_image_edit_fp8_e4m3fn.safetensors", "qwen_image_edit_2509_fp8_e4m3fn.safetensors",

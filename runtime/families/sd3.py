@@ -1,6 +1,6 @@
 """Stable Diffusion 3 and 3.5 (Stability AI): Medium, Large, Large Turbo; T5 is optional."""
 
-from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
 
 TRANSFORMER = FileKind("sd3_transformer", "an SD3/SD3.5 diffusion model",
@@ -11,6 +11,21 @@ def spatial_latents(_pipe, latents, _height, _width):
     """SD3 samples (B, 16, H/8, W/8): already image-shaped."""
     return latents
 
+
+def raw_latents(pipe, latents, _height=0, _width=0):
+    """Image-shaped latents the pipeline samples -> the VAE's raw ones, as its decode step: / scaling + shift
+    (a VAE without a shift factor, SDXL's, has None)."""
+    config = pipe.vae.config
+    return latents / config.scaling_factor + (config.shift_factor or 0.0)
+
+
+def sampled_latents(pipe, samples):
+    """The VAE's raw latents -> the scaled ones the pipeline samples, as its image encoding step makes them."""
+    config = pipe.vae.config
+    return (samples - (config.shift_factor or 0.0)) * config.scaling_factor
+
+
+COMFY_LATENT = ComfyLatent(channels=16, factor=8, frame_axis=False, to_comfy=raw_latents, to_pipeline=sampled_latents)
 
 FAMILY = Family(
     name="SD3/SD3.5",
@@ -25,6 +40,7 @@ FAMILY = Family(
     default_steps=40,
     latent_grid=spatial_latents,
     comfy_latent_format="SD3",
+    comfy_latent=COMFY_LATENT,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("sd3.5_large.safetensors", "sd3.5_medium.safetensors", "sd3.5_large_turbo.safetensors"),
     file_slots=(

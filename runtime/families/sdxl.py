@@ -6,9 +6,9 @@ layout (`conditioner.embedders.1.model.`): diffusers' `convert_open_clip_checkpo
 The VAE overflows in fp16; its config's `force_upcast` makes diffusers' SDXL pipelines decode it in float32 then.
 """
 
-from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
 from .components import CLIP, KL_VAE
-from .sd3 import spatial_latents
+from .sd3 import raw_latents, sampled_latents, spatial_latents
 
 # label_emb (diffusers: add_embedding) takes SDXL's pooled text + size conditioning; SD1.x/2.x UNets have none.
 UNET = FileKind("sdxl_unet", "an SDXL UNet", lambda: ("label_emb.0.0.weight", "add_embedding.linear_1.weight"))
@@ -45,6 +45,7 @@ FAMILY = Family(
     default_steps=30,
     latent_grid=spatial_latents,  # (B, 4, H/8, W/8)
     comfy_latent_format="SDXL",
+    comfy_latent=ComfyLatent(channels=4, factor=8, frame_axis=False, to_comfy=raw_latents, to_pipeline=sampled_latents),
     denoiser="unet",
     denoiser_kind=UNET,
     denoiser_files=("sd_xl_base_1.0.safetensors",),

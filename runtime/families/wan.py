@@ -124,6 +124,7 @@ FAMILY = Family(
     default_steps=40,
     latent_grid=first_frame_latents,
     comfy_latent_format="Wan21",
+    comfy_latent=None,  # video: the Video Sampler has no LATENT (yet)
     denoiser_kind=TRANSFORMER,
     denoiser_files=("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors",
                     "wan2.2_ti2v_5B_fp16.safetensors"),

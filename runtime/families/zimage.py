@@ -6,9 +6,9 @@ guidance > 0 (its guidance is ComfyUI's cfg - 1): Turbo is distilled and runs 8 
 diffusers has no tensor-parallel plan for its transformer: several chips run it as replicas.
 """
 
-from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
 from .components import KL_VAE, QWEN3, diffusers_detection_keys
-from .sd3 import spatial_latents
+from .sd3 import raw_latents, spatial_latents
 
 
 def fill_rope_table(transformer) -> None:
@@ -37,6 +37,9 @@ FAMILY = Family(
     default_steps=8,
     latent_grid=spatial_latents,
     comfy_latent_format="Flux",  # ComfyUI's supported_models.ZImage (a Lumina2): latent_formats.Flux
+    # no LATENT input: ZImageImg2ImgPipeline's image processor takes only 4-channel tensors as latents (its
+    # vae_latent_channels is the default 4), so it would resize and normalise FLUX.1's 16 channels as pixels
+    comfy_latent=ComfyLatent(channels=16, factor=8, frame_axis=False, to_comfy=raw_latents),
     denoiser_kind=TRANSFORMER,
     denoiser_files=("z_image_turbo_bf16.safetensors",),
     file_slots=(

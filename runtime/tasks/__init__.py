@@ -28,6 +28,8 @@ def wanted_task(tasks, request: SampleRequest) -> str:
         return IMAGE2VIDEO if request.images else TEXT2VIDEO
     if request.mask is not None:
         return INPAINT
+    if request.latent is not None:  # latents are a start to denoise from, never an edit's reference
+        return IMAGE2IMAGE
     if request.images:
         return EDIT if EDIT in tasks else IMAGE2IMAGE
     return TEXT2IMAGE
@@ -51,7 +53,8 @@ def task_for(family: Family, model_class: str, request: SampleRequest) -> tuple[
     wanted = wanted_task(tasks, request)
     if wanted not in tasks:
         given = {TEXT2IMAGE: "no image is connected", INPAINT: "a mask is connected",
-                 IMAGE2IMAGE: "an image without a mask is connected", TEXT2VIDEO: "no image is connected",
+                 IMAGE2IMAGE: "a latent is connected" if request.latent is not None
+                 else "an image without a mask is connected", TEXT2VIDEO: "no image is connected",
                  IMAGE2VIDEO: "an image is connected (this model takes no image: text to video only)"}[wanted]
         runs = "; ".join(f"{task} with {_needs(task, pipeline)} ({pipeline.cls})" for task, pipeline in tasks.items())
         raise UserInputError(f"{family.name} {model_class} has no {wanted} pipeline, and {given}. It runs: {runs}. "

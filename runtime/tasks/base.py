@@ -17,6 +17,7 @@ from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
 from ..preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
+from ..outputs import IMAGES, KINDS, LATENT, CallResult, OutputKind, Outputs, joined
 from . import images
 
 # on_step(done, total[, preview]): called after each denoising step; it may raise to cancel the run.
@@ -24,13 +25,16 @@ from . import images
 StepCallback = Callable[..., None]
 
 MAX_SEED = 2**64 - 1  # ComfyUI's seed widgets go up to here; torch.Generator takes all of it
+WIRE_ARRAYS = ("images", "mask", "latent")  # what travels to workers as binary payloads
 
 
 @dataclasses.dataclass(frozen=True)
 class SampleRequest:
     """One Sampler run. The images are the connected image inputs in order (image, image_2, image_3), each a
     float32 [N, H, W, C] array in 0..1 (ComfyUI's IMAGE); the mask is float32 [M, H, W], 1 = repaint. Output
-    image i takes item i % N of each (and of the mask): a batch of N images gives N results at batch size N."""
+    image i takes item i % N of each (and of the mask): a batch of N images gives N results at batch size N.
+    The latent is a connected LATENT's samples (ComfyUI's format for the family, float32) to start image to
+    image from instead of an image; output image i takes its item i % N."""
 
     prompt: str
     negative_prompt: str = ""
@@ -45,6 +49,7 @@ class SampleRequest:
     frames: int = 0  # video: frames of each video (Wan: 4k + 1); 0: images
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
+    latent: object = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         import numpy as np
@@ -58,26 +63,30 @@ class SampleRequest:
         object.__setattr__(self, "images", tuple(batch(image, 4) for image in self.images))
         if self.mask is not None:
             object.__setattr__(self, "mask", batch(self.mask, 3))
+        if self.latent is not None:
+            object.__setattr__(self, "latent", batch(self.latent, 0))  # any rank: 4-D, or 5-D for a video VAE
 
     def to_wire(self) -> tuple[dict, list]:
         """Plain JSON data and the arrays' bytes, for worker processes (images travel as binary payloads)."""
-        arrays = [*self.images, *(() if self.mask is None else (self.mask,))]
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("images", "mask")}
+        given = [array for array in (self.mask, self.latent) if array is not None]
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in WIRE_ARRAYS}
         data.update(image_shapes=[list(image.shape) for image in self.images],
-                    mask_shape=None if self.mask is None else list(self.mask.shape))
-        return data, [memoryview(array).cast("B") for array in arrays]
+                    mask_shape=None if self.mask is None else list(self.mask.shape),
+                    latent_shape=None if self.latent is None else list(self.latent.shape))
+        return data, [memoryview(array).cast("B") for array in (*self.images, *given)]
 
     @classmethod
     def from_wire(cls, data: dict, payloads: list) -> "SampleRequest":
         import numpy as np
 
-        fields = {k: v for k, v in data.items() if k not in ("image_shapes", "mask_shape")}
-        shapes = [*data.get("image_shapes", ()), *([data["mask_shape"]] if data.get("mask_shape") else [])]
+        fields = {k: v for k, v in data.items() if k not in ("image_shapes", "mask_shape", "latent_shape")}
+        singles = [name for name in ("mask", "latent") if data.get(f"{name}_shape")]
+        shapes = [*data.get("image_shapes", ()), *(data[f"{name}_shape"] for name in singles)]
         if len(shapes) != len(payloads):
             raise UserInputError(f"the request names {len(shapes)} image arrays but carries {len(payloads)}")
         arrays = [np.frombuffer(payload, dtype=np.float32).reshape(shape) for payload, shape in zip(payloads, shapes)]
         images = arrays[:len(data.get("image_shapes", ()))]
-        return cls(**fields, images=tuple(images), mask=arrays[len(images)] if data.get("mask_shape") else None)
+        return cls(**fields, images=tuple(images), **dict(zip(singles, arrays[len(images):])))
 
     def output_bytes(self) -> int:
         """The size of what the request makes: ComfyUI's IMAGE batch in float32, frame after frame of a video."""
@@ -112,6 +121,8 @@ class Task:
         validate_size(family, request.width, request.height)
         validate_frames(family, request.frames)
         images.validate(pipeline, request)
+        if request.latent is not None:
+            validate_latent(family, pipeline, request)
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         """The image arguments of the call for image `index` of the Sampler's batch (none for text to image)."""
@@ -141,10 +152,9 @@ class Task:
         """Call arguments of this task beside the shared ones and the images (a video's frame count)."""
         return {}
 
-    @staticmethod
-    def output_images(output):
-        """The pipeline output's images as one [N, C, H, W] tensor (a video task's frames, video after video)."""
-        return output.images
+    def output_kinds(self, family: Family) -> tuple[OutputKind, ...]:
+        """What a run returns: the decoded images, and the LATENT where the family has ComfyUI's format for it."""
+        return (KINDS[IMAGES], *((KINDS[LATENT],) if family.comfy_latent else ()))
 
     def call_batch(self, request: SampleRequest) -> int:
         """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""
@@ -160,19 +170,25 @@ class Task:
         return 2 * request.output_bytes()
 
     def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
-            on_step: StepCallback | None = None, preview: PreviewSpec | None = None):
-        """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): a float32 CPU tensor [B, H, W, C] in
-        0..1 (ComfyUI's IMAGE). Without a preview spec the step callback never touches the latents, so
-        previews cost nothing when off."""
-        import torch
-
+            on_step: StepCallback | None = None, preview: PreviewSpec | None = None) -> Outputs:
+        """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): each of `output_kinds`' values, the
+        images a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE). Without a preview spec the step
+        callback never touches the latents, so previews cost nothing when off; the LATENT keeps only the last
+        step's (a reference, copied once when the call ends)."""
         self.validate(family, pipeline, request)
         calls = self.calls(family, pipeline, request)
-        results = []
+        kinds = self.output_kinds(family)
+        parts = {kind: [] for kind in kinds}
+        keep_latents = any(kind.needs_final_latents for kind in kinds)
         for call, kwargs in enumerate(calls):
             previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
+            final = {}
+            if request.latent is not None:  # ComfyUI's LATENT -> the latents the pipeline starts from
+                kwargs = dict(kwargs, image=family.comfy_latent.to_pipeline(pipe, kwargs["image"]))
 
-            def step_end(running, step, _timestep, callback_kwargs, call=call, previewer=previewer):
+            def step_end(running, step, _timestep, callback_kwargs, call=call, previewer=previewer, final=final):
+                if keep_latents:
+                    final["latents"] = callback_kwargs["latents"]
                 # The pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips the
                 # first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
                 steps = running.num_timesteps
@@ -184,9 +200,11 @@ class Task:
                 return callback_kwargs
 
             with outside_inference_mode():
-                made = self.output_images(pipe(**kwargs, callback_on_step_end=step_end))  # [N, C, H, W]
-            results.append(made.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
-        return (results[0] if len(results) == 1 else torch.cat(results)).contiguous()
+                output = pipe(**kwargs, callback_on_step_end=step_end)
+            made = CallResult(output, final.get("latents"), pipe, family, request.height, request.width)
+            for kind in kinds:
+                parts[kind].append(kind.take(made))
+        return joined(parts)
 
 
 def generators(request: SampleRequest) -> list:
@@ -214,6 +232,10 @@ def resolve_size(family: Family, pipeline: TaskPipeline, request: SampleRequest)
                     f"({pipeline.output_size_words}, whatever size is asked), not {request.width}x{request.height}: "
                     f"set width and height to 0 or to {made[0]}x{made[1]}.")
             return dataclasses.replace(request, width=made[0], height=made[1])
+    if request.latent is not None and family.comfy_latent and request.latent.ndim >= 4:
+        factor = family.comfy_latent.factor  # the latent's size: its last two axes
+        height, width = (size * factor for size in request.latent.shape[-2:])
+        return dataclasses.replace(request, width=request.width or width, height=request.height or height)
     if request.width and request.height:
         return request
     if not request.images:
@@ -231,6 +253,23 @@ def validate_size(family: Family, width: int, height: int) -> None:
             below, above = nearest_sizes(value, family.size_multiple)
             raise UserInputError(f"{name} {value} cannot be used with {family.name}: it must be a multiple of "
                                  f"{family.size_multiple}. Nearest valid {name}s: {below} or {above}.")
+
+
+def validate_latent(family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
+    """A LATENT to start image to image from: the family's pipeline must take latents, and these must be of
+    its VAE's latent space (channels, layout) at the output size."""
+    form = family.comfy_latent
+    if form is None or form.to_pipeline is None or not pipeline.strength:
+        raise UserInputError(f"{family.name} ({pipeline.cls}) cannot start from a latent: connect an image "
+                             "instead (VAE Decode the latent), or disconnect the latent.")
+    shape = tuple(request.latent.shape)
+    wanted = form.shape(shape[0], request.width, request.height)
+    if shape != wanted:
+        layout = "[batch, channels, 1, height, width]" if form.frame_axis else "[batch, channels, height, width]"
+        raise UserInputError(
+            f"the latent has shape {list(shape)}, but {family.name} at {request.width}x{request.height} takes "
+            f"{list(wanted)} ({layout}, {form.channels} channels, 1/{form.factor} of the image size): connect a "
+            f"latent of this model's VAE, and set width and height to 0 (the latent's size) or to its size.")
 
 
 def validate_frames(family: Family, frames: int) -> None:

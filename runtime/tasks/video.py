@@ -4,7 +4,8 @@ ComfyUI's own CreateVideo / SaveAnimatedWEBP take them as they are."""
 
 from __future__ import annotations
 
-from ..families import IMAGE2VIDEO, TEXT2VIDEO, TaskPipeline
+from ..families import IMAGE2VIDEO, TEXT2VIDEO, Family, TaskPipeline
+from ..outputs import FRAMES, KINDS, OutputKind
 from .base import SampleRequest, Task
 from .images import pil_image
 
@@ -19,9 +20,8 @@ class Text2Video(Task):
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         return {}
 
-    @staticmethod
-    def output_images(output):
-        return output.frames.flatten(0, 1)  # [B, F, C, H, W] -> [B x F, C, H, W]
+    def output_kinds(self, family: Family) -> tuple[OutputKind, ...]:
+        return (KINDS[FRAMES],)
 
 
 class Image2Video(Text2Video):

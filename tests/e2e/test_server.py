@@ -38,7 +38,7 @@ def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
         for name, spec in inputs.items():
             assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
     assert "tiny-flux1-schnell" in info["TPULoader"]["input"]["required"]["model"][1]["options"]
-    assert info["TPUSampler"]["output"] == ["IMAGE", "STRING"]
+    assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT"]  # LATENT appended: saved links hold
 
 
 def test_the_ui_workflow_matches_the_api_workflow(server, workflow):

@@ -1,0 +1,105 @@
+"""What a run gives back, as ComfyUI's types: each output kind adapts one pipeline call's output (and the
+denoising loop's final latents) into its part of the result, and joins the calls' parts in batch order.
+
+Kinds: decoded images (IMAGE), video frames (IMAGE, frame after frame, video after video) and LATENT (the
+family's `ComfyLatent`: what ComfyUI's own VAE Decode takes). A task's images are what plain diffusers returns
+with output_type="pt"; the LATENT is taken beside them from the last step's callback latents, so asking for it
+changes nothing in the images. Audio (ComfyUI's AUDIO, {"waveform": [B, C, T], "sample_rate": int}) has a place
+in `Outputs` for the families that make sound with their video; none of the supported ones does yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+IMAGES = "images"
+FRAMES = "frames"
+LATENT = "latent"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """One run's results: each kind's ComfyUI value, None for a kind the run did not make."""
+
+    images: object  # IMAGE: float32 CPU [B, H, W, C] in 0..1 (a video's frames, video after video)
+    latent: dict | None = None  # LATENT: {"samples": float32 CPU tensor} in the family's ComfyUI format
+    audio: dict | None = None  # AUDIO, for video with sound: {"waveform": [B, C, T], "sample_rate": int}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+    """What one pipeline call left: its output, and the last step's latents when a kind needs them. Each kind
+    takes its part at once, so no call's device tensors outlive it."""
+
+    output: object
+    final_latents: object
+    pipe: object
+    family: object
+    height: int
+    width: int
+
+
+class OutputKind:
+    """One thing a run returns: `take` one call's part, `join` the parts in batch order into `Outputs.<field>`."""
+
+    name: str
+    field: str
+    needs_final_latents = False
+
+    def take(self, call: CallResult):
+        raise NotImplementedError
+
+    def join(self, parts: list):
+        import torch
+
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).contiguous()
+
+
+class DecodedImages(OutputKind):
+    """The pipeline's decoded images ([N, C, H, W], output_type="pt") as ComfyUI's IMAGE."""
+
+    name, field = IMAGES, "images"
+
+    @staticmethod
+    def pixels(output):
+        return output.images
+
+    def take(self, call: CallResult):
+        import torch
+
+        return self.pixels(call.output).permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1)
+
+
+class VideoFrames(DecodedImages):
+    """A video pipeline's frames ([B, F, C, H, W]) as one IMAGE batch, video after video."""
+
+    name = FRAMES
+
+    @staticmethod
+    def pixels(output):
+        return output.frames.flatten(0, 1)
+
+
+class ComfyLatents(OutputKind):
+    """The last step's latents in ComfyUI's LATENT format for the family (`Family.comfy_latent`)."""
+
+    name, field = LATENT, "latent"
+    needs_final_latents = True
+
+    def take(self, call: CallResult):
+        import torch
+
+        # one copy off the device, then a few CPU ops: the accelerator runs nothing more
+        latents = call.final_latents.detach().to("cpu", torch.float32)
+        return call.family.comfy_latent.to_comfy(call.pipe, latents, call.height, call.width)
+
+    def join(self, parts: list):
+        return {"samples": super().join(parts)}
+
+
+KINDS = {kind.name: kind for kind in (DecodedImages(), VideoFrames(), ComfyLatents())}
+
+
+def joined(parts: dict) -> Outputs:
+    """{kind: its parts from every call, in batch order} -> each kind's value."""
+    return Outputs(**{kind.field: kind.join(taken) for kind, taken in parts.items()})
