@@ -179,7 +179,7 @@ class Engine:
         entry, device, loaded = self.realise(handle, on_progress)
         # the loaded model's own settings decide (a hub model's were not readable before it was downloaded)
         family, task, pipeline, request = prepare(handle.model_class, request, dict(entry.pipe.config))
-        pipe = entry.pipeline(pipeline.cls)
+        pipe = entry.pipeline(pipeline.cls, task.name)  # pipeline kind: a modular pipeline runs the task's workflow
         load_seconds = time.perf_counter() - start
         notes += entry.notes + entry.lora.notes
 

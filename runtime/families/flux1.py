@@ -1,7 +1,8 @@
 """FLUX.1 (Black Forest Labs): schnell and dev (text, image to image, inpaint); Kontext (edit, and inpaint with a
 reference) and Fill (inpaint) share its components."""
 
-from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, ModularBlocks,
+                   TaskPipeline)
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
 
 TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
@@ -49,4 +50,6 @@ FAMILY = Family(
         FileVariant("FluxFillPipeline", "black-forest-labs/FLUX.1-Fill-dev", model_types=("flux-fill",)),
         FileVariant("FluxKontextPipeline", "black-forest-labs/FLUX.1-Kontext-dev", name_contains=("kontext",)),
     ),
+    modular={"FluxPipeline": ModularBlocks("FluxAutoBlocks", "FluxModularPipeline",
+                                           {TEXT2IMAGE: "text2image", IMAGE2IMAGE: "image2image"})},
 )

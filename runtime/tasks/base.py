@@ -13,6 +13,7 @@ import dataclasses
 import math
 from typing import Callable
 
+from .. import pipeline_kinds
 from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
 from ..features.preview import Previewer, PreviewSpec
@@ -172,19 +173,17 @@ class Task:
         for call, kwargs in enumerate(calls):
             previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
 
-            def step_end(running, step, _timestep, callback_kwargs, call=call, previewer=previewer):
-                # The pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips the
-                # first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
-                steps = running.num_timesteps
+            def step_end(step, steps, latents, call=call, previewer=previewer):
+                # `steps`: the pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips
+                # the first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
                 done, total = call * steps + step + 1, len(calls) * steps
                 if previewer:
-                    on_step(done, total, previewer(callback_kwargs["latents"]))
+                    on_step(done, total, previewer(latents))
                 elif on_step:
                     on_step(done, total)
-                return callback_kwargs
 
-            with outside_inference_mode():
-                made = self.output_images(pipe(**kwargs, callback_on_step_end=step_end))  # [N, C, H, W]
+            with outside_inference_mode():  # pipeline kind: classic or modular
+                made = self.output_images(pipeline_kinds.call(pipe, family, kwargs, step_end, bool(previewer)))
             results.append(made.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
         return (results[0] if len(results) == 1 else torch.cat(results)).contiguous()
 
