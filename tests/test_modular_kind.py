@@ -2,21 +2,23 @@
 modular) give the classic pipelines' images for the same seed and report the same steps; Cancel raised from the
 progress callback ends a modular run; what the modular kind does not do yet is refused by name.
 
-One image per call without CFG is equal bit for bit (the blocks run the same modules with the same operations, CPU
-float32). Where the blocks batch differently, float sums round differently, by up to ~2e-6, so those are compared
-within 1e-5: two images in one call (a text-to-image batch: the blocks batch the prompt's embeddings with other ops),
-and Z-Image's CFG (the blocks' guider runs the conditional and unconditional predictions as two transformer calls,
-ZImagePipeline as one call of both)."""
+FLUX.1 and Qwen-Image give equal images bit for bit for one image per call (the blocks run the same modules with the
+same operations, CPU float32). Where the blocks batch or order float operations otherwise, sums round differently,
+by up to ~2e-6, so those are compared within 1e-5: two images in one call (the blocks batch the prompt's embeddings
+with other ops), and CFG through the blocks' guider (Z-Image, SDXL: the conditional and unconditional predictions as
+two denoiser calls, where the classic pipelines make one call of both). A real difference (a wrong guidance, seed,
+strength or schedule) moves pixels by far more: Qwen-Image's image-to-image blocks, left unwired, differ by 0.2."""
 
 import numpy as np
 import pytest
+import tiny_loras
 import torch
 
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
-from tpu_diffusers_runtime.specs import Placement
+from tpu_diffusers_runtime.specs import LoraSpec, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 PROMPT = "a cat sitting on a red chair"
@@ -28,11 +30,11 @@ class Cancelled(Exception):
 
 
 def run(tiny, name: str, kind: str, monkeypatch, request: SampleRequest, placement=Placement.DEVICE,
-        cancel_at: int = 0):
+        cancel_at: int = 0, loras: tuple = ()):
     """(images, steps reported, the loaded pipeline) of `request` on a fresh engine, with the pipeline kind `kind`."""
     monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", kind)
     folder = tiny(name)
-    handle = PipelineHandle.of(source=folder, model_class=inspect_source(folder), placement=placement)
+    handle = PipelineHandle.of(source=folder, model_class=inspect_source(folder), placement=placement, loras=loras)
     engine = Engine(distribute=False)
     steps = []
 
@@ -53,7 +55,15 @@ def run(tiny, name: str, kind: str, monkeypatch, request: SampleRequest, placeme
     ("zimage", SampleRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=7, batch_size=2), 1e-5),
     ("zimage", SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=64, height=64, steps=3, guidance=2.0,
                              seed=7), 1e-5),
-], ids=["flux1-text2image", "flux1-image2image", "zimage-text2image", "zimage-cfg"])
+    ("zimage", SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, seed=7, images=(IMAGE,), denoise=0.6), 1e-5),
+    ("sdxl", SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=64, height=64, steps=3, guidance=2.5,
+                           seed=7), 1e-5),
+    ("sdxl", SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, guidance=2.5, seed=7, images=(IMAGE,),
+                           denoise=0.6), 1e-5),
+    ("qwenimage", SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=64, height=64, steps=3, guidance=2.5,
+                                seed=7), 0),
+], ids=["flux1-text2image", "flux1-image2image", "zimage-text2image", "zimage-cfg", "zimage-image2image",
+        "sdxl-cfg", "sdxl-image2image", "qwenimage-cfg"])
 def test_a_modular_run_equals_the_classic_run_and_reports_the_same_steps(tiny, monkeypatch, name, request_, tolerance):
     from diffusers.modular_pipelines import ModularPipeline
 
@@ -62,6 +72,15 @@ def test_a_modular_run_equals_the_classic_run_and_reports_the_same_steps(tiny, m
     assert not isinstance(classic_pipe, ModularPipeline) and isinstance(modular_pipe, ModularPipeline)
     torch.testing.assert_close(modular, classic, atol=tolerance, rtol=0)
     assert modular_steps == classic_steps and modular_steps[-1][0] == modular_steps[-1][1]
+
+
+def test_a_lora_fused_into_a_modular_pipeline_gives_the_classic_image(tiny, tiny_dir, monkeypatch, tmp_path):
+    lora = (LoraSpec(str(tiny_loras.build(tiny_dir / "tiny-flux1-schnell", tmp_path / "flux1.safetensors", seed=1))),)
+    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=3)
+    base = run(tiny, "flux1-schnell", "modular", monkeypatch, request)[0]
+    modular = run(tiny, "flux1-schnell", "modular", monkeypatch, request, loras=lora)[0]
+    classic = run(tiny, "flux1-schnell", "classic", monkeypatch, request, loras=lora)[0]
+    assert torch.equal(modular, classic) and (modular - base).abs().max() > 1e-3
 
 
 def test_cancel_from_the_progress_callback_ends_a_modular_run(tiny, monkeypatch):

@@ -5,7 +5,8 @@ Its CFG is "true CFG" and only runs when a negative prompt is given. Its VAE is 
 previews it with the Wan21 latent format, one frame.
 """
 
-from .base import EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, TaskPipeline
+from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, ModularBlocks,
+                   TaskPipeline, classifier_free_guider)
 from .components import WAN_VAE
 
 TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",
@@ -66,4 +67,7 @@ FAMILY = Family(
         # its own configs repo (what `auto` looks for in models/diffusers)
         FileVariant("QwenImagePipeline", "Qwen/Qwen-Image-2512", name_contains=("image_2512", "image-2512")),
     ),
+    # image to image and inpaint: the blocks' workflows give other images than the classic pipelines (not wired)
+    modular={"QwenImagePipeline": ModularBlocks("QwenImageAutoBlocks", "QwenImageModularPipeline",
+                                                {TEXT2IMAGE: "text2image"}, guider=classifier_free_guider)},
 )
