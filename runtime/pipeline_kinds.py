@@ -13,8 +13,8 @@ asks modular. Both kinds give the rest of the house the same pipeline object: it
 
 What the modular kind does not do yet, refused with a UserInputError: model CPU offload (diffusers' modular offload,
 `ComponentsManager.enable_auto_cpu_offload`, keeps models on the device until memory runs short and asks the device
-for its free memory, which a CPU cannot answer), previews (the families' latent grids read classic pipelines'
-helpers), tasks the family's blocks have no workflow for, and call inputs the blocks do not take.
+for its free memory, which a CPU cannot answer), tasks the family's blocks have no workflow for, and call inputs the
+blocks do not take.
 """
 
 from __future__ import annotations
@@ -52,11 +52,12 @@ def is_modular(pipe) -> bool:
     return isinstance(pipe, ModularPipeline)
 
 
-def call(pipe, family: Family, kwargs: dict, on_step, with_latents: bool):
-    """Run one call of a task on `pipe` (either kind); on_step(step, steps, latents) after each denoising step (it
-    may raise to cancel). Returns diffusers' output (`.images`, or a video task's `.frames`)."""
+def call(pipe, family: Family, kwargs: dict, on_step):
+    """Run one call of a task on `pipe` (either kind); on_step(step, steps, latents) after each denoising step, with
+    the loop's latents as classic pipelines' callback_on_step_end gets them (it may raise to cancel). Returns diffusers'
+    output (`.images`, or a video task's `.frames`)."""
     if is_modular(pipe):
-        return ModularKind.call(pipe, family, kwargs, on_step, with_latents)
+        return ModularKind.call(pipe, family, kwargs, on_step)
     return ClassicKind.call(pipe, kwargs, on_step)
 
 
@@ -172,12 +173,7 @@ class ModularKind:
         return made[task]
 
     @staticmethod
-    def call(pipe, family: Family, kwargs: dict, on_step, with_latents: bool):
-        if with_latents:
-            raise UserInputError(
-                "previews are not drawn for modular pipelines yet (the families' latent grids read classic pipelines' "
-                "helpers): turn ComfyUI's previews off (preview method: none), or set TPU_DIFFUSERS_PIPELINE_KIND="
-                "classic for a family that has a classic pipeline.")
+    def call(pipe, family: Family, kwargs: dict, on_step):
         kwargs = dict(kwargs)
         guider = modular_kind_of(pipe).blocks.guider
         if guider is not None:  # these blocks guide through their guider component, not a call input

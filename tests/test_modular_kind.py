@@ -16,6 +16,7 @@ import torch
 
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.features.preview import PreviewSpec
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
 from tpu_diffusers_runtime.specs import LoraSpec, Placement
@@ -25,13 +26,17 @@ PROMPT = "a cat sitting on a red chair"
 IMAGE = (np.random.default_rng(0).random((1, 64, 64, 3))).astype(np.float32)  # ComfyUI's IMAGE
 
 
+PREVIEW = PreviewSpec(factors=tuple((0.1, 0.0, -0.1) for _ in range(16)))  # 16 latent channels (SDXL's 4: none)
+
+
 class Cancelled(Exception):
     pass
 
 
 def run(tiny, name: str, kind: str, monkeypatch, request: SampleRequest, placement=Placement.DEVICE,
         cancel_at: int = 0, loras: tuple = ()):
-    """(images, steps reported, the loaded pipeline) of `request` on a fresh engine, with the pipeline kind `kind`."""
+    """(images, steps reported with their previews, the loaded pipeline) of `request` on a fresh engine, with the
+    pipeline kind `kind`."""
     monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", kind)
     folder = tiny(name)
     handle = PipelineHandle.of(source=folder, model_class=inspect_source(folder), placement=placement, loras=loras)
@@ -40,11 +45,11 @@ def run(tiny, name: str, kind: str, monkeypatch, request: SampleRequest, placeme
 
     def on_progress(done, total, what, *preview):
         if what == "sampling":
-            steps.append((done, total))
+            steps.append((done, total, *preview))
             if done == cancel_at:
                 raise Cancelled  # as ComfyUI's Cancel does, from the progress callback
 
-    images = engine.generate(handle, request, on_progress).images
+    images = engine.generate(handle, request, on_progress, PREVIEW).images
     return images, steps, engine.realise(handle)[0].pipe
 
 
@@ -71,7 +76,12 @@ def test_a_modular_run_equals_the_classic_run_and_reports_the_same_steps(tiny, m
     modular, modular_steps, modular_pipe = run(tiny, name, "modular", monkeypatch, request_)
     assert not isinstance(classic_pipe, ModularPipeline) and isinstance(modular_pipe, ModularPipeline)
     torch.testing.assert_close(modular, classic, atol=tolerance, rtol=0)
-    assert modular_steps == classic_steps and modular_steps[-1][0] == modular_steps[-1][1]
+    assert [step[:2] for step in modular_steps] == [step[:2] for step in classic_steps]
+    assert modular_steps[-1][0] == modular_steps[-1][1]
+    previews = [(modular[2], classic[2]) for modular, classic in zip(modular_steps, classic_steps)]
+    assert all((modular is None) == (classic is None) == (name == "sdxl") for modular, classic in previews)
+    assert all(np.abs(modular.astype(int) - classic.astype(int)).max() <= 1  # each step's preview, in 8-bit pixels
+               for modular, classic in previews if modular is not None)
 
 
 def test_a_lora_fused_into_a_modular_pipeline_gives_the_classic_image(tiny, tiny_dir, monkeypatch, tmp_path):

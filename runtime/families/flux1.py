@@ -10,8 +10,11 @@ TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
 
 
 def packed_2x2_latents(pipe, latents, height, width):
-    """(B, H*W/256, 64) tokens of 2x2 latent patches -> (B, 16, H/8, W/8)."""
-    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+    """(B, H*W/256, 64) tokens of 2x2 latent patches -> (B, 16, H/8, W/8), by FluxPipeline's own unpacking (so a
+    modular pipeline, which has the VAE factor but not the helper, is previewed alike)."""
+    from diffusers import FluxPipeline
+
+    return FluxPipeline._unpack_latents(latents, height, width, pipe.vae_scale_factor)
 
 
 FAMILY = Family(

@@ -25,8 +25,11 @@ def edit_inpaint_size(width: int, height: int) -> tuple[int, int]:
 
 
 def one_frame_latents(pipe, latents, height, width):
-    """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w) -> its one frame."""
-    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
+    """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w) -> its one frame (QwenImagePipeline's own unpacking,
+    for a modular pipeline too)."""
+    from diffusers import QwenImagePipeline
+
+    return QwenImagePipeline._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
 
 
 FAMILY = Family(

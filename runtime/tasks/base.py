@@ -183,7 +183,7 @@ class Task:
                     on_step(done, total)
 
             with outside_inference_mode():  # pipeline kind: classic or modular
-                made = self.output_images(pipeline_kinds.call(pipe, family, kwargs, step_end, bool(previewer)))
+                made = self.output_images(pipeline_kinds.call(pipe, family, kwargs, step_end))
             results.append(made.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1))
         return (results[0] if len(results) == 1 else torch.cat(results)).contiguous()
 
