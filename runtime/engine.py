@@ -213,7 +213,7 @@ class Engine:
         if entry.compiled:
             notes += warmup.notes
             notes.append("compile: " + compilation.describe(entry.compiled, shape_of(task, request), activity))
-        info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=pipeline.cls,
+        info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=type(pipe).__name__,  # either kind
                        placement=handle.placement.value, loaded=loaded,
                        load_seconds=load_seconds, sample_seconds=sample_seconds,
                        peak_device_memory_mb=None if peak is None else peak / 2**20,

@@ -19,7 +19,7 @@ from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.features.preview import PreviewSpec
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
-from tpu_diffusers_runtime.specs import LoraSpec, Placement
+from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, LoraSpec, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 PROMPT = "a cat sitting on a red chair"
@@ -91,6 +91,23 @@ def test_a_lora_fused_into_a_modular_pipeline_gives_the_classic_image(tiny, tiny
     modular = run(tiny, "flux1-schnell", "modular", monkeypatch, request, loras=lora)[0]
     classic = run(tiny, "flux1-schnell", "classic", monkeypatch, request, loras=lora)[0]
     assert torch.equal(modular, classic) and (modular - base).abs().max() > 1e-3
+
+
+def test_a_compiled_modular_run_equals_the_compiled_classic_run(tiny, monkeypatch):
+    """Compile acts on the same denoiser module in both kinds (dynamo's caches are reset between the two runs)."""
+    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=7)
+    images = {}
+    for kind in ("classic", "modular"):
+        torch.compiler.reset()
+        monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", kind)
+        folder = tiny("flux1-schnell")
+        handle = PipelineHandle.of(source=folder, model_class="FluxPipeline", mode=ExecutionMode.COMPILED,
+                                   compile=CompileSpec())
+        generation = Engine(distribute=False).generate(handle, request)
+        assert generation.info.compiled_now and generation.info.pipeline == {
+            "classic": "FluxPipeline", "modular": "FluxModularPipeline"}[kind]
+        images[kind] = generation.images
+    assert torch.equal(images["modular"], images["classic"])
 
 
 def test_cancel_from_the_progress_callback_ends_a_modular_run(tiny, monkeypatch):
