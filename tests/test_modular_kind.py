@@ -9,6 +9,8 @@ with other ops), and CFG through the blocks' guider (Z-Image, SDXL: the conditio
 two denoiser calls, where the classic pipelines make one call of both). A real difference (a wrong guidance, seed,
 strength or schedule) moves pixels by far more: Qwen-Image's image-to-image blocks, left unwired, differ by 0.2."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tiny_loras
@@ -108,6 +110,19 @@ def test_a_compiled_modular_run_equals_the_compiled_classic_run(tiny, monkeypatc
             "classic": "FluxPipeline", "modular": "FluxModularPipeline"}[kind]
         images[kind] = generation.images
     assert torch.equal(images["modular"], images["classic"])
+
+
+def test_a_family_with_only_modular_blocks_always_runs_modular(monkeypatch):
+    from tpu_diffusers_runtime.families import TEXT2IMAGE, TaskPipeline, family_for
+    from tpu_diffusers_runtime.pipeline_kinds import CLASSIC, MODULAR, kind_for
+
+    flux = family_for("FluxPipeline")
+    modular_only = dataclasses.replace(flux, model_classes={"FluxPipeline": {TEXT2IMAGE: TaskPipeline("")}})
+    for setting in ("classic", "modular"):
+        monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", setting)
+        assert kind_for(modular_only, "FluxPipeline").name == MODULAR
+        assert kind_for(flux, "FluxPipeline").name == setting
+        assert kind_for(family_for("StableDiffusion3Pipeline"), "StableDiffusion3Pipeline").name == CLASSIC  # no blocks
 
 
 def test_cancel_from_the_progress_callback_ends_a_modular_run(tiny, monkeypatch):
