@@ -42,7 +42,7 @@ def kind_for(family: Family, model_class: str) -> "ClassicKind | ModularKind":
         return CLASSIC_KIND
     has_classic = any(task.cls for task in family.model_classes[model_class].values())
     if not has_classic or settings.get("TPU_DIFFUSERS_PIPELINE_KIND") == MODULAR:
-        return ModularKind(family, model_class, blocks)
+        return ModularKind(family, blocks)
     return CLASSIC_KIND
 
 
@@ -122,8 +122,8 @@ def init_options(pipeline_cls, index: dict | None = None) -> dict:
 class ModularKind:
     name = MODULAR
 
-    def __init__(self, family: Family, model_class: str, blocks: ModularBlocks):
-        self.family, self.model_class, self.blocks = family, model_class, blocks
+    def __init__(self, family: Family, blocks: ModularBlocks):
+        self.family, self.blocks = family, blocks
 
     def _blocks(self):
         """A fresh copy of the family's blocks whose denoising loops report each step (diffusers' blocks share
@@ -200,8 +200,8 @@ def _pipeline(blocks: ModularBlocks, pipeline_blocks, model_settings: dict, comp
 def modular_kind_of(pipe) -> "ModularKind":
     """The kind that made the modular pipeline `pipe`: each family's blocks run in a ModularPipeline class of their
     own, which tells them apart."""
-    return next(ModularKind(family, model_class, blocks) for family in FAMILIES
-                for model_class, blocks in family.modular.items() if blocks.pipeline == type(pipe).__name__)
+    return next(ModularKind(family, blocks) for family in FAMILIES
+                for blocks in family.modular.values() if blocks.pipeline == type(pipe).__name__)
 
 
 def _observe_steps(blocks) -> None:
