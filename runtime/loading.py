@@ -9,10 +9,9 @@ one component at a time so that progress is reported and cancel is honoured betw
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 
-from . import single_file
+from . import pipeline_kinds, single_file
 from .device import DeviceInfo
 from .errors import ModelLoadError, UserInputError
 from .families import Family, family_for
@@ -91,7 +90,6 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     sharding arguments and says which components it placed itself; the rest are placed here, as every rank
     holds them whole. What every run's info should say about the loaded pipeline is appended to `notes`.
     """
-    import diffusers
     import torch
 
     files = dict(handle.files)
@@ -104,8 +102,8 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     if index["_class_name"] != handle.model_class:
         raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.model_class} "
                              "the Loader found; queue the workflow again.")
-    pipeline_cls = getattr(diffusers, handle.model_class)
-    takes = inspect.signature(pipeline_cls).parameters
+    kind = pipeline_kinds.kind_for(family, handle.model_class)  # classic or modular (runtime/pipeline_kinds.py)
+    takes = kind.takes(handle.model_class)
     parts = {name: part for name, part in components(index).items() if name in takes}
     unknown = sorted(set(files) - set(parts))
     if unknown:
@@ -132,11 +130,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             loaded[name] = _load_component(folder, name, library, cls, dtype,
                                            sharding.load_kwargs(folder, name) if sharding else {})
     weights_cache.clear()
-    try:
-        pipe = pipeline_cls(**loaded, **init_options(pipeline_cls, index))
-    except TypeError as e:  # a component the pipeline needs is not in model_index.json
-        raise ModelLoadError(f"'{handle.source}' cannot make a {handle.model_class} ({e}); "
-                             "download the model again.") from e
+    pipe = kind.assemble(handle.model_class, loaded, index, handle.source)  # pipeline kind
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             # Inference only. Frozen parameters also keep libtpu from starting autograd machinery.
@@ -146,17 +140,6 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             if isinstance(module, torch.nn.Module) and name not in sharding.sharded:
                 module.to(device.torch_device())  # replicated on every rank; sharded ones are placed already
     return pipe
-
-
-def init_options(pipeline_cls, index: dict | None = None) -> dict:
-    """The pipeline's settings beside its components: what model_index.json records for its __init__ (SDXL's
-    force_zeros_for_empty_prompt, FLUX.2 [klein]'s is_distilled, as from_pretrained passes them), and no invisible watermark (SDXL's pipelines
-    add one whenever the invisible-watermark package is installed; ComfyUI never watermarks)."""
-    takes = inspect.signature(pipeline_cls).parameters
-    options = {name: value for name, value in config_values(index or {}).items() if name in takes}
-    if "add_watermarker" in takes:
-        options["add_watermarker"] = False
-    return options
 
 
 def optional_left_out(family: Family, handle: PipelineHandle, folder: str) -> dict[str, str]:

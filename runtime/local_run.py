@@ -57,7 +57,7 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     entry, loaded = realise(cache, handle, device, on_progress, known_family)
     plan = plan.refined(entry.pipe.config)
     task, family, request = plan.task, plan.family, plan.request
-    pipe = entry.pipeline(plan.pipeline.cls)
+    pipe = entry.pipeline(plan.pipeline.cls, plan.task.name)  # a modular pipeline runs the task's workflow
     load_seconds = time.perf_counter() - start
     notes += entry.notes + features.notes(entry)
 
@@ -92,7 +92,7 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     if compiled:
         notes += warmup.notes
         notes.append("compile: " + compilation.describe(compiled, shape_of(task, request), activity))
-    info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=plan.pipeline.cls,
+    info = RunInfo(device=device.type, mode=mode_ran, task=task.name, pipeline=type(pipe).__name__,  # either kind
                    placement=handle.placement.value, loaded=loaded,
                    load_seconds=load_seconds, sample_seconds=sample_seconds,
                    peak_device_memory_mb=None if peak is None else peak / 2**20,
@@ -111,7 +111,7 @@ def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
     try:
         return compilation.counted_run(
             entry.states.get(compilation.NAME), run_denoisers, shape_of(plan.task, plan.request),
-            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview))
+            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview, plan.outputs))
     except CompileError:
         entry.states.pop(compilation.NAME, None)  # the denoiser is eager again; the next compiled run starts afresh
         raise

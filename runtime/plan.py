@@ -10,15 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from . import pipeline_kinds
 from .device import DeviceInfo, resolve_device
 from .distributed.mesh import mesh_shape, world_size
 from .families import Family, TaskPipeline, family_for
 from .handle import PipelineHandle
 from .sources import model_settings
 from .tasks import TASKS, SampleRequest, Task, prepare
-
-IMAGE = "image"  # ComfyUI's IMAGE: a batch of decoded images
-VIDEO = "video"  # ComfyUI's IMAGE as frames: batch x frames decoded images
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +25,10 @@ class Plan:
     family: Family  # as the model's settings make it (`Family.with_settings`)
     task: Task
     pipeline: TaskPipeline  # the diffusers pipeline that runs the task
+    kind: str  # the pipeline kind it runs as: classic (a DiffusionPipeline class) or modular (blocks)
     device: DeviceInfo  # where this process runs it
     request: SampleRequest  # checked, its size resolved
-    output: str  # what the run gives back: IMAGE or VIDEO
+    outputs: tuple[str, ...]  # what the run gives back: output kinds' names (runtime/outputs.py), e.g. images, latent
     layout: tuple[int, int, int] | None  # (replicas, cp, tp) of the handle's mesh; None: no mesh
     # the model_index settings the family was made with; None: unreadable before loading (a hub model that is
     # not downloaded yet), so the loaded pipeline's config decides (`refined`)
@@ -53,7 +52,7 @@ class Plan:
         device is not sent: each rank runs on its own, resolved where it runs (an attached group may be another
         host's)."""
         return {"model_class": self.model_class, "settings": None if self.settings is None else dict(self.settings),
-                "task": self.task.name, "output": self.output, "layout": self.layout and list(self.layout)}
+                "task": self.task.name, "outputs": list(self.outputs), "layout": self.layout and list(self.layout)}
 
     @classmethod
     def from_wire(cls, data: dict, request: SampleRequest, device: DeviceInfo) -> "Plan":
@@ -63,7 +62,7 @@ class Plan:
         task = TASKS[data["task"]]
         return cls(model_class=data["model_class"], family=family, task=task,
                    pipeline=family.pipeline_for(data["model_class"], task.name), device=device, request=request,
-                   output=data["output"], layout=data["layout"] and tuple(data["layout"]), settings=data["settings"])
+                   kind=_kind(family, data["model_class"]), outputs=tuple(data["outputs"]), layout=data["layout"] and tuple(data["layout"]), settings=data["settings"])
 
 
 def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceInfo | None = None) -> Plan:
@@ -80,7 +79,12 @@ def _planned(model_class: str, request: SampleRequest, settings: dict | None, de
              layout: tuple[int, int, int] | None) -> Plan:
     family, task, pipeline, request = prepare(model_class, request, settings)
     return Plan(model_class=model_class, family=family, task=task, pipeline=pipeline, device=device, request=request,
-                output=VIDEO if request.frames else IMAGE, layout=layout, settings=settings)
+                kind=_kind(family, model_class), outputs=tuple(kind.name for kind in task.output_kinds(family)),
+                layout=layout, settings=settings)
+
+
+def _kind(family: Family, model_class: str) -> str:
+    return pipeline_kinds.kind_for(family, model_class).name
 
 
 def family_of(handle: PipelineHandle) -> Family:

@@ -160,6 +160,11 @@ SETTINGS = {setting.name: setting for setting in (
             "What a video run does when the per-chip memory plan estimates it cannot fit: refuse = fail before "
             "anything loads, naming a layout that fits; warn = run anyway, the estimate in the run info's notes and "
             "the log. The estimate comes from CPU measurements, not yet from a chip.", _choice("refuse", "warn")),
+    Setting("TPU_DIFFUSERS_PIPELINE_KIND", "classic or modular", "classic",
+            "Which diffusers pipelines run a model whose family has both: classic = its DiffusionPipeline classes; "
+            "modular = the family's diffusers modular blocks (ModularPipeline), on the same loaded components. A "
+            "family with only modular blocks always runs modular, one without any always classic. Read when a model "
+            "loads (a loaded model keeps its kind until it is unloaded).", _choice("classic", "modular")),
     Setting("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "O0, O1, O2 or O3", None,
             "TorchTPU's XLA optimisation level (O0 compiles fastest), instead of TorchTPU's default. Read when "
             "ComfyUI starts.", _xla_level),

@@ -27,14 +27,14 @@ def test_lora_then_compiling_then_removing_both_gives_the_fresh_pipelines_image(
     asked = base.replace(loras=(LoraSpec(str(lora), 1.0),), mode=ExecutionMode.COMPILED, compile=CompileSpec())
     family, cpu = family_for("FluxPipeline"), resolve_device("cpu")
     with outside_inference_mode():
-        fresh = run_pipeline(features.realise(PipelineCache(), base, cpu)[0].pipe, family, REQUEST)
+        fresh = run_pipeline(features.realise(PipelineCache(), base, cpu)[0].pipe, family, REQUEST).images
         entry = features.realise(PipelineCache(), asked, cpu)[0]
         assert list(entry.states) == ["placement", "lora", "compilation"]  # applied in the registry's order
-        changed = run_pipeline(entry.pipe, family, REQUEST)
+        changed = run_pipeline(entry.pipe, family, REQUEST).images
         for feature in reversed(features.FEATURES):
             if feature.NAME in entry.states:
                 feature.remove(entry, entry.states.pop(feature.NAME))
-        restored = run_pipeline(entry.pipe, family, REQUEST)
+        restored = run_pipeline(entry.pipe, family, REQUEST).images
     assert (changed - fresh).abs().max().item() > 1e-3
     assert all(module._compiled_call_impl is None for module in entry.pipe.transformer.modules())
     assert torch.equal(restored, fresh)

@@ -10,7 +10,7 @@ import pytest
 from tpu_diffusers_runtime.device import resolve_device
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.handle import PipelineHandle
-from tpu_diffusers_runtime.plan import IMAGE, VIDEO, Plan, family_of, plan_request
+from tpu_diffusers_runtime.plan import Plan, family_of, plan_request
 from tpu_diffusers_runtime.run_info import RunInfo
 from tpu_diffusers_runtime.specs import MeshSpec
 from tpu_diffusers_runtime.tasks import SampleRequest, validate_size
@@ -25,11 +25,11 @@ def test_a_plan_holds_the_family_as_the_models_settings_make_it(tiny):
     plan = plan_request(PipelineHandle.of(source=tiny("wan22-ti2v-5b"), model_class="WanPipeline"),
                         request(frames=5))
     assert plan.family.size_multiple == 32 and plan.settings == {"expand_timesteps": True}
-    assert (plan.task.name, plan.pipeline.cls, plan.output, plan.layout) == ("text2video", "WanPipeline", VIDEO, None)
+    assert (plan.task.name, plan.pipeline.cls, plan.outputs, plan.layout) == ("text2video", "WanPipeline", ("frames",), None)
     assert plan.device == resolve_device("auto")
     a14b = plan_request(PipelineHandle.of(source=tiny("wan22-t2v-a14b"), model_class="WanPipeline"),
                         request(frames=5))
-    assert a14b.family.size_multiple == 16 and a14b.output == VIDEO
+    assert a14b.family.size_multiple == 16 and a14b.outputs == ("frames",)
 
 
 def test_warm_up_sizes_are_checked_with_the_models_settings(tiny):
@@ -44,7 +44,7 @@ def test_warm_up_sizes_are_checked_with_the_models_settings(tiny):
 def test_a_mesh_gives_the_plan_its_layout(tiny):
     handle = PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline")
     plan = plan_request(handle.replace(mesh=MeshSpec(chips=4, replicas=2)), request())
-    assert plan.layout == (2, 1, 2) and plan.output == IMAGE
+    assert plan.layout == (2, 1, 2) and plan.outputs == ("images", "latent") and plan.kind == "classic"
 
 
 def test_a_worker_rank_gets_the_clients_plan(tiny):

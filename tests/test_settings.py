@@ -33,6 +33,7 @@ BAD_VALUES = {
     "TPU_DIFFUSERS_WORKER_PROCESS": ("sometimes", "one of tpu, always, never"),
     "TPU_DIFFUSERS_DOWNLOADS": ("no", "one of allow, forbid"),
     "TPU_DIFFUSERS_MEMORY_PLAN": ("ignore", "one of refuse, warn"),
+    "TPU_DIFFUSERS_PIPELINE_KIND": ("auto", "one of classic, modular"),
 }
 
 
@@ -65,6 +66,7 @@ def test_a_bad_value_fails_when_read_and_the_error_names_the_variable_and_the_va
     ("TPU_DIFFUSERS_ATTACH_ALLOW", "10.0.0.2:7777, Host-1,[fd00::2]:7777,::1,",
      (("10.0.0.2", 7777), ("host-1", None), ("fd00::2", 7777), ("::1", None))),
     ("TPU_DIFFUSERS_XLA_OPTIMIZATION_LEVEL", "o1", "O1"),
+    ("TPU_DIFFUSERS_PIPELINE_KIND", "Modular", "modular"),
 ])
 def test_good_values_and_unset_variables_read_as_what_the_pack_uses(monkeypatch, name, text, value):
     monkeypatch.setenv(name, text)

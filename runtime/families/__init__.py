@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..errors import UserInputError
 from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl, wan, zimage
 from .base import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS,  # noqa: F401
-                   ComfyLatent, Family, FileKind, FileSlot, FileVariant, TaskPipeline)  # (re-exported)
+                   ComfyLatent, Family, FileKind, FileSlot, FileVariant, ModularBlocks, TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,

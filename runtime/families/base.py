@@ -35,6 +35,25 @@ class TaskPipeline:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModularBlocks:
+    """diffusers modular blocks (`diffusers.modular_pipelines`) that run a model class's tasks on the components the
+    pack loads from the model's folder: one workflow of the blocks per task (runtime/pipeline_kinds.py)."""
+
+    blocks: str  # the blocks class in diffusers, e.g. "FluxAutoBlocks"
+    pipeline: str  # the ModularPipeline class the blocks run in, e.g. "FluxModularPipeline"
+    workflows: Mapping[str, str]  # task -> the blocks' workflow for it (a name of their `_workflow_map`)
+    # (the Sampler's guidance) -> the config of the blocks' `guider` component for it, for blocks that guide through
+    # a guider (Z-Image, Qwen-Image, SDXL) instead of the call input `Family.guidance_kwarg` (None: FLUX.1)
+    guider: Callable | None = None
+
+
+def classifier_free_guider(guidance: float) -> dict:
+    """ClassifierFreeGuidance's config for classic pipelines' CFG (SDXL's guidance_scale, Qwen-Image's true_cfg_scale):
+    uncond + guidance x (cond - uncond), only when guidance is above 1."""
+    return {"guidance_scale": guidance, "enabled": guidance > 1}
+
+
+@dataclasses.dataclass(frozen=True)
 class FileKind:
     """What a single weights file is, told by one key it carries (after any checkpoint prefix): its
     original layout's key first, then the diffusers/transformers layout's. `keys` is called when needed
@@ -165,6 +184,9 @@ class Family:
     # (a denoiser's config.json as a dict) -> diffusers' `_tp_plan` for it, for a denoiser class diffusers gives
     # none (Wan's: it depends on the head count). distributed/sharding.py sets it on the class before a sharded load.
     tp_plan: Callable | None = None
+    # model class -> the diffusers modular blocks that also run it (runtime/pipeline_kinds.py): used when its task
+    # pipelines name no classic class (a modular-only model), or when TPU_DIFFUSERS_PIPELINE_KIND asks modular
+    modular: Mapping[str, ModularBlocks] = dataclasses.field(default_factory=dict)
 
     @property
     def makes_video(self) -> bool:

@@ -2,7 +2,7 @@
 reference) and Fill (inpaint) share its components."""
 
 from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
-                   TaskPipeline)
+                   ModularBlocks, TaskPipeline)
 from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
 from .sd3 import raw_latents, sampled_latents
 
@@ -11,8 +11,11 @@ TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
 
 
 def packed_2x2_latents(pipe, latents, height, width):
-    """(B, H*W/256, 64) tokens of 2x2 latent patches -> (B, 16, H/8, W/8)."""
-    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+    """(B, H*W/256, 64) tokens of 2x2 latent patches -> (B, 16, H/8, W/8), by FluxPipeline's own unpacking (so a
+    modular pipeline, which has the VAE factor but not the helper, is previewed alike)."""
+    from diffusers import FluxPipeline
+
+    return FluxPipeline._unpack_latents(latents, height, width, pipe.vae_scale_factor)
 
 
 def comfy_latents(pipe, latents, height, width):
@@ -59,4 +62,6 @@ FAMILY = Family(
         FileVariant("FluxFillPipeline", "black-forest-labs/FLUX.1-Fill-dev", model_types=("flux-fill",)),
         FileVariant("FluxKontextPipeline", "black-forest-labs/FLUX.1-Kontext-dev", name_contains=("kontext",)),
     ),
+    modular={"FluxPipeline": ModularBlocks("FluxAutoBlocks", "FluxModularPipeline",
+                                           {TEXT2IMAGE: "text2image", IMAGE2IMAGE: "image2image"})},
 )

@@ -6,7 +6,7 @@ previews it with the Wan21 latent format, one frame.
 """
 
 from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
-                   TaskPipeline)
+                   ModularBlocks, TaskPipeline, classifier_free_guider)
 from .components import WAN_VAE
 
 TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",
@@ -24,9 +24,17 @@ def edit_inpaint_size(width: int, height: int) -> tuple[int, int]:
     return out_width // 16 * 16, out_height // 16 * 16
 
 
+def unpacked_latents(pipe, latents, height, width):
+    """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w), by QwenImagePipeline's own unpacking (so a modular
+    pipeline, which has the VAE factor but not the helper, is unpacked alike)."""
+    from diffusers import QwenImagePipeline
+
+    return QwenImagePipeline._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+
+
 def one_frame_latents(pipe, latents, height, width):
-    """Packed 2x2 like FLUX.1, with a frame axis: (B, C, 1, h, w) -> its one frame."""
-    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
+    """The unpacked latents' one frame, for previews."""
+    return unpacked_latents(pipe, latents, height, width)[:, :, 0]
 
 
 def mean_and_std(pipe):
@@ -42,7 +50,7 @@ def comfy_latents(pipe, latents, height, width):
     """Unpacked to (B, 16, 1, h, w), then x std + mean: what QwenImagePipeline hands its VAE (ComfyUI's Wan21
     LATENT for one image, 5-D as ComfyUI's VAE Encode makes it with this VAE)."""
     mean, std = mean_and_std(pipe)
-    return pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor) * std + mean
+    return unpacked_latents(pipe, latents, height, width) * std + mean
 
 
 def sampled_latents(pipe, samples):
@@ -92,4 +100,7 @@ FAMILY = Family(
         # its own configs repo (what `auto` looks for in models/diffusers)
         FileVariant("QwenImagePipeline", "Qwen/Qwen-Image-2512", name_contains=("image_2512", "image-2512")),
     ),
+    # image to image and inpaint: the blocks' workflows give other images than the classic pipelines (not wired)
+    modular={"QwenImagePipeline": ModularBlocks("QwenImageAutoBlocks", "QwenImageModularPipeline",
+                                                {TEXT2IMAGE: "text2image"}, guider=classifier_free_guider)},
 )

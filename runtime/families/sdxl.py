@@ -6,7 +6,8 @@ layout (`conditioner.embedders.1.model.`): diffusers' `convert_open_clip_checkpo
 The VAE overflows in fp16; its config's `force_upcast` makes diffusers' SDXL pipelines decode it in float32 then.
 """
 
-from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
+from .base import (IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, ModularBlocks,
+                   TaskPipeline, classifier_free_guider)
 from .components import CLIP, KL_VAE
 from .sd3 import raw_latents, sampled_latents, spatial_latents
 
@@ -57,4 +58,8 @@ FAMILY = Family(
     ),
     default_config_repo="stabilityai/stable-diffusion-xl-base-1.0",
     diffusers_model_types=("xl_base",),
+    # inpaint: the blocks' workflow gives other images than StableDiffusionXLInpaintPipeline (not wired)
+    modular={"StableDiffusionXLPipeline": ModularBlocks(
+        "StableDiffusionXLAutoBlocks", "StableDiffusionXLModularPipeline",
+        {TEXT2IMAGE: "text2image", IMAGE2IMAGE: "image2image"}, guider=classifier_free_guider)},
 )

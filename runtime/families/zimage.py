@@ -6,7 +6,7 @@ guidance > 0 (its guidance is ComfyUI's cfg - 1): Turbo is distilled and runs 8 
 diffusers has no tensor-parallel plan for its transformer: several chips run it as replicas.
 """
 
-from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
+from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, ModularBlocks, TaskPipeline
 from .components import KL_VAE, QWEN3, diffusers_detection_keys
 from .sd3 import raw_latents, spatial_latents
 
@@ -19,6 +19,12 @@ def fill_rope_table(transformer) -> None:
     if rope.freqs_cis is None:
         table = rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, theta=rope.theta)
         rope.freqs_cis = [part.to(transformer.device) for part in table]
+
+def original_cfg_guider(guidance: float) -> dict:
+    """The modular blocks' ClassifierFreeGuidance as ZImagePipeline runs CFG: cond + guidance x (cond - uncond), on
+    when guidance is above 0 (the blocks' guider is off by default)."""
+    return {"guidance_scale": guidance, "use_original_formulation": True, "enabled": True}
+
 
 # "layers.0.adaLN_modulation.0.weight" is the same in ComfyUI's and diffusers' layouts (Lumina 2's is ".1.").
 TRANSFORMER = FileKind("zimage_transformer", "a Z-Image diffusion model",
@@ -49,4 +55,7 @@ FAMILY = Family(
     default_config_repo="Tongyi-MAI/Z-Image-Turbo",
     diffusers_model_types=("z-image-turbo",),
     prepare_compile=fill_rope_table,
+    modular={"ZImagePipeline": ModularBlocks("ZImageAutoBlocks", "ZImageModularPipeline",
+                                             {TEXT2IMAGE: "text2image", IMAGE2IMAGE: "image2image"},
+                                             guider=original_cfg_guider)},
 )

@@ -8,6 +8,8 @@ placement state only records that."""
 from __future__ import annotations
 
 from ..device import DeviceInfo
+from ..errors import UserInputError
+from ..pipeline_kinds import MODULAR_OFFLOAD, is_modular
 from ..specs import Placement, ProgressCallback
 
 NAME = "placement"
@@ -29,14 +31,18 @@ def apply(entry, placement: Placement, state: Placement | None,
 
 def remove(entry, state: Placement | None) -> None:
     """Drop the offload hooks (and any other diffusers hooks), e.g. before the pipeline is let go. The weights
-    stay where they are: moving them to host memory is `to_host`'s, when the memory is wanted back."""
-    entry.pipe.remove_all_hooks()
+    stay where they are: moving them to host memory is `to_host`'s, when the memory is wanted back. A modular
+    pipeline is only ever placed whole on its device: it has no hooks to drop."""
+    if not is_modular(entry.pipe):
+        entry.pipe.remove_all_hooks()
 
 
 def place(pipe, placement: Placement, device: DeviceInfo) -> None:
     """Put `pipe` on the device, or hook it for model CPU offload (also a task pipeline made from the loaded
     one, and a pipeline moved back from host memory)."""
     if placement is Placement.MODEL_CPU_OFFLOAD:
+        if is_modular(pipe):
+            raise UserInputError(MODULAR_OFFLOAD)
         pipe.enable_model_cpu_offload(device=device.torch_device())
     else:
         pipe.to(device.torch_device())

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from typing import Callable
 
+from .. import pipeline_kinds
 from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
 from ..preview import Previewer, PreviewSpec
@@ -170,14 +171,16 @@ class Task:
         return 2 * request.output_bytes()
 
     def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
-            on_step: StepCallback | None = None, preview: PreviewSpec | None = None) -> Outputs:
-        """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): each of `output_kinds`' values, the
+            on_step: StepCallback | None = None, preview: PreviewSpec | None = None,
+            outputs: tuple[str, ...] | None = None) -> Outputs:
+        """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): each of `outputs`' values (kind names, as
+        the request's plan says; None: `output_kinds`'), the
         images a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE). Without a preview spec the step
         callback never touches the latents, so previews cost nothing when off; the LATENT keeps only the last
         step's (a reference, copied once when the call ends)."""
         self.validate(family, pipeline, request)
         calls = self.calls(family, pipeline, request)
-        kinds = self.output_kinds(family)
+        kinds = self.output_kinds(family) if outputs is None else tuple(KINDS[name] for name in outputs)
         parts = {kind: [] for kind in kinds}
         keep_latents = any(kind.needs_final_latents for kind in kinds)
         for call, kwargs in enumerate(calls):
@@ -186,21 +189,19 @@ class Task:
             if request.latent is not None:  # ComfyUI's LATENT -> the latents the pipeline starts from
                 kwargs = dict(kwargs, image=family.comfy_latent.to_pipeline(pipe, kwargs["image"]))
 
-            def step_end(running, step, _timestep, callback_kwargs, call=call, previewer=previewer, final=final):
+            def step_end(step, steps, latents, call=call, previewer=previewer, final=final):
+                # `steps`: the pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips
+                # the first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
                 if keep_latents:
-                    final["latents"] = callback_kwargs["latents"]
-                # The pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips the
-                # first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
-                steps = running.num_timesteps
+                    final["latents"] = latents
                 done, total = call * steps + step + 1, len(calls) * steps
                 if previewer:
-                    on_step(done, total, previewer(callback_kwargs["latents"]))
+                    on_step(done, total, previewer(latents))
                 elif on_step:
                     on_step(done, total)
-                return callback_kwargs
 
-            with outside_inference_mode():
-                output = pipe(**kwargs, callback_on_step_end=step_end)
+            with outside_inference_mode():  # either pipeline kind, classic or modular
+                output = pipeline_kinds.call(pipe, family, kwargs, step_end)
             made = CallResult(output, final.get("latents"), pipe, family, request.height, request.width)
             for kind in kinds:
                 parts[kind].append(kind.take(made))

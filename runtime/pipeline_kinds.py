@@ -1,0 +1,221 @@
+"""Pipeline kinds: how a loaded model's components become the pipeline that runs a task, and how it is called.
+
+- **classic**: a diffusers `DiffusionPipeline` class per model class, built from the loaded components; each task's
+  class is made from it with `from_pipe` (no reload: the same modules).
+- **modular**: diffusers `ModularPipeline` blocks (`diffusers.modular_pipelines`) that the family names per model
+  class (`Family.modular`). The same components, loaded once from the same diffusers folder by the same loader
+  (single files, TP sharding, CP and dtype alike), are registered into a pipeline of the blocks; each task runs
+  one workflow of the blocks (`get_workflow`) on those same modules, called with the same inputs.
+
+A family with only modular blocks runs modular; a family with both runs classic unless TPU_DIFFUSERS_PIPELINE_KIND
+asks modular. Both kinds give the rest of the house the same pipeline object: its components as attributes
+(`transformer`, `vae`, ...) and in `components`, so the cache, compile, LoRA and TP/CP treat them alike.
+
+What the modular kind does not do yet, refused with a UserInputError: model CPU offload (diffusers' modular offload,
+`ComponentsManager.enable_auto_cpu_offload`, keeps models on the device until memory runs short and asks the device
+for its free memory, which a CPU cannot answer), tasks the family's blocks have no workflow for, and call inputs the
+blocks do not take.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+from . import settings
+from .errors import ModelLoadError, UserInputError
+from .families import FAMILIES, Family
+from .families.base import ModularBlocks
+from .sources import config_values
+from .specs import Placement
+
+# placement's refusal for a modular pipeline (features/offload.py places both kinds)
+MODULAR_OFFLOAD = (
+    "model CPU offload is not supported for modular pipelines yet: diffusers' modular offload "
+    "(ComponentsManager.enable_auto_cpu_offload) keeps models on the device until memory runs short, not "
+    "one at a time, and needs the device's free memory, which a CPU cannot tell. Place the model on the "
+    "device, or set TPU_DIFFUSERS_PIPELINE_KIND=classic for a family that has a classic pipeline.")
+CLASSIC = "classic"
+MODULAR = "modular"
+STEP_INPUT = "tpu_diffusers_on_step"  # the modular call input that carries the step callback into the denoising loop
+
+
+def kind_for(family: Family, model_class: str) -> "ClassicKind | ModularKind":
+    """The kind a model of `model_class` loads and runs as: modular when the family has only modular blocks for it,
+    or has both and TPU_DIFFUSERS_PIPELINE_KIND asks modular; else classic."""
+    blocks = family.modular.get(model_class)
+    if blocks is None:
+        return CLASSIC_KIND
+    has_classic = any(task.cls for task in family.model_classes[model_class].values())
+    if not has_classic or settings.get("TPU_DIFFUSERS_PIPELINE_KIND") == MODULAR:
+        return ModularKind(family, blocks)
+    return CLASSIC_KIND
+
+
+def is_modular(pipe) -> bool:
+    from diffusers.modular_pipelines import ModularPipeline
+
+    return isinstance(pipe, ModularPipeline)
+
+
+def call(pipe, family: Family, kwargs: dict, on_step):
+    """Run one call of a task on `pipe` (either kind); on_step(step, steps, latents) after each denoising step, with
+    the loop's latents as classic pipelines' callback_on_step_end gets them (it may raise to cancel). Returns diffusers'
+    output (`.images`, or a video task's `.frames`)."""
+    if is_modular(pipe):
+        return ModularKind.call(pipe, family, kwargs, on_step)
+    return ClassicKind.call(pipe, kwargs, on_step)
+
+
+class ClassicKind:
+    name = CLASSIC
+
+    @staticmethod
+    def takes(model_class: str) -> set[str]:
+        """The components the pipeline class takes."""
+        import diffusers
+
+        return set(inspect.signature(getattr(diffusers, model_class)).parameters)
+
+    @staticmethod
+    def assemble(model_class: str, loaded: dict, index: dict, source: str):
+        import diffusers
+
+        pipeline_cls = getattr(diffusers, model_class)
+        try:
+            return pipeline_cls(**loaded, **init_options(pipeline_cls, index))
+        except TypeError as e:  # a component the pipeline needs is not in model_index.json
+            raise ModelLoadError(f"'{source}' cannot make a {model_class} ({e}); download the model again.") from e
+
+    @staticmethod
+    def call(pipe, kwargs: dict, on_step):
+        def step_end(running, step, _timestep, callback_kwargs):
+            # the pipeline's own count of the timesteps it runs (with denoise < 1 it skips the first ones by its rule)
+            on_step(step, running.num_timesteps, callback_kwargs["latents"])
+            return callback_kwargs
+
+        return pipe(**kwargs, callback_on_step_end=step_end)
+
+
+CLASSIC_KIND = ClassicKind()
+
+
+def init_options(pipeline_cls, index: dict | None = None) -> dict:
+    """The pipeline's settings beside its components: what model_index.json records for its __init__ (SDXL's
+    force_zeros_for_empty_prompt, FLUX.2 [klein]'s is_distilled, as from_pretrained passes them), and no invisible watermark (SDXL's pipelines
+    add one whenever the invisible-watermark package is installed; ComfyUI never watermarks)."""
+    takes = inspect.signature(pipeline_cls).parameters
+    options = {name: value for name, value in config_values(index or {}).items() if name in takes}
+    if "add_watermarker" in takes:
+        options["add_watermarker"] = False
+    return options
+
+
+class ModularKind:
+    name = MODULAR
+
+    def __init__(self, family: Family, blocks: ModularBlocks):
+        self.family, self.blocks = family, blocks
+
+    def _blocks(self):
+        """A fresh copy of the family's blocks whose denoising loops report each step (diffusers' blocks share
+        sub-block instances between copies made from the class, so they are copied before a block is added)."""
+        import diffusers
+
+        blocks = copy.deepcopy(getattr(diffusers, self.blocks.blocks)())
+        _observe_steps(blocks)
+        return blocks
+
+    def takes(self, model_class: str) -> set[str]:
+        """The components the blocks load from the folder (diffusers creates the rest, e.g. guiders, from config)."""
+        return {spec.name for spec in self._blocks().expected_components
+                if spec.default_creation_method == "from_pretrained"}
+
+    def assemble(self, model_class: str, loaded: dict, index: dict, source: str):
+        """A pipeline of the blocks holding the loaded components, with model_index.json's settings beside them in its
+        config (as a classic pipeline has them: the family's setting changes read them there)."""
+        return _pipeline(self.blocks, self._blocks(), config_values(index),
+                         {name: module for name, module in loaded.items() if module is not None})
+
+    def task_pipeline(self, base, task: str, made: dict):
+        """The pipeline that runs `task`: the task's workflow of the blocks on `base`'s components, made once per
+        task (nothing loads: the same modules, so a compiled denoiser stays compiled and fused LoRAs stay fused)."""
+        workflow = self.blocks.workflows.get(task)
+        if workflow is None:
+            raise UserInputError(
+                f"{self.family.name}'s modular pipeline ({self.blocks.blocks}) has no workflow for {task}; it runs "
+                f"{', '.join(self.blocks.workflows)}. Use another task, or TPU_DIFFUSERS_PIPELINE_KIND=classic for a "
+                "family that has a classic pipeline.")
+        if task not in made:
+            components = {name: getattr(base, name) for name in base.pretrained_component_names
+                          if getattr(base, name, None) is not None}
+            model_settings = {name: value for name, value in base.config.items()
+                              if not name.startswith("_") and name not in base.component_names}
+            made[task] = _pipeline(self.blocks, base.blocks.get_workflow(workflow), model_settings, components)
+        return made[task]
+
+    @staticmethod
+    def call(pipe, family: Family, kwargs: dict, on_step):
+        kwargs = dict(kwargs)
+        guider = modular_kind_of(pipe).blocks.guider
+        if guider is not None:  # these blocks guide through their guider component, not a call input
+            pipe.update_components(guider=pipe.guider.new(**guider(kwargs.pop(family.guidance_kwarg))))
+        unknown = sorted(set(kwargs) - set(pipe.default_call_parameters))
+        if unknown:
+            raise UserInputError(f"{family.name}'s modular pipeline ({type(pipe).__name__}) takes no "
+                                 f"{', '.join(unknown)}; set TPU_DIFFUSERS_PIPELINE_KIND=classic for this run.")
+        return pipe(**kwargs, **{STEP_INPUT: on_step})
+
+
+def _pipeline(blocks: ModularBlocks, pipeline_blocks, model_settings: dict, components: dict):
+    """A modular pipeline of `pipeline_blocks` with these components, and these model settings in its config (the
+    blocks' own config values among them, e.g. SDXL's force_zeros_for_empty_prompt, take them as from_pretrained
+    would)."""
+    import diffusers
+
+    pipe = getattr(diffusers, blocks.pipeline)(blocks=pipeline_blocks, config_dict=model_settings)
+    pipe.update_components(**components)
+    pipe.register_to_config(**model_settings)
+    return pipe
+
+
+def modular_kind_of(pipe) -> "ModularKind":
+    """The kind that made the modular pipeline `pipe`: each family's blocks run in a ModularPipeline class of their
+    own, which tells them apart."""
+    return next(ModularKind(family, blocks) for family in FAMILIES
+                for blocks in family.modular.values() if blocks.pipeline == type(pipe).__name__)
+
+
+def _observe_steps(blocks) -> None:
+    """Add a step reporter as the last block of every denoising loop in `blocks`: it runs after the loop's scheduler
+    step, with the loop's index, timesteps and updated latents, and calls the run's STEP_INPUT (an exception raised
+    there, ComfyUI's Cancel, ends the run as a classic pipeline's callback_on_step_end does)."""
+    from diffusers.modular_pipelines import LoopSequentialPipelineBlocks
+
+    if isinstance(blocks, LoopSequentialPipelineBlocks):
+        blocks.sub_blocks["report_step"] = _step_reporter()
+        return
+    for block in blocks.sub_blocks.values():
+        _observe_steps(block)
+
+
+def _step_reporter():
+    from diffusers.modular_pipelines import ModularPipelineBlocks
+    from diffusers.modular_pipelines.modular_pipeline_utils import InputParam
+
+    class ReportStep(ModularPipelineBlocks):
+        @property
+        def description(self) -> str:
+            return "Reports each denoising step to the run's callback (TPU Diffusers' progress and Cancel)."
+
+        @property
+        def inputs(self) -> list:
+            return [InputParam(STEP_INPUT, description="on_step(step, steps, latents), called after each step")]
+
+        def __call__(self, components, block_state, i: int, t):
+            on_step = getattr(block_state, STEP_INPUT, None)
+            if on_step is not None:
+                on_step(i, len(block_state.timesteps), block_state.latents)
+            return components, block_state
+
+    return ReportStep()

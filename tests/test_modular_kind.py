@@ -1,0 +1,141 @@
+"""The modular pipeline kind: FLUX.1 and Z-Image run through diffusers' modular blocks (TPU_DIFFUSERS_PIPELINE_KIND=
+modular) give the classic pipelines' images for the same seed and report the same steps; Cancel raised from the
+progress callback ends a modular run; what the modular kind does not do yet is refused by name.
+
+FLUX.1 and Qwen-Image give equal images bit for bit for one image per call (the blocks run the same modules with the
+same operations, CPU float32). Where the blocks batch or order float operations otherwise, sums round differently,
+by up to ~2e-6, so those are compared within 1e-5: two images in one call (the blocks batch the prompt's embeddings
+with other ops), and CFG through the blocks' guider (Z-Image, SDXL: the conditional and unconditional predictions as
+two denoiser calls, where the classic pipelines make one call of both). A real difference (a wrong guidance, seed,
+strength or schedule) moves pixels by far more: Qwen-Image's image-to-image blocks, left unwired, differ by 0.2."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tiny_loras
+import torch
+
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.preview import PreviewSpec
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import inspect_source
+from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, LoraSpec, Placement
+from tpu_diffusers_runtime.tasks import SampleRequest
+
+PROMPT = "a cat sitting on a red chair"
+IMAGE = (np.random.default_rng(0).random((1, 64, 64, 3))).astype(np.float32)  # ComfyUI's IMAGE
+
+
+PREVIEW = PreviewSpec(factors=tuple((0.1, 0.0, -0.1) for _ in range(16)))  # 16 latent channels (SDXL's 4: none)
+
+
+class Cancelled(Exception):
+    pass
+
+
+def run(tiny, name: str, kind: str, monkeypatch, request: SampleRequest, placement=Placement.DEVICE,
+        cancel_at: int = 0, loras: tuple = ()):
+    """(images, steps reported with their previews, the loaded pipeline) of `request` on a fresh engine, with the
+    pipeline kind `kind`."""
+    monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", kind)
+    folder = tiny(name)
+    handle = PipelineHandle.of(source=folder, model_class=inspect_source(folder), placement=placement, loras=loras)
+    engine = Engine(distribute=False)
+    steps = []
+
+    def on_progress(done, total, what, *preview):
+        if what == "sampling":
+            steps.append((done, total, *preview))
+            if done == cancel_at:
+                raise Cancelled  # as ComfyUI's Cancel does, from the progress callback
+
+    images = engine.generate(handle, request, on_progress, PREVIEW).images
+    return images, steps, engine.realise(handle)[0].pipe
+
+
+@pytest.mark.parametrize("name, request_, tolerance", [
+    ("flux1-schnell", SampleRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=7, batch_size=2), 1e-5),
+    ("flux1-schnell", SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, seed=7, images=(IMAGE,),
+                                    denoise=0.6), 0),
+    ("zimage", SampleRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=7, batch_size=2), 1e-5),
+    ("zimage", SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=64, height=64, steps=3, guidance=2.0,
+                             seed=7), 1e-5),
+    ("zimage", SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, seed=7, images=(IMAGE,), denoise=0.6), 1e-5),
+    ("sdxl", SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=64, height=64, steps=3, guidance=2.5,
+                           seed=7), 1e-5),
+    ("sdxl", SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, guidance=2.5, seed=7, images=(IMAGE,),
+                           denoise=0.6), 1e-5),
+    ("qwenimage", SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=64, height=64, steps=3, guidance=2.5,
+                                seed=7), 0),
+], ids=["flux1-text2image", "flux1-image2image", "zimage-text2image", "zimage-cfg", "zimage-image2image",
+        "sdxl-cfg", "sdxl-image2image", "qwenimage-cfg"])
+def test_a_modular_run_equals_the_classic_run_and_reports_the_same_steps(tiny, monkeypatch, name, request_, tolerance):
+    from diffusers.modular_pipelines import ModularPipeline
+
+    classic, classic_steps, classic_pipe = run(tiny, name, "classic", monkeypatch, request_)
+    modular, modular_steps, modular_pipe = run(tiny, name, "modular", monkeypatch, request_)
+    assert not isinstance(classic_pipe, ModularPipeline) and isinstance(modular_pipe, ModularPipeline)
+    torch.testing.assert_close(modular, classic, atol=tolerance, rtol=0)
+    assert [step[:2] for step in modular_steps] == [step[:2] for step in classic_steps]
+    assert modular_steps[-1][0] == modular_steps[-1][1]
+    previews = [(modular[2], classic[2]) for modular, classic in zip(modular_steps, classic_steps)]
+    assert all((modular is None) == (classic is None) == (name == "sdxl") for modular, classic in previews)
+    assert all(np.abs(modular.astype(int) - classic.astype(int)).max() <= 1  # each step's preview, in 8-bit pixels
+               for modular, classic in previews if modular is not None)
+
+
+def test_a_lora_fused_into_a_modular_pipeline_gives_the_classic_image(tiny, tiny_dir, monkeypatch, tmp_path):
+    lora = (LoraSpec(str(tiny_loras.build(tiny_dir / "tiny-flux1-schnell", tmp_path / "flux1.safetensors", seed=1))),)
+    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=3)
+    base = run(tiny, "flux1-schnell", "modular", monkeypatch, request)[0]
+    modular = run(tiny, "flux1-schnell", "modular", monkeypatch, request, loras=lora)[0]
+    classic = run(tiny, "flux1-schnell", "classic", monkeypatch, request, loras=lora)[0]
+    assert torch.equal(modular, classic) and (modular - base).abs().max() > 1e-3
+
+
+def test_a_compiled_modular_run_equals_the_compiled_classic_run(tiny, monkeypatch):
+    """Compile acts on the same denoiser module in both kinds (dynamo's caches are reset between the two runs)."""
+    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, seed=7)
+    images = {}
+    for kind in ("classic", "modular"):
+        torch.compiler.reset()
+        monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", kind)
+        folder = tiny("flux1-schnell")
+        handle = PipelineHandle.of(source=folder, model_class="FluxPipeline", mode=ExecutionMode.COMPILED,
+                                   compile=CompileSpec())
+        generation = Engine(distribute=False).generate(handle, request)
+        assert generation.info.compiled_now and generation.info.pipeline == {
+            "classic": "FluxPipeline", "modular": "FluxModularPipeline"}[kind]
+        images[kind] = generation.images
+    assert torch.equal(images["modular"], images["classic"])
+
+
+def test_a_family_with_only_modular_blocks_always_runs_modular(monkeypatch):
+    from tpu_diffusers_runtime.families import TEXT2IMAGE, TaskPipeline, family_for
+    from tpu_diffusers_runtime.pipeline_kinds import CLASSIC, MODULAR, kind_for
+
+    flux = family_for("FluxPipeline")
+    modular_only = dataclasses.replace(flux, model_classes={"FluxPipeline": {TEXT2IMAGE: TaskPipeline("")}})
+    for setting in ("classic", "modular"):
+        monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", setting)
+        assert kind_for(modular_only, "FluxPipeline").name == MODULAR
+        assert kind_for(flux, "FluxPipeline").name == setting
+        assert kind_for(family_for("StableDiffusion3Pipeline"), "StableDiffusion3Pipeline").name == CLASSIC  # no blocks
+
+
+def test_cancel_from_the_progress_callback_ends_a_modular_run(tiny, monkeypatch):
+    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, seed=1)
+    with pytest.raises(Cancelled):
+        run(tiny, "flux1-schnell", "modular", monkeypatch, request, cancel_at=2)
+
+
+def test_what_the_modular_kind_does_not_do_yet_is_refused_by_name(tiny, monkeypatch):
+    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2)
+    with pytest.raises(UserInputError, match="model CPU offload is not supported for modular pipelines"):
+        run(tiny, "flux1-schnell", "modular", monkeypatch, request, placement=Placement.MODEL_CPU_OFFLOAD)
+    inpaint = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, images=(IMAGE,),
+                            mask=np.ones((1, 64, 64), np.float32))
+    with pytest.raises(UserInputError, match="has no workflow for inpaint; it runs text2image, image2image"):
+        run(tiny, "flux1-schnell", "modular", monkeypatch, inpaint)
