@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..errors import UserInputError
 from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl, wan, zimage
 from .base import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS, Family,  # noqa: F401
-                   FileKind, FileSlot, FileVariant, TaskPipeline)  # (re-exported)
+                   FileKind, FileSlot, FileVariant, MemoryModel, ReferenceModel, TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
@@ -30,6 +30,10 @@ FILE_KINDS: tuple[FileKind, ...] = (
     flux2.VAE, wan.WAN22_VAE, WAN_VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
     sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG,
 )
+
+# diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
+# lacks, as a refusal names them (a family it has is named by its FileKind).
+UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model"}
 
 
 def supported() -> str:

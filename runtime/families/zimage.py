@@ -7,7 +7,7 @@ diffusers has no tensor-parallel plan for its transformer: several chips run it 
 """
 
 from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
-from .components import KL_VAE, QWEN3, diffusers_detection_keys
+from .components import KL_VAE, QWEN3, diffusers_detection_keys, image_memory
 from .sd3 import spatial_latents
 
 
@@ -19,6 +19,12 @@ def fill_rope_table(transformer) -> None:
     if rope.freqs_cis is None:
         table = rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, theta=rope.theta)
         rope.freqs_cis = [part.to(transformer.device) for part in table]
+
+def transformer_shape(config):
+    """ZImageTransformer2DModel's `dim` channels, its FFN 8/3 as wide (a SwiGLU), patches of `all_patch_size`."""
+    side = config.get("all_patch_size", (2,))[0]
+    return config["dim"], int(config["dim"] / 3 * 8), (1, side, side)
+
 
 # "layers.0.adaLN_modulation.0.weight" is the same in ComfyUI's and diffusers' layouts (Lumina 2's is ".1.").
 TRANSFORMER = FileKind("zimage_transformer", "a Z-Image diffusion model",
@@ -32,6 +38,7 @@ FAMILY = Family(
         INPAINT: TaskPipeline("ZImageInpaintPipeline", images=1, strength=True, resize_image=True),
     }},
     takes_negative_prompt=True,  # used only when guidance > 0
+    guidance_hint="CFG runs only above 0 (Turbo: 0)",
     guidance_kwarg="guidance_scale",
     size_multiple=16,
     default_steps=8,
@@ -44,6 +51,7 @@ FAMILY = Family(
         FileSlot("vae", KL_VAE, "ae.safetensors"),
     ),
     default_config_repo="Tongyi-MAI/Z-Image-Turbo",
+    memory=image_memory(transformer_shape),
     diffusers_model_types=("z-image-turbo",),
     prepare_compile=fill_rope_table,
 )
