@@ -36,6 +36,19 @@ FILE_KINDS: tuple[FileKind, ...] = (
 UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model"}
 
 
+def listed(families) -> str:
+    """'A, B and C': the families' names, for node descriptions and tooltips."""
+    names = list(dict.fromkeys(family.name for family in families))
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def with_each_setting(families) -> list[Family]:
+    """The families, each also as it is with each of its model_index settings (`setting_changes`), for node texts
+    that name what each model takes."""
+    return [variant for family in families
+            for variant in (family, *(family.with_settings({name: True}) for name, _ in family.setting_changes))]
+
+
 def supported() -> str:
     return ", ".join(f"{f.name} ({', '.join(f.model_classes)})" for f in FAMILIES)
 
