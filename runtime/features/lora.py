@@ -33,9 +33,10 @@ log = logging.getLogger("tpu_diffusers")
 LORA_KEY = re.compile(r"(^|\.)(lora_A|lora_B|lora_down|lora_up)(\.|$)|\.alpha$")
 _LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
 ADAPTER_PREFIX = "tpu_diffusers_lora_"
-# the pipeline components each expert choice loads a LoRA into, as the families with two experts name them
-EXPERT_COMPONENTS = {LoraExpert(choice): targets
-                     for family in FAMILIES for choice, targets in family.lora_targets.items()}
+# the pipeline components each expert choice loads a LoRA into: the first (a model's one transformer) by default, as
+# the families with two experts name them otherwise
+EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), **{
+    LoraExpert(choice): targets for family in FAMILIES for choice, targets in family.lora_targets.items()}}
 # what a second expert is, for the refusal on a model without one
 SECOND_EXPERT_WORDS = next(family.extra_denoiser_words for family in FAMILIES if family.lora_targets)
 LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) yet: the sharded transformer's weights "
