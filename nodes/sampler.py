@@ -12,6 +12,7 @@ from .comfy_progress import ComfyProgress, preview_spec
 from .types import CATEGORY, TPUPipeline, link_problem
 
 IMAGE_FAMILIES = [family for family in FAMILIES if not family.makes_video]
+EDIT_FAMILIES = [family for family in IMAGE_FAMILIES if any(EDIT in tasks for tasks in family.model_classes.values())]
 
 
 def families_taking(images: int) -> str:
@@ -41,9 +42,8 @@ class TPUSampler(io.ComfyNode):
             display_name="TPU Sampler",
             category=CATEGORY,
             description="Loads the pipeline on first use (later runs reuse it) and generates images. No image: text "
-                        f"to image. An image: image to image, or an edit on an edit model ("
-                        f"{listed(f for f in IMAGE_FAMILIES if any(EDIT in tasks for tasks in f.model_classes.values()))}"
-                        "). Image + mask: inpaint. Shows progress and a preview "
+                        f"to image. An image: image to image, or an edit on an edit model ({listed(EDIT_FAMILIES)}). "
+                        "Image + mask: inpaint. Shows progress and a preview "
                         "per step (ComfyUI's --preview-method). Cancel stops sampling at the end of the running "
                         "step, and loading between components.",
             inputs=[
@@ -51,9 +51,9 @@ class TPUSampler(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default="a golden retriever surfing a wave, photorealistic",
                                 tooltip="What to generate, or for an edit model what to change. Required."),
                 io.String.Input("negative_prompt", multiline=True, default="",
-                                tooltip=f"What to avoid. Used by "
+                                tooltip="What to avoid. Used by "
                                         f"{listed(f for f in IMAGE_FAMILIES if f.takes_negative_prompt)} (where "
-                                        f"guidance runs CFG); "
+                                        "guidance runs CFG); "
                                         f"{listed(f for f in IMAGE_FAMILIES if not f.takes_negative_prompt)} "
                                         "take none."),
                 io.Int.Input("width", default=1024, min=0, max=MAX_SIZE, step=16,
@@ -65,8 +65,8 @@ class TPUSampler(io.ComfyNode):
                              tooltip="Denoising steps (each model's usual count: "
                                      f"{', '.join(f'{f.name} {f.default_steps}' for f in IMAGE_FAMILIES)})."),
                 io.Float.Input("guidance", default=3.5, min=0.0, max=100.0, step=0.1,
-                               tooltip="Guidance scale ("
-                                       f"{'; '.join(f'{f.name}: {f.guidance_hint}' for f in IMAGE_FAMILIES if f.guidance_hint)})."),
+                               tooltip="Guidance scale (" + "; ".join(
+                                   f"{f.name}: {f.guidance_hint}" for f in IMAGE_FAMILIES if f.guidance_hint) + ")."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed; the same seed gives the same image on TPU, GPU and CPU."),
                 io.Int.Input("batch_size", default=1, min=1, max=64,
