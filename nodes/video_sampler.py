@@ -14,6 +14,9 @@ MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
 VIDEO_MODELS = with_each_setting(VIDEO_FAMILIES)  # each with its own size step, frame rate and frame count
 STEPS = " or ".join(str(step) for step in sorted({model.size_multiple for model in VIDEO_MODELS}))
+FPS = " or ".join(dict.fromkeys(f"{model.fps:g}" for model in VIDEO_MODELS))
+LENGTHS = "; ".join(f"{model.default_frames} = {model.default_frames / model.fps:.0f} s at {model.fps:g} fps"
+                    for model in VIDEO_MODELS)
 
 
 class TPUVideoSampler(io.ComfyNode):
@@ -23,14 +26,14 @@ class TPUVideoSampler(io.ComfyNode):
             node_id="TPUVideoSampler",
             display_name="TPU Video Sampler",
             category=CATEGORY,
-            description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, or from a start "
-                        "image (models with image to video). The frames come out as an IMAGE batch for ComfyUI's Create Video + Save "
+            description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, or from a "
+                        "start image (models with image to video). The frames come out as an IMAGE batch for ComfyUI's Create Video + Save "
                         "Video or Save Animated WEBP, with the model's frame rate. Loads on first use, shows "
                         "progress and the first frame's preview per step. Cancel stops sampling at the end of "
                         "the running step, and loading between components.",
             inputs=[
-                TPUPipeline.Input("pipeline", tooltip=f"A video model's pipeline ({listed(VIDEO_FAMILIES)}) from TPU Loader or "
-                                                      "TPU File Loader."),
+                TPUPipeline.Input("pipeline", tooltip=f"A video model's pipeline ({listed(VIDEO_FAMILIES)}) from "
+                                                      "TPU Loader or TPU File Loader."),
                 io.String.Input("prompt", multiline=True, default="a corgi running on a beach at sunset, cinematic",
                                 tooltip="What happens in the video. Required."),
                 io.String.Input("negative_prompt", multiline=True, default="",
@@ -42,9 +45,7 @@ class TPUVideoSampler(io.ComfyNode):
                              tooltip=f"Frame height: a multiple of the model's size step ({STEPS}). 0 = the start "
                                      "image's height."),
                 io.Int.Input("frames", default=81, min=1, max=MAX_FRAMES, step=video_frame_factor(),
-                             tooltip=f"Frames per video: {video_frame_factor()}k + 1 ("
-                                     + "; ".join(f"{model.default_frames} = {model.default_frames / model.fps:.0f} s at "
-                                                 f"{model.fps:g} fps" for model in VIDEO_MODELS) + ")."),
+                             tooltip=f"Frames per video: {video_frame_factor()}k + 1 ({LENGTHS})."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
                              tooltip="Denoising steps: 4 with 4-step LoRAs; without them "
                                      f"{', '.join(f'{f.name} {f.default_steps}' for f in VIDEO_FAMILIES)}."),
@@ -64,9 +65,8 @@ class TPUVideoSampler(io.ComfyNode):
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
                                                                 "Create Video or Save Animated WEBP."),
-                io.Float.Output(display_name="fps", tooltip="The model's frame rate ("
-                                                            f"{' or '.join(dict.fromkeys(f'{m.fps:g}' for m in VIDEO_MODELS))}"
-                                                            "): connect to Create Video's fps."),
+                io.Float.Output(display_name="fps", tooltip=f"The model's frame rate ({FPS}): connect to Create "
+                                                            "Video's fps."),
                 io.String.Output(display_name="info", tooltip="Device, the task and diffusers class that ran, the "
                                                               "mode, frames and fps, load and sampling times."),
             ],
