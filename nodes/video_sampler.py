@@ -27,7 +27,8 @@ class TPUVideoSampler(io.ComfyNode):
             display_name="TPU Video Sampler",
             category=CATEGORY,
             description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, or from a "
-                        "start image (models with image to video). The frames come out as an IMAGE batch for ComfyUI's Create Video + Save "
+                        "start image (models with image to video). The frames come out as an IMAGE batch for "
+                        "ComfyUI's Create Video + Save "
                         "Video or Save Animated WEBP, with the model's frame rate. Loads on first use, shows "
                         "progress and the first frame's preview per step. Cancel stops sampling at the end of "
                         "the running step, and loading between components.",

@@ -284,7 +284,8 @@ def missing_device_op(error: BaseException) -> str | None:
 def missing_op_advice(op: str, model_class: str, device: str) -> str:
     """What a run that hit an op the device lacks tells the user: which op, and what to do."""
     return (f"{device} has no kernel for the op {op}, which {model_class} runs (TorchTPU raised it; its own "
-            "smoke test of a UNet model is marked missing upsample_nearest2d.out, the op every VAE decoder upsamples with). "
+            "smoke test of a UNet model is marked missing upsample_nearest2d.out, the op every VAE decoder upsamples "
+            "with). "
             "Nothing is wrong with the workflow or the model: run it with device 'cuda' or 'cpu' on the Loader, or "
             "with a TorchTPU release that implements the op. `bash scripts/verify_device.sh` probes this op on "
             "the chip (docs/device_check.md).")

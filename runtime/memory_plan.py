@@ -289,8 +289,9 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
         per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes).total
         tries.append(f"{better.words()} (~{per_chip / GIB:.1f} GiB per chip)")
     step = family.temporal_factor
-    frames = next((n for n in range(request.frames - step, 0, -step) if estimate(
-        sizes, layout, *size, n, request.batch_size, dtype_bytes).total <= usable(layout.chips)), None) if step else None
+    fewer = range(request.frames - step, 0, -step) if step else ()  # frame counts the family takes (none: images)
+    frames = next((n for n in fewer if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes).total
+                   <= usable(layout.chips)), None)
     tries.append(f"at most {frames} frames at this size with this mesh" if frames else "a smaller size")
     length = f" x {request.frames} frames" if family.makes_video else ""
     return (f"{family.name} at {request.width}x{request.height}{length}, batch "

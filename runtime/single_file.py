@@ -18,7 +18,8 @@ import json
 import os
 
 from .errors import ModelLoadError, UserInputError
-from .families import FAMILIES, FILE_KINDS, UNSUPPORTED_MODEL_TYPES, Family, FileKind, FileVariant, family_for, supported
+from .families import (FAMILIES, FILE_KINDS, UNSUPPORTED_MODEL_TYPES, Family, FileKind, FileVariant, family_for,
+                       supported)
 from .sources import check_hub_id, config_values
 
 SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8), or ComfyUI's "

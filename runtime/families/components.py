@@ -48,8 +48,8 @@ def wan_vae_shape(config) -> tuple[int, int, int, int]:
 
 def attention_shape(ffn_ratio: float, packed: int = 0):
     """A DiT's (config -> hidden, FFN, patch) with `num_attention_heads` x `attention_head_dim` channels and an FFN
-    `ffn_ratio` (or its config's `mlp_ratio`) times as wide; its patch is its config's `patch_size`, or `packed` x `packed` latent pixels for a
-    pipeline that packs the latents into tokens itself (FLUX's 2x2)."""
+    `ffn_ratio` (or its config's `mlp_ratio`) times as wide; its patch is its config's `patch_size`, or `packed` x
+    `packed` latent pixels for a pipeline that packs the latents into tokens itself (FLUX's 2x2)."""
     def shape(config):
         hidden = config["num_attention_heads"] * config["attention_head_dim"]
         side = packed or config.get("patch_size", 1)
