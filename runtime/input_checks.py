@@ -16,7 +16,7 @@ IMAGE_INPUTS = ("image", "image_2", "image_3")
 
 def prompt_problem(prompt: str, model: str = "the model") -> str | None:
     if not prompt.strip():
-        return f"{model} needs a prompt: the prompt is empty. Describe what to generate."
+        return f"prompt is empty: {model} needs a prompt. Describe what to generate."
     return None
 
 
