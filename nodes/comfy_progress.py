@@ -19,7 +19,7 @@ def preview_spec(handle) -> PreviewSpec | None:
     """
     if args.preview_method == LatentPreviewMethod.NoPreviews:
         return None
-    family = family_of(handle)  # Wan 2.2 5B: Wan22's
+    family = family_of(handle)  # settings can change it
     format_class = getattr(comfy.latent_formats, family.comfy_latent_format, None)
     latent_format = format_class() if format_class else None
     if latent_format is None or not latent_format.latent_rgb_factors:

@@ -9,7 +9,8 @@ from tpu_diffusers_runtime.features.compilation import parse_sizes
 from tpu_diffusers_runtime.plan import family_of
 from tpu_diffusers_runtime.specs import CompileScope, CompileSpec, ExecutionMode
 from tpu_diffusers_runtime.errors import UserInputError
-from tpu_diffusers_runtime.tasks import size_problem, validate_size
+from tpu_diffusers_runtime.input_checks import size_problem
+from tpu_diffusers_runtime.tasks import validate_size
 from .types import CATEGORY, TPUPipeline
 
 

@@ -8,6 +8,7 @@ from comfy_api.latest import io
 import folder_paths
 from tpu_diffusers_runtime.device import resolve_device
 from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
+from tpu_diffusers_runtime.families import FAMILIES, with_each_setting
 from tpu_diffusers_runtime.file_choice import AUTO_CONFIGS, check_against_configs, plan
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.model_files import NONE, resolve_model_file
@@ -17,7 +18,24 @@ from tpu_diffusers_runtime.specs import DeviceChoice, DType
 from .types import CATEGORY, TPUPipeline
 
 ENCODER_SLOTS = ("text_encoder", "text_encoder_2", "text_encoder_3")
-SECOND_MODEL_SLOT = "transformer_2"  # model_2: Wan 2.2 A14B's low-noise expert
+# model_2: the second denoiser of the families that have one (the node has one input for it)
+(SECOND_MODEL_SLOT,) = {denoiser for family in FAMILIES for denoiser in family.extra_denoisers}
+MODELS = with_each_setting(FAMILIES)  # a model with settings can take other files (another VAE, no second model)
+
+
+def slot_files(component: str) -> str:
+    """What each family takes for `component`, as ComfyUI's templates name its files, for the tooltips."""
+    takes = {}
+    for model in MODELS:
+        slot = model.slot(component)
+        if slot is not None:
+            takes.setdefault(slot.comfy_file + (" (optional)" if slot.optional else ""), []).append(model.name)
+    return "; ".join(f"{'/'.join(dict.fromkeys(names))}: {file}" for file, names in takes.items())
+
+
+def family_files(family) -> str:
+    """A family's files for the node's description: its diffusion models' and each other slot's."""
+    return f"{family.name} ({', '.join([family.denoiser_files[0], *(slot.comfy_file for slot in family.file_slots)])})"
 
 
 def model_files() -> list[str]:
@@ -72,13 +90,8 @@ class TPUFileLoader(io.ComfyNode):
             node_id="TPUFileLoader",
             display_name="TPU File Loader",
             category=CATEGORY,
-            description="Chooses a pipeline from single files in ComfyUI's model folders: FLUX.1 (transformer, "
-                        "clip_l, t5xxl, ae), SD3.5 (checkpoint, with or without T5, or clip_l/clip_g/t5xxl files), "
-                        "FLUX.2 (transformer, Mistral encoder, VAE), QwenImage (transformer, Qwen2.5-VL, VAE), "
-                        "FLUX.2 [klein] (transformer, Qwen3 encoder, VAE), "
-                        "SDXL (a checkpoint: everything from it; optional sdxl_vae), Z-Image (transformer, qwen_3_4b, ae), "
-                        "Wan 2.2 (high-noise model + low-noise model_2, umt5_xxl, wan_2.1_vae; TI2V-5B: one model, "
-                        "wan2.2_vae). "
+            description="Chooses a pipeline from single files in ComfyUI's model folders, e.g. "
+                        f"{'; '.join(family_files(family) for family in FAMILIES)}. "
                         "fp8 files are upcast; GGUF and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",
             inputs=[
@@ -86,17 +99,15 @@ class TPUFileLoader(io.ComfyNode):
                                tooltip="The diffusion model: a file in models/diffusion_models (or unet), or an "
                                        "all-in-one checkpoint in models/checkpoints. Its family is read from it."),
                 io.Combo.Input("text_encoder", options=text_encoders,
-                               tooltip="models/text_encoders (or clip). FLUX.1 and SD3.5: clip_l; FLUX.2: the "
-                                       "Mistral file; QwenImage: the Qwen2.5-VL file; FLUX.2 [klein]: qwen_3_4b "
-                                       "(4B) or qwen_3_8b (9B); Z-Image: qwen_3_4b. none: from the checkpoint."),
+                               tooltip=f"models/text_encoders (or clip). {slot_files('text_encoder')}. none: from "
+                                       "the checkpoint."),
                 io.Combo.Input("text_encoder_2", options=text_encoders,
-                               tooltip="FLUX.1: t5xxl; SD3.5: clip_g; others: none. none: from the checkpoint."),
+                               tooltip=f"{slot_files('text_encoder_2')}; others: none. none: from the checkpoint."),
                 io.Combo.Input("text_encoder_3", options=text_encoders,
-                               tooltip="SD3.5: t5xxl (optional: none and a checkpoint without T5 runs without "
-                                       "it); others: none."),
+                               tooltip=f"{slot_files('text_encoder_3')}: none and a checkpoint without it runs "
+                                       "without it; others: none."),
                 io.Combo.Input("vae", options=[NONE, *folder_paths.get_filename_list("vae")],
-                               tooltip="models/vae: FLUX.1 and Z-Image ae.safetensors, FLUX.2 flux2-vae, "
-                                       "QwenImage qwen_image_vae. none: from the checkpoint."),
+                               tooltip=f"models/vae: {slot_files('vae')}. none: from the checkpoint."),
                 io.Combo.Input("configs", options=[AUTO_CONFIGS, *list_model_folders(
                                    folder_paths.get_folder_paths("diffusers"))],
                                tooltip="Where configs and tokenizers come from: a diffusers folder of the same "
@@ -111,9 +122,8 @@ class TPUFileLoader(io.ComfyNode):
                 # last, so that workflows saved before it keep their widget values
                 io.Combo.Input("model_2", options=[NONE, *folder_paths.get_filename_list("diffusion_models")],
                                default=NONE, optional=True,
-                               tooltip="A second diffusion model, for models with two: Wan 2.2 T2V/I2V A14B's "
-                                       "low-noise expert (wan2.2_t2v_low_noise_14B_fp8_scaled, or i2v's), with its "
-                                       "high-noise expert in model. none for every other model (TI2V-5B too)."),
+                               tooltip="A second diffusion model, for models with two (its first in model): "
+                                       f"{slot_files(SECOND_MODEL_SLOT)}. none for every other model."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline",
                                         tooltip="The model choice; connect to Mode Selector, TPU LoRA or Sampler.")],

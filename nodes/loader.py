@@ -9,6 +9,7 @@ import folder_paths
 from tpu_diffusers_runtime.device import resolve_device
 from tpu_diffusers_runtime.downloads import check_downloads_allowed
 from tpu_diffusers_runtime.errors import ModelLoadError, SettingError, UserInputError
+from tpu_diffusers_runtime.families import FAMILIES, listed
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.specs import DeviceChoice, DType
 from tpu_diffusers_runtime.loading import inspect_source
@@ -27,14 +28,13 @@ class TPULoader(io.ComfyNode):
             node_id="TPULoader",
             display_name="TPU Loader",
             category=CATEGORY,
-            description="Chooses a diffusers pipeline (FLUX.1, SD3/SD3.5, FLUX.2, QwenImage, FLUX.2 [klein], SDXL, "
-                        "Z-Image) and checks it. "
+            description=f"Chooses a diffusers pipeline ({listed(FAMILIES)}) and checks it. "
                         "Weights are loaded later, once, by the Sampler, and reused across runs.",
             inputs=[
                 io.Combo.Input("model", options=list_model_folders(model_roots()),
                                tooltip="A diffusers-format folder (with model_index.json) in models/diffusers."),
                 io.String.Input("hub_id", default="",
-                                tooltip="Optional Hugging Face id such as 'black-forest-labs/FLUX.1-schnell'; "
+                                tooltip=f"Optional Hugging Face id such as '{FAMILIES[0].default_config_repo}'; "
                                         "overrides 'model'. Downloaded by the Sampler (progress on its bar, Cancel "
                                         "stops it) unless TPU_DIFFUSERS_DOWNLOADS=forbid; offline, only the local "
                                         "hub cache."),

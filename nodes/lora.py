@@ -8,7 +8,7 @@ from comfy_api.latest import io
 import folder_paths
 
 from tpu_diffusers_runtime.errors import UserInputError
-from tpu_diffusers_runtime.features.lora import check_lora_file, check_lora_fits
+from tpu_diffusers_runtime.features.lora import SECOND_EXPERT_WORDS, check_lora_file, check_lora_fits
 from tpu_diffusers_runtime.model_files import resolve_model_file
 from tpu_diffusers_runtime.single_file import config_folder
 from tpu_diffusers_runtime.specs import LoraExpert, LoraSpec
@@ -31,7 +31,7 @@ class TPULora(io.ComfyNode):
             display_name="TPU LoRA",
             category=CATEGORY,
             description="Adds a LoRA (diffusers, kohya or ComfyUI format, for the pipeline's family) at a strength; "
-                        "chain several (Wan 2.2 A14B: one per expert, e.g. the lightx2v 4-step high_noise and "
+                        "chain several (a model with two experts: one per expert, e.g. 4-step high_noise and "
                         "low_noise LoRAs). The LoRA is fused into the loaded weights when the Sampler runs: no "
                         "per-step cost, no reload of the base model, and in compiled mode no recompile when the "
                         "LoRA or its strength changes. Works on a TP Mesh of replicas or with context parallelism; "
@@ -46,9 +46,10 @@ class TPULora(io.ComfyNode):
                 io.Combo.Input("expert", options=[e.value for e in LoraExpert], default=LoraExpert.HIGH_NOISE.value,
                                optional=True,
                                tooltip="Which transformer the LoRA goes into. high_noise: the model's transformer "
-                                       "(every model; Wan 2.2 A14B's high-noise expert). low_noise: Wan 2.2 A14B's "
-                                       "low-noise expert (transformer_2), e.g. the lightx2v 4-step *_low_noise LoRA. "
-                                       "both: the same LoRA into each. Models with one transformer take high_noise."),
+                                       "(every model; the first expert of a model with two). low_noise: the second "
+                                       f"expert (transformer_2: {SECOND_EXPERT_WORDS}), e.g. a 4-step *_low_noise "
+                                       "LoRA. both: the same LoRA into each. Models with one transformer take "
+                                       "high_noise."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline with this LoRA added.")],
         )

@@ -26,7 +26,7 @@ class TPUModeSelector(io.ComfyNode):
                 io.Combo.Input("placement", options=Placement, default=Placement.DEVICE,
                                tooltip="device: the whole pipeline stays on the accelerator (fastest). "
                                        "model_cpu_offload: each model moves to the accelerator only while it runs, "
-                                       "for models that do not fit (e.g. FLUX.1 on one v6e chip)."),
+                                       "for models that do not fit (e.g. a 12B model in bf16 on one 16 GiB chip)."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline with these settings.")],
         )

@@ -2,43 +2,36 @@
 images (image to image, inpaint, edit: the task follows from the model and the connected inputs)."""
 
 from comfy_api.latest import io
-from comfy_execution.validation import validate_node_input
 
 from tpu_diffusers_runtime.engine import ENGINE
-from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest, size_problem
+from tpu_diffusers_runtime.families import EDIT, FAMILIES, listed
+from tpu_diffusers_runtime.input_checks import (IMAGE_INPUTS, MAX_SIZE, denoise_problem, image_inputs_problem,
+                                                prompt_problem, queued_size_problem)
+from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
-from .types import CATEGORY, TPUPipeline
+from .types import CATEGORY, TPUPipeline, link_problem
 
-MAX_SIZE = 8192
-IMAGE_INPUTS = ("image", "image_2", "image_3")
-# What each input takes when linked: ComfyUI leaves link types to a node that reads input_types (this one).
-LINK_TYPES = {"pipeline": TPUPipeline.io_type, "prompt": "STRING", "negative_prompt": "STRING", "width": "INT",
-              "height": "INT", "steps": "INT", "guidance": "FLOAT", "seed": "INT", "batch_size": "INT",
-              "denoise": "FLOAT", "image": "IMAGE", "image_2": "IMAGE", "image_3": "IMAGE", "mask": "MASK",
-              "latent": "LATENT"}
+IMAGE_FAMILIES = [family for family in FAMILIES if not family.makes_video]
+EDIT_FAMILIES = [family for family in IMAGE_FAMILIES if any(EDIT in tasks for tasks in family.model_classes.values())]
 
 
-def queue_time_problem(input_types: dict, link_types: dict, prompt, width, height) -> str | None:
-    """What a sampler node refuses when the prompt is queued, whatever the model: a link of the wrong type (ComfyUI
-    leaves link types to a node that reads input_types), an empty prompt, a size no supported model takes (size 0
-    = the image's, so it needs an image). Inputs fed by a link arrive as None and are checked when it runs."""
-    for name, received in input_types.items():
-        if name in link_types and not validate_node_input(received, link_types[name]):
-            article = "an" if str(received)[:1] in tuple("AEIOU") else "a"
-            return f"{name} takes {link_types[name]}, but {article} {received} output is connected to it."
-    if prompt is not None and not prompt.strip():
-        return "prompt is empty: describe what to generate."
+def families_taking(images: int) -> str:
+    """The image families with a task that takes this many images, for the image inputs' tooltips."""
+    return listed(family for family in IMAGE_FAMILIES if any(
+        pipeline.images >= images for tasks in family.model_classes.values() for pipeline in tasks.values()))
+
+
+def queue_time_problem(node, input_types: dict, prompt, width, height) -> str | None:
+    """What a sampler node refuses when the prompt is queued, whatever the model: a link of the wrong type, an empty
+    prompt, a size no supported model takes (size 0 = the image's, so it needs an image). Inputs fed by a link
+    arrive as None and are checked when it runs."""
+    problem = link_problem(node, input_types)
+    if not problem and isinstance(prompt, str):
+        problem = prompt_problem(prompt)
     for name, value in (("width", width), ("height", height)):
-        if not isinstance(value, int):
-            continue
-        if value > MAX_SIZE:
-            return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
-        if value == 0:
-            if not {"image", "latent"} & set(input_types):
-                return f"{name} 0 means the image's {name}, but no image is connected: connect one or set {name}."
-        elif problem := size_problem(name, value):
-            return problem
-    return None
+        if not problem and isinstance(value, int):
+            problem = queued_size_problem(name, value, bool({"image", "latent"} & set(input_types)))
+    return problem
 
 
 class TPUSampler(io.ComfyNode):
@@ -49,8 +42,8 @@ class TPUSampler(io.ComfyNode):
             display_name="TPU Sampler",
             category=CATEGORY,
             description="Loads the pipeline on first use (later runs reuse it) and generates images. No image: text "
-                        "to image. An image: image to image, or an edit on an edit model (FLUX.1 Kontext, "
-                        "Qwen-Image-Edit, FLUX.2 references). Image + mask: inpaint. Shows progress and a preview "
+                        f"to image. An image: image to image, or an edit on an edit model ({listed(EDIT_FAMILIES)}). "
+                        "Image + mask: inpaint. Shows progress and a preview "
                         "per step (ComfyUI's --preview-method). Cancel stops sampling at the end of the running "
                         "step, and loading between components.",
             inputs=[
@@ -58,19 +51,22 @@ class TPUSampler(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default="a golden retriever surfing a wave, photorealistic",
                                 tooltip="What to generate, or for an edit model what to change. Required."),
                 io.String.Input("negative_prompt", multiline=True, default="",
-                                tooltip="What to avoid. Used by SD3/SD3.5, QwenImage and Z-Image (with guidance "
-                                        "above 0); FLUX.1 and FLUX.2 take none."),
+                                tooltip="What to avoid. Used by "
+                                        f"{listed(f for f in IMAGE_FAMILIES if f.takes_negative_prompt)} (where "
+                                        "guidance runs CFG); "
+                                        f"{listed(f for f in IMAGE_FAMILIES if not f.takes_negative_prompt)} "
+                                        "take none."),
                 io.Int.Input("width", default=1024, min=0, max=MAX_SIZE, step=16,
                              tooltip="Image width in pixels; a multiple of 16. 0 = the image's width (rounded to "
                                      "16); otherwise the image is resized to width x height."),
                 io.Int.Input("height", default=1024, min=0, max=MAX_SIZE, step=16,
                              tooltip="Image height in pixels; a multiple of 16. 0 = the image's height."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
-                             tooltip="Denoising steps (FLUX.1-schnell 4, SD3.5 40, FLUX.2-dev 28, Z-Image-Turbo 8)."),
+                             tooltip="Denoising steps (each model's usual count: "
+                                     f"{', '.join(f'{f.name} {f.default_steps}' for f in IMAGE_FAMILIES)})."),
                 io.Float.Input("guidance", default=3.5, min=0.0, max=100.0, step=0.1,
-                               tooltip="Guidance scale (FLUX.1-schnell 0, SD3.5 4.5, FLUX.2-dev 4). "
-                                       "For QwenImage this is the true-CFG scale; Z-Image runs CFG only above 0 "
-                                       "(Z-Image-Turbo: 0)."),
+                               tooltip="Guidance scale (" + "; ".join(
+                                   f"{f.name}: {f.guidance_hint}" for f in IMAGE_FAMILIES if f.guidance_hint) + ")."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed; the same seed gives the same image on TPU, GPU and CPU."),
                 io.Int.Input("batch_size", default=1, min=1, max=64,
@@ -85,10 +81,10 @@ class TPUSampler(io.ComfyNode):
                                tooltip="The image to start from, repaint or edit (Load Image). Its batch pairs with "
                                        "the output batch: image i uses item i % N."),
                 io.Image.Input("image_2", optional=True,
-                               tooltip="A second reference image (Qwen-Image-Edit-2509/2511, FLUX.2, FLUX.2 [klein]; "
-                                       "FLUX.1 Kontext and FLUX.2 [klein] inpaint's reference)."),
+                               tooltip=f"A second reference image, or inpaint's reference, for models that take "
+                                       f"one ({families_taking(2)})."),
                 io.Image.Input("image_3", optional=True,
-                               tooltip="A third reference image (Qwen-Image-Edit-2509/2511, FLUX.2, FLUX.2 [klein])."),
+                               tooltip=f"A third reference image, for models that take one ({families_taking(3)})."),
                 io.Mask.Input("mask", optional=True,
                               tooltip="Inpaint: 1 (white) = repaint, 0 = keep, as Load Image's mask. Resized to the "
                                       "image when its size differs."),
@@ -119,24 +115,12 @@ class TPUSampler(io.ComfyNode):
         arrives as None; a value that is not a number has already been reported by ComfyUI's own conversion.
         (A ComfyUI that passes no input_types leaves the link checks to the run, which makes them again.)"""
         input_types = input_types or {}
-        linked = set(input_types)
-        problem = queue_time_problem(input_types, LINK_TYPES, prompt, width, height)
-        if problem:
-            return problem
-        if "latent" in linked and ({"image", "mask"} & linked):
-            return "latent is connected with an image or mask: image to image starts from either an image or a " \
-                   "latent (inpaint from an image): disconnect one."
-        if "mask" in linked and "image" not in linked:
-            return "a mask is connected but no image: connect the image to repaint to 'image' (Load Image gives both)."
-        for name, before in (("image_2", "image"), ("image_3", "image_2")):
-            if name in linked and before not in linked:
-                return f"{name} is connected but {before} is not: connect the references in order, {before} first."
-        if isinstance(denoise, (int, float)):
-            if not 0 < denoise <= 1:
-                return f"denoise {denoise:g} is outside 0..1 (0 would change nothing); use a value above 0, at most 1."
-            if denoise < 1 and not {"image", "latent"} & linked:
-                return f"denoise {denoise:g} needs an image to start from: connect an image, or set denoise to 1."
-        return True
+        problem = (queue_time_problem(cls, input_types, prompt, width, height)
+                   or image_inputs_problem(tuple(name for name in IMAGE_INPUTS if name in input_types),
+                                           "mask" in input_types, "latent" in input_types))
+        if not problem and isinstance(denoise, (int, float)):
+            problem = denoise_problem(denoise, bool({"image", "latent"} & set(input_types)))
+        return problem or True
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, steps: int,

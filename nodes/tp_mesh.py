@@ -26,8 +26,8 @@ class TPUMesh(io.ComfyNode):
             description="One worker process per chip, arranged as replicas x TP or replicas x context parallel: "
                         "the batch is split over the replicas (image or video i keeps seed + i, so any shape gives "
                         "the same output), and each replica either shards the transformer over its TP chips (and "
-                        "the text encoder where transformers has a TP plan, e.g. FLUX.2's Mistral3) or splits a "
-                        "video's tokens over its context-parallel chips (Wan 2.2). The ComfyUI process never loads "
+                        "the text encoder where transformers has a TP plan) or splits a "
+                        "video's tokens over its context-parallel chips. The ComfyUI process never loads "
                         "the full model. "
                         "Workers stay warm between prompts; Unload Models stops them.",
             inputs=[
@@ -40,11 +40,11 @@ class TPUMesh(io.ComfyNode):
                                      "trying it out)."),
                 io.Boolean.Input("shard_transformer", default=True,
                                  tooltip="Shard the transformer over each replica's TP chips with diffusers' TP plan "
-                                         "(FLUX.1, FLUX.2, QwenImage, Wan 2.2; not SD3, Z-Image). Off: every chip holds "
-                                         "a whole model."),
+                                         "(where the model's transformer has one; the error names those that do). "
+                                         "Off: every chip holds a whole model."),
                 io.Boolean.Input("shard_text_encoder", default=True,
-                                 tooltip="Shard text encoders that transformers has a TP plan for (Mistral3, "
-                                         "Qwen2.5-VL); others (T5, CLIP) are kept whole on every rank."),
+                                 tooltip="Shard text encoders that transformers has a TP plan for; others "
+                                         "(T5, CLIP) are kept whole on every rank."),
                 io.Combo.Input("workers", options=Workers, default=Workers.LAUNCH_LOCAL,
                                tooltip="launch_local: start the workers on this host with torchrun. attach: use "
                                        "workers already started with torchrun (e.g. on every host of a TPU slice)."),
@@ -61,14 +61,14 @@ class TPUMesh(io.ComfyNode):
                              tooltip="Copies of the pipeline working on the batch at once; each shards over "
                                      "chips / replicas chips (TP), which must divide the attention heads. "
                                      "0 = as many as fit: one per chip when shard_transformer is off (a model "
-                                     "that fits one chip, e.g. FLUX.1-schnell on a v6e: 8 chips = 8 replicas), "
+                                     "that fits one chip: 8 chips = 8 replicas), "
                                      "one over all chips when it is on. Replicas beyond the batch stay idle. "
                                      "(Last, so workflows saved before it existed keep their values.)"),
                 io.Int.Input("context_parallel", default=1, min=1, max=1024, optional=True,
                              tooltip="Chips per replica that split each video's tokens (context parallelism, "
                                      "Ulysses attention): every chip holds the whole model and runs 1/N of the "
-                                     "frames' tokens, so a long video's activations are spread. Wan 2.2 (and the "
-                                     "FLUX / QwenImage transformers) have a CP plan. Not with TP: replicas x "
+                                     "frames' tokens, so a long video's activations are spread, for a model whose "
+                                     "transformer has a CP plan (diffusers' _cp_plan). Not with TP: replicas x "
                                      "context_parallel must equal chips (replicas 0 = chips / context_parallel). "
                                      "The latent tokens (latent frames x h x w) and the attention heads must "
                                      "divide by it. 1 = off. (Added last, so older workflows keep their values.)"),

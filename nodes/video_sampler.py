@@ -1,18 +1,22 @@
-"""TPU Video Sampler: TPU Sampler's sibling for video models (Wan 2.2): frames in, frames out as an IMAGE batch."""
+"""TPU Video Sampler: TPU Sampler's sibling for video models: frames in, frames out as an IMAGE batch."""
 
 from comfy_api.latest import io
 
 from tpu_diffusers_runtime.engine import ENGINE
-from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest, frames_problem
+from tpu_diffusers_runtime.families import FAMILIES, listed, with_each_setting
+from tpu_diffusers_runtime.input_checks import MAX_SIZE, frames_problem, video_frame_factor
+from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
-from .sampler import MAX_SIZE, queue_time_problem
+from .sampler import queue_time_problem
 from .types import CATEGORY, TPUPipeline
 
 MAX_FRAMES = 1025
-FRAME_FACTOR = 4  # every supported video model's VAE makes 4 frames per latent frame, plus the first: 4k + 1
-LINK_TYPES = {"pipeline": TPUPipeline.io_type, "prompt": "STRING", "negative_prompt": "STRING", "width": "INT",
-              "height": "INT", "frames": "INT", "steps": "INT", "guidance": "FLOAT", "seed": "INT",
-              "batch_size": "INT", "image": "IMAGE"}
+VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
+VIDEO_MODELS = with_each_setting(VIDEO_FAMILIES)  # each with its own size step, frame rate and frame count
+STEPS = " or ".join(str(step) for step in sorted({model.size_multiple for model in VIDEO_MODELS}))
+FPS = " or ".join(dict.fromkeys(f"{model.fps:g}" for model in VIDEO_MODELS))
+LENGTHS = "; ".join(f"{model.default_frames} = {model.default_frames / model.fps:.0f} s at {model.fps:g} fps"
+                    for model in VIDEO_MODELS)
 
 
 class TPUVideoSampler(io.ComfyNode):
@@ -22,44 +26,48 @@ class TPUVideoSampler(io.ComfyNode):
             node_id="TPUVideoSampler",
             display_name="TPU Video Sampler",
             category=CATEGORY,
-            description="Generates video with a video model (Wan 2.2): from text, or from a start image (I2V "
-                        "A14B, TI2V-5B). The frames come out as an IMAGE batch for ComfyUI's Create Video + Save "
+            description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, or from a "
+                        "start image (models with image to video). The frames come out as an IMAGE batch for "
+                        "ComfyUI's Create Video + Save "
                         "Video or Save Animated WEBP, with the model's frame rate. Loads on first use, shows "
                         "progress and the first frame's preview per step. Cancel stops sampling at the end of "
                         "the running step, and loading between components.",
             inputs=[
-                TPUPipeline.Input("pipeline", tooltip="A Wan 2.2 pipeline from TPU Loader or TPU File Loader."),
+                TPUPipeline.Input("pipeline", tooltip=f"A video model's pipeline ({listed(VIDEO_FAMILIES)}) from "
+                                                      "TPU Loader or TPU File Loader."),
                 io.String.Input("prompt", multiline=True, default="a corgi running on a beach at sunset, cinematic",
                                 tooltip="What happens in the video. Required."),
                 io.String.Input("negative_prompt", multiline=True, default="",
                                 tooltip="What to avoid (used when guidance is above 1)."),
                 io.Int.Input("width", default=832, min=0, max=MAX_SIZE, step=16,
-                             tooltip="Frame width: a multiple of 16 (TI2V-5B: 32). 832x480 is Wan's 480p, "
-                                     "1280x720 its 720p (TI2V-5B: 1280x704). 0 = the start image's width."),
+                             tooltip=f"Frame width: a multiple of the model's size step ({STEPS}). 0 = the start "
+                                     "image's width."),
                 io.Int.Input("height", default=480, min=0, max=MAX_SIZE, step=16,
-                             tooltip="Frame height: a multiple of 16 (TI2V-5B: 32). 0 = the start image's height."),
-                io.Int.Input("frames", default=81, min=1, max=MAX_FRAMES, step=FRAME_FACTOR,
-                             tooltip="Frames per video: 4k + 1 (1, 5, ..., 81 = 5 s at Wan A14B's 16 fps; "
-                                     "TI2V-5B: 121 = 5 s at 24 fps)."),
+                             tooltip=f"Frame height: a multiple of the model's size step ({STEPS}). 0 = the start "
+                                     "image's height."),
+                io.Int.Input("frames", default=81, min=1, max=MAX_FRAMES, step=video_frame_factor(),
+                             tooltip=f"Frames per video: {video_frame_factor()}k + 1 ({LENGTHS})."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
-                             tooltip="Denoising steps: 4 with the lightx2v 4-step LoRAs, Wan 2.2's own 40 (5B: 50)."),
+                             tooltip="Denoising steps: 4 with 4-step LoRAs; without them "
+                                     f"{', '.join(f'{f.name} {f.default_steps}' for f in VIDEO_FAMILIES)}."),
                 io.Float.Input("guidance", default=1.0, min=0.0, max=100.0, step=0.1,
-                               tooltip="Guidance scale: 1.0 (no CFG) with the 4-step LoRAs; Wan 2.2 without them "
-                                       "4.0 (A14B) or 5.0 (5B)."),
+                               tooltip="Guidance scale ("
+                                       f"{'; '.join(f'{f.name}: {f.guidance_hint}' for f in VIDEO_FAMILIES)})."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed; the same seed gives the same video on TPU, GPU and CPU."),
                 io.Int.Input("batch_size", default=1, min=1, max=16,
                              tooltip="Videos per run; video i uses seed + i (and item i % N of an image batch). "
                                      "The frames output holds them one after another: batch x frames images."),
                 io.Image.Input("image", optional=True,
-                               tooltip="Image to video: the first frame (Load Image). Wan 2.2 I2V A14B needs it, "
-                                       "TI2V-5B takes it or not, T2V A14B takes none. Resized to width x height."),
+                               tooltip="Image to video: the first frame (Load Image). Image-to-video models need it, "
+                                       "text-to-video ones take none, a model with both takes it or not. Resized to "
+                                       "width x height."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
                                                                 "Create Video or Save Animated WEBP."),
-                io.Float.Output(display_name="fps", tooltip="The model's frame rate (Wan 2.2 A14B 16, TI2V-5B 24): "
-                                                            "connect to Create Video's fps."),
+                io.Float.Output(display_name="fps", tooltip=f"The model's frame rate ({FPS}): connect to Create "
+                                                            "Video's fps."),
                 io.String.Output(display_name="info", tooltip="Device, the task and diffusers class that ran, the "
                                                               "mode, frames and fps, load and sampling times."),
             ],
@@ -69,15 +77,13 @@ class TPUVideoSampler(io.ComfyNode):
     def validate_inputs(cls, input_types: dict | None = None, prompt: str | None = None, width: int | None = None,
                         height: int | None = None, frames: int | None = None) -> bool | str:
         """Checked when the prompt is queued (see TPUSampler.validate_inputs): link types, prompt, size and the
-        frame count, which every supported video model takes as 4k + 1."""
-        problem = queue_time_problem(input_types or {}, LINK_TYPES, prompt, width, height)
-        if problem:
-            return problem
-        if not isinstance(frames, int):
-            return True
+        frame count, which every supported video model takes as factor x k + 1."""
+        problem = queue_time_problem(cls, input_types or {}, prompt, width, height)
+        if problem or not isinstance(frames, int):
+            return problem or True
         if not 1 <= frames <= MAX_FRAMES:
             return f"frames {frames} is outside 1..{MAX_FRAMES}."
-        return frames_problem(frames, FRAME_FACTOR) if (frames - 1) % FRAME_FACTOR else True
+        return frames_problem(frames) or True
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,

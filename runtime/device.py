@@ -268,8 +268,8 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 # An ATen op TorchTPU has no TPU kernel for: TorchTPU 0.2.0's glue raises "<op>' is not implemented for TPU.
 # Please file a feature request" (a string of the wheel; its CPU fallback, the execution mode's
-# `enable_cpu_fallback`, is a switch the pack leaves as TorchTPU sets it). TorchTPU's own SDXL smoke test is
-# marked "missing op `upsample_nearest2d.out`", the op every family's VAE decoder upsamples with.
+# `enable_cpu_fallback`, is a switch the pack leaves as TorchTPU sets it). TorchTPU's own smoke test of a UNet
+# model is marked "missing op `upsample_nearest2d.out`", the op every family's VAE decoder upsamples with.
 MISSING_OP = re.compile(r"'?([\w:.]+)'? is not implemented for TPU")
 
 
@@ -283,8 +283,9 @@ def missing_device_op(error: BaseException) -> str | None:
 
 def missing_op_advice(op: str, model_class: str, device: str) -> str:
     """What a run that hit an op the device lacks tells the user: which op, and what to do."""
-    return (f"{device} has no kernel for the op {op}, which {model_class} runs (TorchTPU raised it; its own SDXL "
-            "smoke test is marked missing upsample_nearest2d.out, the op every VAE decoder upsamples with). "
+    return (f"{device} has no kernel for the op {op}, which {model_class} runs (TorchTPU raised it; its own "
+            "smoke test of a UNet model is marked missing upsample_nearest2d.out, the op every VAE decoder upsamples "
+            "with). "
             "Nothing is wrong with the workflow or the model: run it with device 'cuda' or 'cpu' on the Loader, or "
             "with a TorchTPU release that implements the op. `bash scripts/verify_device.sh` probes this op on "
             "the chip (docs/device_check.md).")

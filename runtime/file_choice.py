@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from .errors import UserInputError
-from .families import Family, family_for, supported
+from .families import FAMILIES, Family, family_for, supported
 from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
                           config_folder, default_config_repo, family_of_file, model_class_of, settings_of, variant_of)
 from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
@@ -26,7 +26,7 @@ def plan(model: str, picked: dict[str, str], configs: str, diffusers_roots: list
     `diffusers_roots`); raises UserInputError."""
     model_header = HeaderView(model)
     picked_headers = {component: HeaderView(path) for component, path in picked.items()}
-    settings = settings_of(model_header)  # Wan 2.2 TI2V-5B's files are WanPipelines with expand_timesteps
+    settings = settings_of(model_header)  # a variant told by its files may be a model class with settings
     family = family_of_file(model_header).with_settings(settings)
     check_supported_file(model_header, family)
     model_class = model_class_of(model_header)
@@ -42,7 +42,7 @@ def plan(model: str, picked: dict[str, str], configs: str, diffusers_roots: list
 
 def check_against_configs(source: str, model_class: str, files, model_name: str) -> None:
     """When the node runs: the configs now (downloaded when online, else the error names the command), of
-    the model's class (auto's hub configs too, e.g. FLUX.1 Fill's), and the text encoder files' shapes
+    the model's class (auto's hub configs too, e.g. a file variant's), and the text encoder files' shapes
     against them, so a wrong file fails on the File Loader and not in the Sampler's load."""
     folder = config_folder(source)
     model_file = dict(files).get(family_for(model_class).denoiser)
@@ -63,7 +63,7 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
     for name, header in picked.items():
         if name not in slots:
             what = f"'{model.name}' is {family.name}" + (f" ({', '.join(settings)})" if settings else "")
-            if name in family.extra_denoisers:  # Wan 2.2 TI2V-5B: one diffusion model
+            if name in family.extra_denoisers:  # a variant of the family with one diffusion model
                 raise UserInputError(f"{what}, which has one diffusion model: it takes no second diffusion model "
                                      f"({name}); leave it at 'none'. It takes: {describe_slots(family, comfy_files)}.")
             raise UserInputError(f"{family.name} has no {name}; leave it at 'none'. {family.name} takes: "
@@ -96,8 +96,8 @@ def comfy_files_of(model: HeaderView) -> dict:
 
 
 def check_file_name(header: HeaderView, slot, comfy_files: dict) -> None:
-    """A file of the right kind whose name says it belongs elsewhere (Wan 2.2's high-noise expert picked as the
-    low-noise one: the same keys and shapes, so only its name tells)."""
+    """A file of the right kind whose name says it belongs elsewhere (a first expert picked as the
+    second one: the same keys and shapes, so only its name tells)."""
     part = next((part for part in slot.not_named if part in header.name.lower()), None)
     if part:
         raise UserInputError(f"'{header.name}' is named '{part}', so it is not the file for {slot.component} (it "
@@ -106,8 +106,8 @@ def check_file_name(header: HeaderView, slot, comfy_files: dict) -> None:
 
 
 def check_same_model(model: HeaderView, other: HeaderView, component: str, comfy_file: str) -> None:
-    """A second diffusion model (Wan 2.2 A14B's low-noise expert) must be of the model's own variant, with its
-    shapes: a T2V expert with an I2V one (or TI2V-5B) would mix two models."""
+    """A second diffusion model (a second expert) must be of the model's own variant, with its shapes: experts
+    of two variants would mix two models."""
     def words(header):
         variant = variant_of(header)
         return (variant.config_repo if variant else family_of_file(header).default_config_repo).split("/")[-1]
@@ -129,8 +129,8 @@ def describe_slots(family: Family, comfy_files: dict | None = None) -> str:
 
 
 def check_configs_class(folder: str, model_class: str, model_name: str, settings: dict | None = None) -> None:
-    """The configs are of the model's class: not another family's, nor e.g. FLUX.1 Fill's; and of its model_index
-    settings where they change the family (Wan 2.2 TI2V-5B's expand_timesteps, which A14B's WanPipeline lacks)."""
+    """The configs are of the model's class: not another family's, nor another variant's of its family; and of its
+    model_index settings where they change the family (`Family.setting_changes`)."""
     index = read_model_index(folder, is_folder=True)
     held = index["_class_name"]
     if held == model_class:
@@ -144,9 +144,18 @@ def check_configs_class(folder: str, model_class: str, model_name: str, settings
                     "folder of the same model (or auto).")
     if held != model_class:
         raise UserInputError(f"configs: '{os.path.basename(folder)}' holds a {held}, but '{model_name}' loads as a "
-                             f"{model_class}; pick a diffusers folder of the same model (or auto). FLUX.1 Kontext and "
-                             "Qwen-Image-Edit files are told by their names ('kontext', 'edit', 'edit_2509', "
-                             f"'edit_2511'). TPU Diffusers runs these from single files: {supported()}.")
+                             f"{model_class}; pick a diffusers folder of the same model (or auto). {named_variants()} TPU "
+                             f"Diffusers runs these from single files: {supported()}.")
+
+
+def named_variants() -> str:
+    """Which model classes a diffusion-model file's name tells (the families' `FileVariant.name_contains`)."""
+    named = {}
+    for family in FAMILIES:
+        for variant in family.file_variants:
+            named.setdefault(variant.model_class, []).extend(variant.name_contains)
+    return "A file's name tells its model class: " + ", ".join(
+        f"{'/'.join(dict.fromkeys(parts))}: {model_class}" for model_class, parts in named.items() if parts) + "."
 
 
 def auto_configs(repo: str, diffusers_roots: list[str]) -> str:

@@ -22,7 +22,7 @@ class LoadSpec:
     """What a loaded pipeline is made of and where it lives."""
 
     source: str  # absolute path of a diffusers folder, or a hub id (with `files`: where configs and tokenizers come from)
-    model_class: str  # the model_index.json `_class_name` of the source, e.g. "FluxPipeline" (a family's model class)
+    model_class: str  # the model_index.json `_class_name` of the source, (one of a family's `model_classes`)
     # (component, absolute path of a single weights file), e.g. ComfyUI's diffusion_models/vae files; these
     # components load from their files, everything else from `source`. An all-in-one checkpoint fills several.
     files: tuple[tuple[str, str], ...] = ()

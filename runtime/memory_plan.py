@@ -1,35 +1,33 @@
-"""Will a video run fit on each chip? A per-chip estimate from the model's configs, checked before anything loads.
+"""Will a run fit on each chip? A per-chip estimate from the model's configs, checked before anything loads.
 
-A Wan 2.2 A14B expert is ~28.6 GB in bf16 and a v6e chip has 32 GiB: whether a request fits depends on the
-placement, the mesh and the request's size, and finding out by running out of memory costs a load and a compile.
-The estimate (bytes per chip; every term is an upper-side approximation, not a measurement of a chip):
+A 14B video expert is ~28.6 GB in bf16 and a v6e chip has 32 GiB: whether a request fits depends on the placement,
+the mesh and the request's size, and finding out by running out of memory costs a load and a compile. Each family's
+memory model (`Family.memory`) says what its configs give and what its runs take; the estimate (bytes per chip; every
+term is an upper-side approximation, not a measurement of a chip):
 
 - weights resident at once, from parameter counts of each component instantiated on the meta device from its
   config (nothing is read but config.json): with placement `device` every component (text encoder, every denoiser,
   VAE) during every phase; with model CPU offload only the model of the phase (one model is on the chip at a time:
-  the inactive Wan expert is on the host), so the peak is the largest of denoiser + denoising, VAE + its decode,
+  an inactive second denoiser is on the host), so the peak is the largest of denoiser + denoising, VAE + its decode,
   and the text encoder. Under tp, each denoiser's planned weights (its `_tp_plan`, diffusers' own or the family's) are
   1/tp on a chip and the rest whole; text encoders and the VAE are counted whole (conservative: transformers
   shards some). Context parallelism splits no weight.
 - the denoiser's activations at its peak (one block at a time: inference keeps no layer's activations), for
-  ceil(tokens / cp) tokens of each of the replica's videos (CFG runs cond and uncond one after the other):
-  `HIDDEN_TENSORS` tensors as wide as the hidden size (the fp32 residual and its norm/modulation copies, q, k, v,
-  the attention output, rotary tables) and `FFN_TENSORS` as wide as the FFN (its 1/tp shard under tp), in the
-  working dtype; with `expand_timesteps` (TI2V-5B) also the per-token fp32 modulation (6 x hidden, twice). The
+  ceil(tokens / cp) tokens of each of the replica's outputs (CFG runs cond and uncond one after the other):
+  `hidden_tensors` tensors as wide as the hidden size (the fp32 residual and its norm/modulation copies, q, k, v,
+  the attention output, rotary tables) and `ffn_tensors` as wide as the FFN (its 1/tp shard under tp), in the
+  working dtype; with a per-token timestep also its fp32 modulation (`modulation_bytes` per hidden channel). The
   attention is taken to be a fused kernel (flash/splash) that never holds the tokens x tokens scores.
-  tokens = latent frames x (height / (VAE factor x patch)) x (width / (VAE factor x patch)).
-- the VAE's decode (Wan's decodes one latent frame, 4 video frames, at a time, with a cache of the previous
-  frames): `VAE_TENSORS` tensors of the decoder's full-resolution width for a 4-frame chunk, plus the decoded
-  video in float32. The VAE phase and the denoising phase do not overlap: the larger of the two counts. The
-  I2V encode of the first frame's video is of the same order as the decode and is covered by it.
+  tokens = latent frames x (height / (VAE factor x patch)) x (width / (VAE factor x patch)); an image is one frame.
+- the VAE's decode (a video VAE decodes `vae_chunk_frames` frames at a time, with a cache of the previous frames):
+  `vae_tensors` tensors of the decoder's full-resolution width for a chunk, plus the decoded output in float32. The
+  VAE phase and the denoising phase do not overlap: the larger of the two counts. An image-to-video encode of the
+  first frame is of the same order as the decode and is covered by it.
 - of a chip's memory, `USABLE_SHARE` is taken as usable (the runtime, compiled programs and fragmentation take
   the rest).
 
-The constants come from CPU measurements at real widths (one block of each Wan transformer in bf16 at 2048 and
-4096 tokens: ~15.6 bytes per hidden channel and ~2.4 bytes per FFN channel per token; the Wan 2.1 and 2.2 VAEs
-decoding 9 frames at 128 and 256 pixels square: ~10.6 and ~11.4 KB per output pixel), rounded up. Peak RSS of a
-CPU process, not a chip's allocator: a chip's compiled programs can hold more or less. docs/parallelism.md has
-the table `markdown_table` makes.
+The families' constants come from CPU measurements at real widths (peak RSS of a CPU process, not a chip's allocator:
+a chip's compiled programs can hold more or less). docs/parallelism.md has the table `markdown_table` makes.
 """
 
 from __future__ import annotations
@@ -42,21 +40,13 @@ import os
 
 from . import settings
 from .errors import UserInputError
-from .families import Family
+from .families import FAMILIES, Family, MemoryModel
 from .specs import Placement
 
 log = logging.getLogger("tpu_diffusers")
 
 HBM_PER_DEVICE_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "v7": 96}  # TorchTPU 0.2.0's table, per device
 USABLE_SHARE = 0.9
-HIDDEN_TENSORS = 12  # in the working dtype: 24 bytes per hidden channel per token in bf16 (measured ~15.6)
-FFN_TENSORS = 2  # the FFN's input projection and its GELU (measured ~1.2 bf16 tensors)
-MODULATION_BYTES = 2 * 6 * 4  # expand_timesteps: the (tokens, 6, hidden) fp32 projection and its sum in a block
-VAE_CHUNK_FRAMES = 4
-# full-resolution tensors of the decoder's width for a 4-frame chunk: Wan 2.1's VAE (measured ~13.8), Wan 2.2's
-# (decodes at half resolution then unpatchifies 2x2; its lower stages weigh more: measured ~22.2 of its top width)
-VAE_TENSORS = 16
-PATCHED_VAE_TENSORS = 24
 DEGREES = (1, 2, 4, 8)  # tp and cp degrees the suggestions consider, up to a host's chips (v7: 8 devices on 4 chips)
 GIB = 2**30
 
@@ -83,7 +73,8 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSizes:
-    """What the estimate needs of a model, from its configs: parameters per component and the denoiser's shape."""
+    """What the estimate needs of a model, from its configs (read by its family's memory model): parameters per
+    component, the denoiser's and the VAE's shapes, and the family's per-token and per-pixel constants."""
 
     params: dict  # {component: parameter count}
     planned: dict  # {denoiser: parameters its TP plan shards} (0: no plan)
@@ -93,8 +84,8 @@ class ModelSizes:
     vae_spatial: int
     vae_temporal: int
     vae_width: int  # channels of the decoder's full-resolution stage
-    vae_patch: int  # Wan 2.2's VAE decodes at half resolution, then unpatchifies 2x2
-    per_token_modulation: bool  # expand_timesteps: a timestep per token (TI2V-5B)
+    vae_patch: int  # a VAE that decodes at 1/patch resolution, then unpatchifies
+    memory: MemoryModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +111,9 @@ def meta_module(cls, config: dict):
         return cls(config_cls.from_dict(config))
 
 
-def sizes_from_configs(family: Family, configs: dict, settings: dict) -> ModelSizes:
+def sizes_from_configs(family: Family, configs: dict) -> ModelSizes:
     """{component: (class, config dict)} of the pipeline's torch modules -> ModelSizes (family: what it denoises
-    with; settings: model_index's, e.g. expand_timesteps)."""
+    with, and its memory model, as a model of these settings is: `Family.with_settings`)."""
     from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
 
     from .distributed.mesh import tp_plan_for
@@ -136,20 +127,16 @@ def sizes_from_configs(family: Family, configs: dict, settings: dict) -> ModelSi
             named = dict(module.named_parameters())
             planned[name] = sum(named[key].numel() for key, spec in resolve_tp_shard_specs(module, plan, 1).items()
                                 if spec.dim is not None) if plan else 0
-    denoiser = configs[family.denoiser][1]
-    vae = configs["vae"][1]
-    return ModelSizes(
-        params=params, planned=planned,
-        hidden=denoiser["num_attention_heads"] * denoiser["attention_head_dim"], ffn=denoiser["ffn_dim"],
-        patch=tuple(denoiser["patch_size"]), vae_spatial=vae.get("scale_factor_spatial", 8),
-        vae_temporal=vae.get("scale_factor_temporal", 4),
-        vae_width=vae.get("decoder_base_dim") or vae.get("base_dim", 96), vae_patch=vae.get("patch_size") or 1,
-        per_token_modulation=bool(settings.get("expand_timesteps")))
+    hidden, ffn, patch = family.memory.denoiser_shape(configs[family.denoiser][1])
+    vae_spatial, vae_temporal, vae_width, vae_patch = family.memory.vae_shape(configs["vae"][1])
+    return ModelSizes(params=params, planned=planned, hidden=hidden, ffn=ffn, patch=tuple(patch),
+                      vae_spatial=vae_spatial, vae_temporal=vae_temporal, vae_width=vae_width, vae_patch=vae_patch,
+                      memory=family.memory)
 
 
 def sizes_of_folder(folder: str, family: Family) -> ModelSizes:
     """ModelSizes of a diffusers folder (a model, or the configs folder of single files): every component with a
-    config.json whose class is a torch module. Kept per folder and config times (~2 s for Wan A14B)."""
+    config.json whose class is a torch module. Kept per folder and config times (~2 s for a 2 x 14B model)."""
     key = (folder, family.name, tuple(os.path.getmtime(path)
                                       for path in sorted(glob.glob(os.path.join(folder, "*", "config.json")))))
     if key not in _FOLDER_SIZES:
@@ -166,7 +153,7 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
     import torch
 
     from .model_folder import component_config
-    from .sources import components, config_values, read_model_index
+    from .sources import components, read_model_index
 
     index = read_model_index(folder, is_folder=True)
     configs = {}
@@ -175,29 +162,30 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(
                 os.path.join(folder, name, "config.json")):
             configs[name] = (cls, component_config(folder, name))
-    return sizes_from_configs(family, configs, config_values(index))
+    return sizes_from_configs(family, configs)
 
 
 def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames: int, batch: int,
              dtype_bytes: int = 2) -> Estimate:
-    """Bytes per chip for one run (the module docstring says what each term counts)."""
+    """Bytes per chip for one run (the module docstring says what each term counts); frames 0: an image."""
     def on_chip(name: str) -> int:
         planned = sizes.planned.get(name, 0)
         return (sizes.params[name] - planned + planned // layout.tp) * dtype_bytes
 
+    memory = sizes.memory
+    frames = max(frames, 1)
     resident = {name: on_chip(name) for name in sizes.params}
     latent_frames = (frames - 1) // sizes.vae_temporal + 1
     step = sizes.vae_spatial
     tokens = ((latent_frames // sizes.patch[0]) * (height // (step * sizes.patch[1]))
               * (width // (step * sizes.patch[2])))
-    per_token = (HIDDEN_TENSORS * sizes.hidden + FFN_TENSORS * sizes.ffn // layout.tp) * dtype_bytes
-    if sizes.per_token_modulation:
-        per_token += MODULATION_BYTES * sizes.hidden
-    videos = math.ceil(batch / layout.replicas)
-    denoising = videos * math.ceil(tokens / layout.cp) * per_token
-    decoder_pixels = VAE_CHUNK_FRAMES * (width // sizes.vae_patch) * (height // sizes.vae_patch)
-    tensors = PATCHED_VAE_TENSORS if sizes.vae_patch > 1 else VAE_TENSORS
-    vae = tensors * decoder_pixels * sizes.vae_width * dtype_bytes + videos * frames * 3 * width * height * 4
+    per_token = (memory.hidden_tensors * sizes.hidden + memory.ffn_tensors * sizes.ffn // layout.tp) * dtype_bytes
+    per_token += memory.modulation_bytes * sizes.hidden
+    outputs = math.ceil(batch / layout.replicas)
+    denoising = outputs * math.ceil(tokens / layout.cp) * per_token
+    decoder_pixels = memory.vae_chunk_frames * (width // sizes.vae_patch) * (height // sizes.vae_patch)
+    vae = (memory.vae_tensors * decoder_pixels * sizes.vae_width * dtype_bytes
+           + outputs * frames * 3 * width * height * 4)
     if layout.placement is Placement.DEVICE:
         return Estimate(sum(resident.values()), denoising, vae, sum(resident.values()) + max(denoising, vae))
     denoiser = max(resident[name] for name in sizes.planned)
@@ -282,7 +270,7 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
 def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: int, where: str,
             shared_host: bool = False, dtype_bytes: int = 2, world_sizes: tuple[int, ...] = DEGREES) -> str | None:
     """What to tell the user when `request` needs more than `budget` bytes per chip (None when it fits): the
-    estimate, and what would fit (fewer videos per replica, the fewest-chips layout over chips the host can launch,
+    estimate, and what would fit (fewer outputs per replica, the fewest-chips layout over chips the host can launch,
     `world_sizes`, fewer frames). shared_host: the chips are one host's processes (cpu), which share `budget`."""
     def usable(chips: int) -> int:
         return int(budget * USABLE_SHARE) // (chips if shared_host else 1)
@@ -299,11 +287,13 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
     if better is not None:
         per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes).total
         tries.append(f"{better.words()} (~{per_chip / GIB:.1f} GiB per chip)")
-    frames = next((n for n in range(request.frames - family.temporal_factor, 0, -family.temporal_factor)
-                   if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes).total <= usable(layout.chips)),
-                  None)
+    step = family.temporal_factor
+    fewer = range(request.frames - step, 0, -step) if step else ()  # frame counts the family takes (none: images)
+    frames = next((n for n in fewer if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes).total
+                   <= usable(layout.chips)), None)
     tries.append(f"at most {frames} frames at this size with this mesh" if frames else "a smaller size")
-    return (f"{family.name} at {request.width}x{request.height} x {request.frames} frames, batch "
+    length = f" x {request.frames} frames" if family.makes_video else ""
+    return (f"{family.name} at {request.width}x{request.height}{length}, batch "
             f"{request.batch_size}, needs {need.words()} with {layout.words()}, and {where} has "
             f"{budget / GIB:.1f} GiB ({USABLE_SHARE:.0%} usable{', shared by the ranks' if shared_host else ''}): "
             f"it cannot fit. Try {'; or '.join(tries)}. (docs/parallelism.md has a table of what fits each chip "
@@ -318,53 +308,34 @@ def _configs_folder(handle) -> str:
 
 # --- the docs table
 
-# The published configs of the Wan 2.2 models (Wan-AI/Wan2.2-T2V-A14B-Diffusers, Wan2.2-TI2V-5B-Diffusers), for the
-# table in docs/parallelism.md; a user's model is planned from its own folder's configs.
-UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-                feed_forward_proj="gated-gelu", relative_attention_num_buckets=32)
-WAN22_REFERENCE = {
-    "Wan 2.2 A14B (T2V/I2V)": dict(
-        transformer=dict(patch_size=[1, 2, 2], num_attention_heads=40, attention_head_dim=128, in_channels=16,
-                         out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
-                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6),
-        experts=2, vae={}, settings={}),
-    "Wan 2.2 TI2V-5B": dict(
-        transformer=dict(patch_size=[1, 2, 2], num_attention_heads=24, attention_head_dim=128, in_channels=48,
-                         out_channels=48, text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30,
-                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6),
-        experts=1, vae=dict(base_dim=160, decoder_base_dim=256, z_dim=48, in_channels=12, out_channels=12,
-                            patch_size=2, scale_factor_spatial=16, is_residual=True),
-        settings={"expand_timesteps": True}),
-}
-TABLE_SIZES = ((832, 480), (1280, 720))  # Wan's 480p and 720p
+TABLE_SIZES = ((832, 480), (1280, 720))  # 480p and 720p video
 TABLE_FRAMES = 81
 TABLE_CHIPS = ("v5e", "v6e", "v5p", "v7")
+# {model name: (its family, its published configs)}: every family's reference models, for the docs table
+REFERENCE_MODELS = {name: (family, reference) for family in FAMILIES
+                    for name, reference in family.memory.reference_models.items()}
 
 
 def reference_sizes(model: str) -> ModelSizes:
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from transformers import UMT5EncoderModel
+    """ModelSizes of a reference model (REFERENCE_MODELS), from its published configs."""
+    import importlib
 
-    from .families import wan
-
-    reference = WAN22_REFERENCE[model]
-    configs = {"text_encoder": (UMT5EncoderModel, UMT5_XXL), "transformer": (WanTransformer3DModel,
-                                                                               reference["transformer"])}
-    if reference["experts"] == 2:
-        configs["transformer_2"] = configs["transformer"]
-    configs["vae"] = (AutoencoderKLWan, reference["vae"])
-    return sizes_from_configs(wan.FAMILY, configs, reference["settings"])
+    family, reference = REFERENCE_MODELS[model]
+    configs = {name: (getattr(importlib.import_module(library), cls_name), config)
+               for name, (library, cls_name, config) in reference.components.items()}
+    return sizes_from_configs(family.with_settings(reference.settings), configs)
 
 
 def markdown_table() -> str:
-    """docs/parallelism.md's table: for each Wan 2.2 model, size and chip type, the first of `layouts` (fewest chips,
-    over as many as the chip type can launch) that fits one 81-frame video in bf16, and its estimate per chip."""
+    """docs/parallelism.md's table: for each reference model, size and chip type, the first of `layouts` (fewest
+    chips, over as many as the chip type can launch) that fits one 81-frame video in bf16, and its estimate per
+    chip."""
     from .device import launchable_world_sizes
 
     rows = ["| model | size x 81 frames | " + " | ".join(f"{kind} ({HBM_PER_DEVICE_GIB[kind]} GiB)"
                                                      for kind in TABLE_CHIPS) + " |",
             "|---|---|" + "---|" * len(TABLE_CHIPS)]
-    for model in WAN22_REFERENCE:
+    for model in REFERENCE_MODELS:
         sizes = reference_sizes(model)
         for width, height in TABLE_SIZES:
             cells = []

@@ -6,7 +6,7 @@ text encoders (`models/text_encoders`, legacy `clip`), a VAE (`models/vae`) or a
 diffusers folder (or hub repo) of the same family, `config_folder`. Transformers, UNets and VAEs are converted
 by diffusers' own single-file converters (BFL, Comfy-Org and Stability layouts); text encoders are in
 transformers' key layout and load with transformers' own classes, except a kind whose files keep another
-layout (SDXL's OpenCLIP ViT-bigG), which its FileKind converts with diffusers' converter first.
+layout (an OpenCLIP text tower), which its FileKind converts with diffusers' converter first.
 
 Everything a user can get wrong is checked from the safetensors header alone (`family_of_file`,
 `check_file_for_slot`), so the Loader node can refuse a wrong file at queue time without reading tensors.
@@ -18,7 +18,8 @@ import json
 import os
 
 from .errors import ModelLoadError, UserInputError
-from .families import FAMILIES, FILE_KINDS, Family, FileKind, FileVariant, family_for, supported
+from .families import (FAMILIES, FILE_KINDS, UNSUPPORTED_MODEL_TYPES, Family, FileKind, FileVariant, family_for,
+                       supported)
 from .sources import check_hub_id, config_values, read_model_index
 
 SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8), or ComfyUI's "
@@ -32,9 +33,6 @@ FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 # row, read exactly. With "convrot" (the "int8_convrot" files) the weights were also rotated group-wise by a Hadamard
 # matrix that the file does not hold (comfy_kitchen un-rotates them with its own code), so those are refused.
 INT8_FORMAT = "int8_tensorwise"
-# diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
-# lacks, as a refusal names them (a family it has is named by its FileKind).
-UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model"}
 
 # What a file is (families.FILE_KINDS: each kind's identifying keys, in detection order) and which kind each
 # component of each family takes (Family.denoiser_kind, Family.file_slots) live in the family modules.
@@ -43,23 +41,18 @@ UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model",
 DENOISER_PREFIX = "model.diffusion_model."
 VAE_PREFIXES = ("first_stage_model.", "vae.")
 
-# Models whose diffusers single-file converter pops every key it uses and silently drops the rest: keys
-# left in its input were not used. (The other converters rename every key, so an unknown one shows up as a
-# converted key the model does not have.)
-LEFTOVERS_UNUSED = ("FluxTransformer2DModel", "SD3Transformer2DModel")
-
 # The small files of a diffusers repo that a single-file load needs: configs, tokenizers, scheduler.
 CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "tokenizer*", "*/tokenizer*"]
 
 # Keys a text-encoder file may carry that the transformers class does not keep (buffers, CLIP's logit scale,
 # a projection CLIPTextModel has no use for), and parts a text-to-image pipeline never runs, so a file
-# without them (ComfyUI's text-only Mistral/Qwen files) still loads. Everything else must match exactly.
+# without them (ComfyUI's text-only files of multimodal encoders) still loads. Everything else must match exactly.
 IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight",
                       "spiece_model")  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
 UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
 VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
 # Components whose presence in model_index.json means the pipeline feeds images to its text encoder, so its
-# vision tower runs (QwenImageEditPipeline, QwenImageEditPlusPipeline: the Qwen2-VL processor).
+# vision tower runs (an edit pipeline with a vision-language processor).
 IMAGE_TO_TEXT_ENCODER = ("processor",)
 
 
@@ -291,8 +284,8 @@ def family_of_file(path) -> Family:
 
 
 def model_class_of(path) -> str:
-    """The model class a diffusion-model file loads as: the variant its name or keys tell (FLUX.1 Kontext and
-    Fill, Qwen-Image-Edit), else its family's base model (text to image)."""
+    """The model class a diffusion-model file loads as: the variant its name or keys tell (its family's
+    `file_variants`), else its family's base model (text to image)."""
     header = _header(path)
     family = family_of_file(header)
     variant = _variant(header, family)
@@ -300,13 +293,13 @@ def model_class_of(path) -> str:
 
 
 def variant_of(path) -> FileVariant | None:
-    """The file variant of its family a diffusion-model file is (FLUX.1 Kontext, Wan 2.2 TI2V-5B, ...), or None."""
+    """The file variant of its family a diffusion-model file is (`Family.file_variants`), or None."""
     header = _header(path)
     return _variant(header, family_of_file(header))
 
 
 def settings_of(path) -> dict:
-    """The model_index settings a diffusion-model file's variant is (Wan 2.2 TI2V-5B: expand_timesteps): its
+    """The model_index settings a diffusion-model file's variant is (`FileVariant.settings`): its
     family's facts for it are `family_for(model_class, settings=...)`'s."""
     variant = variant_of(path)
     return dict(variant.settings) if variant else {}
@@ -319,7 +312,7 @@ def _variant(header: HeaderView, family: Family):
 
 
 def _model_type(header: HeaderView) -> str | None:
-    """diffusers' own name for the model a file holds (flux-dev, flux-fill, sd35_large, ...), or None."""
+    """diffusers' own name for the model a file holds (e.g. a key of `Family.diffusers_model_types`), or None."""
     from diffusers.loaders.single_file_utils import infer_diffusers_model_type
 
     try:
@@ -359,8 +352,8 @@ def slot_kind(family: Family, component: str) -> FileKind:
 
 def check_file_for_slot(path, component: str, model_class: str, settings: dict | None = None) -> str:
     """Refuse a file that cannot fill `component` of a `model_class` pipeline (with these model_index
-    `settings`: Wan 2.2 TI2V-5B's VAE is another kind) (a text encoder in the VAE slot, a T5 where CLIP goes, a
-    FLUX.1 model picked for SD3, a truncated file); returns the key prefix of that component inside the file
+    `settings`: they can change a slot's kind) (a text encoder in the VAE slot, a T5 where CLIP goes, a
+    diffusion model of another family, a truncated file); returns the key prefix of that component inside the file
     ('' unless it is an all-in-one checkpoint)."""
     header = _header(path)
     family = family_for(model_class, settings=settings)
@@ -378,8 +371,8 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
 
 
 def default_config_repo(path) -> str:
-    """Where configs and tokenizers for the model a file holds come from: its variant's repo (FLUX.1 Kontext,
-    Qwen-Image-Edit-2509, ...), else diffusers' own default repo (DIFFUSERS_DEFAULT_PIPELINE_PATHS), else the
+    """Where configs and tokenizers for the model a file holds come from: its variant's repo
+    (`FileVariant.config_repo`), else diffusers' own default repo (DIFFUSERS_DEFAULT_PIPELINE_PATHS), else the
     family's main repo when diffusers cannot tell."""
     from diffusers.loaders.single_file_utils import DIFFUSERS_DEFAULT_PIPELINE_PATHS
 
@@ -425,39 +418,16 @@ def config_folder(source: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------- loading
-def _flux2_vae(checkpoint, config):
-    """FLUX.2's VAE file is FLUX.1's LDM layout plus a batch norm over the latents."""
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    out = convert_ldm_vae_checkpoint(checkpoint, config)
-    out.update({k: v for k, v in checkpoint.items() if k.startswith("bn.")})
-    return out
-
-
-def _wan_vae(checkpoint, config):
-    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-
-    return convert_wan_vae_to_diffusers(checkpoint)
-
-
-# diffusers classes that from_single_file does not take, with the converter of their original layout.
-EXTRA_CONVERTERS = {"AutoencoderKLFlux2": _flux2_vae, "AutoencoderKLQwenImage": _wan_vae}
-
-
-# diffusers converters that read only keys under the checkpoint prefix they were written for: the component's
-# keys get it back before conversion (its LDM UNet converter reads "model.diffusion_model." keys).
-CONVERTER_PREFIXES = {"UNet2DConditionModel": DENOISER_PREFIX}
-
-
-def _converter(cls):
+def _converter(cls, kind: FileKind | None):
+    """diffusers' single-file converter for `cls`, else the file kind's own for a class diffusers' do not take."""
     from diffusers.loaders.single_file_model import (SINGLE_FILE_LOADABLE_CLASSES,
                                                      _get_single_file_loadable_mapping_class)
 
     mapping_class = _get_single_file_loadable_mapping_class(cls)
     if mapping_class is not None:
         return SINGLE_FILE_LOADABLE_CLASSES[mapping_class]["checkpoint_mapping_fn"]
-    if cls.__name__ in EXTRA_CONVERTERS:
-        return EXTRA_CONVERTERS[cls.__name__]
+    if kind is not None and kind.converter is not None:
+        return kind.converter
     raise UserInputError(f"{cls.__name__} cannot be loaded from a single file; use a diffusers folder for it.")
 
 
@@ -470,20 +440,20 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
     config = cls.load_config(folder, subfolder=name, local_files_only=True)
     with init_empty_weights():
         expected = set(cls.from_config(config).state_dict())
-    prefix = CONVERTER_PREFIXES.get(cls.__name__, "")
+    prefix = kind.converter_prefix if kind is not None else ""
     given = {prefix + k: v for k, v in weights.items()}  # a copy: converters pop what they use
     own = kind is not None and kind.to_diffusers is not None and kind.keys()[0] in weights
     if set(weights) == expected:
         state = weights
     else:
-        state = kind.to_diffusers(weights) if own else _converter(cls)(checkpoint=given, config=config)
+        state = kind.to_diffusers(weights) if own else _converter(cls, kind)(checkpoint=given, config=config)
     missing = sorted(expected - set(state))
     unexpected = sorted(set(state) - expected)
-    if cls.__name__ in LEFTOVERS_UNUSED and state is not weights:
+    if kind is not None and kind.converter_pops_used and state is not weights:
         unexpected += sorted(given)  # what its converter left behind
     if missing or unexpected:
         return None, missing, unexpected, [], []
-    if cls.__name__ in EXTRA_CONVERTERS or own:
+    if own or not _single_file_loadable(cls):
         with init_empty_weights():
             model = cls.from_config(config)
         model.load_state_dict(state, strict=True, assign=True)
@@ -492,8 +462,14 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
     return _to_dtype(model, dtype), [], [], [], []
 
 
+def _single_file_loadable(cls) -> bool:
+    from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class
+
+    return _get_single_file_loadable_mapping_class(cls) is not None
+
+
 def _to_dtype(model, dtype):
-    """The model in `dtype`, but for the modules its class keeps in float32 (`_keep_in_fp32_modules`: Wan's time
+    """The model in `dtype`, but for the modules its class keeps in float32 (`_keep_in_fp32_modules`: e.g. a time
     embedder, norms and modulation), which stay float32 as `from_pretrained` keeps them for a folder's model."""
     import torch
 
@@ -505,14 +481,8 @@ def _to_dtype(model, dtype):
     return model
 
 
-# Text-only files of a multimodal encoder that name the language model as a plain causal LM ("model.layers...",
-# as ComfyUI's own Mistral code does) where transformers expects it under another prefix:
-# class -> (old prefix, new prefix).
-TEXT_ONLY_PREFIXES = {"Mistral3ForConditionalGeneration": ("model.", "model.language_model.")}
-
-
 def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None = None):
-    old, new = TEXT_ONLY_PREFIXES.get(cls.__name__, (None, None))
+    old, new = kind.text_only_prefix if kind is not None and kind.text_only_prefix else (None, None)
     if old and any(k.startswith(old + "layers.") for k in weights):
         weights = {new + k[len(old):] if k.startswith(old) else k: v for k, v in weights.items()}
     config = cls.config_class.from_pretrained(os.path.join(folder, name))

@@ -12,6 +12,7 @@ import re
 
 from . import downloads
 from .errors import ModelLoadError, UserInputError
+from .model_files import find_inside
 from .model_folder import INDEX, read_index_file
 from .specs import ProgressCallback
 
@@ -34,15 +35,13 @@ def list_model_folders(roots: list[str]) -> list[str]:
 
 def resolve_model_folder(name: str, roots: list[str]) -> str:
     """The absolute folder for a model name from a workflow, never outside the model roots."""
-    parts = name.replace("\\", "/").split("/")
-    if not name or os.path.isabs(name) or ".." in parts:
+    try:
+        found = find_inside(name, roots, os.path.isdir)
+    except ValueError:
         raise UserInputError(f"model name '{name}' is not a folder name inside models/diffusers; "
-                             "pick a model from the list.")
-    for root in roots:
-        root = os.path.abspath(root)
-        candidate = os.path.normpath(os.path.join(root, *parts))
-        if os.path.commonpath([root, candidate]) == root and os.path.isdir(candidate):
-            return candidate
+                             "pick a model from the list.") from None
+    if found:
+        return found
     raise UserInputError(f"model folder '{name}' was not found in {', '.join(roots) or 'models/diffusers'}; "
                          "put the diffusers folder there (it has a model_index.json) or pick another model.")
 
@@ -74,7 +73,7 @@ def components(index: dict) -> dict[str, tuple[str, str]]:
 
 def config_values(index: dict) -> dict:
     """{name: value} of the plain settings a model_index.json gives the pipeline's __init__ beside its components
-    (FLUX.2 [klein]'s is_distilled: whether CFG runs), as diffusers' from_pretrained passes them."""
+    (e.g. is_distilled: whether CFG runs), as diffusers' from_pretrained passes them."""
     return {name: value for name, value in index.items()
             if not name.startswith("_") and isinstance(value, (bool, int, float, str))}
 

@@ -63,9 +63,10 @@ class Workers(Choice):
 
 
 class LoraExpert(Choice):
-    """Which denoiser a LoRA goes into: Wan 2.2 A14B has two experts, every other model one transformer."""
-    HIGH_NOISE = "high_noise"  # `transformer`: A14B's high-noise expert, the only one of other models
-    LOW_NOISE = "low_noise"  # `transformer_2`: Wan 2.2 A14B's low-noise expert
+    """Which denoiser a LoRA goes into, for a model with two experts (a family's `lora_targets`); every other
+    model takes it into its one denoiser."""
+    HIGH_NOISE = "high_noise"  # the first expert (`transformer`), the only one of other models
+    LOW_NOISE = "low_noise"  # the second expert (`transformer_2`)
     BOTH = "both"  # the same LoRA into each
 
 

@@ -8,7 +8,7 @@ import pytest
 from tpu_diffusers_runtime import memory_plan
 from tpu_diffusers_runtime.device import device_info, launchable_world_sizes
 from tpu_diffusers_runtime.distributed.mesh import check_mesh, shardable_families
-from tpu_diffusers_runtime.families import wan
+from tpu_diffusers_runtime.families import family_for, wan
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
 from tpu_diffusers_runtime.memory_plan import GIB, Layout, estimate, reference_sizes, refusal
@@ -16,18 +16,18 @@ from tpu_diffusers_runtime.specs import MeshSpec, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
-A14B, TI2V_5B = memory_plan.WAN22_REFERENCE
+A14B, TI2V_5B = wan.REFERENCE_MODELS
 
 
 @pytest.fixture(scope="module")
 def sizes():
-    return {model: reference_sizes(model) for model in memory_plan.WAN22_REFERENCE}
+    return {model: reference_sizes(model) for model in wan.REFERENCE_MODELS}
 
 
 def meta_transformer(model: str):
     from diffusers import WanTransformer3DModel
 
-    return memory_plan.meta_module(WanTransformer3DModel, memory_plan.WAN22_REFERENCE[model]["transformer"])
+    return memory_plan.meta_module(WanTransformer3DModel, wan.REFERENCE_MODELS[model].components["transformer"][2])
 
 
 @pytest.mark.parametrize("model, share", [(A14B, 0.690), (TI2V_5B, 0.755)])
@@ -110,3 +110,25 @@ def test_the_tiny_wan_pipelines_are_never_refused(tiny, name):
 def test_the_parallelism_page_shows_what_fits_each_chip_type():
     table = memory_plan.markdown_table()
     assert table in (ROOT / "docs" / "parallelism.md").read_text(), f"docs/parallelism.md's table is not:\n{table}"
+
+
+@pytest.mark.parametrize("name", ["flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage"])
+def test_an_image_familys_plan_is_computed_from_its_own_memory_model(tiny, name):
+    """Every family fills a memory model: an image family's estimate reads its denoiser's widths and its VAE from its
+    configs, counts its tokens (one frame of size/(VAE factor x patch) squared) and refuses what cannot fit."""
+    source = tiny(name)
+    family = family_for(inspect_source(source))
+    sizes = memory_plan.sizes_of_folder(source, family)
+    memory = family.memory
+    assert sizes.hidden > 0 and sizes.ffn > 0 and sizes.vae_width > 0 and sizes.patch[0] == 1
+    width, height = 1024, 768
+    tokens = (height // (sizes.vae_spatial * sizes.patch[1])) * (width // (sizes.vae_spatial * sizes.patch[2]))
+    assert tokens == (width // family.size_multiple) * (height // family.size_multiple) or family.denoiser == "unet"
+    need = estimate(sizes, Layout(), width, height, 0, 2)
+    assert need.denoising == 2 * tokens * (memory.hidden_tensors * sizes.hidden + memory.ffn_tensors * sizes.ffn) * 2
+    assert need.vae == memory.vae_tensors * width * height * sizes.vae_width * 2 + 2 * 3 * width * height * 4
+    assert need.total == 2 * sum(sizes.params.values()) + max(need.denoising, need.vae)
+    request = SampleRequest(prompt="a cat", width=width, height=height, batch_size=2)
+    message = refusal(family, sizes, Layout(), request, need.total // 2, "a small chip")
+    assert message.startswith(f"{family.name} at 1024x768, batch 2, needs ~") and "a smaller batch" in message
+    assert refusal(family, sizes, Layout(), request, 2 * need.total, "") is None

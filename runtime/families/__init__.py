@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..errors import UserInputError
 from . import flux1, flux2, flux2_klein, qwenimage, sd3, sdxl, wan, zimage
 from .base import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS,  # noqa: F401
-                   ComfyLatent, Family, FileKind, FileSlot, FileVariant, ModularBlocks, TaskPipeline)  # (re-exported)
+                   ComfyLatent, Family, FileKind, FileSlot, FileVariant, MemoryModel, ModularBlocks, ReferenceModel,
+                   TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
@@ -30,6 +31,23 @@ FILE_KINDS: tuple[FileKind, ...] = (
     flux2.VAE, wan.WAN22_VAE, WAN_VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
     sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG,
 )
+
+# diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
+# lacks, as a refusal names them (a family it has is named by its FileKind).
+UNSUPPORTED_MODEL_TYPES = {"qwen-image-2.1": "a Qwen-Image 2.1 diffusion model", "krea2": "a Krea 2 diffusion model"}
+
+
+def listed(families) -> str:
+    """'A, B and C': the families' names, for node descriptions and tooltips."""
+    names = list(dict.fromkeys(family.name for family in families))
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def with_each_setting(families) -> list[Family]:
+    """The families, each also as it is with each of its model_index settings (`setting_changes`), for node texts
+    that name what each model takes."""
+    return [variant for family in families
+            for variant in (family, *(family.with_settings({name: True}) for name, _ in family.setting_changes))]
 
 
 def supported() -> str:

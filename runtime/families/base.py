@@ -74,6 +74,19 @@ class FileKind:
     # (state dict in that layout) -> the state dict in diffusers' layout, applied when the file carries the
     # kind's first (original-layout) key.
     to_diffusers: Callable | None = None
+    # For a diffusers class that `from_single_file` does not take (FLUX.2's VAE): (state dict in the kind's original
+    # layout, the class's config) -> the state dict in diffusers' layout (diffusers' own converter where it has one).
+    converter: Callable | None = None
+    # the checkpoint prefix diffusers' converter for it reads keys under (its LDM UNet converter:
+    # "model.diffusion_model."): the component's keys get it back before conversion
+    converter_prefix: str = ""
+    # diffusers' converter for it pops every key it uses and silently drops the rest: keys left in its input were not
+    # used, and are refused as unexpected (the other converters rename every key, so an unknown one shows up as a
+    # converted key the model does not have)
+    converter_pops_used: bool = False
+    # (prefix in text-only files, prefix transformers expects): text-only files of a multimodal encoder that name the
+    # language model as a plain causal LM ("model.layers...", as ComfyUI's own code does)
+    text_only_prefix: tuple[str, str] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +148,36 @@ class ComfyLatent:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReferenceModel:
+    """A model's published configs, for the docs' table of what fits each chip (runtime/memory_plan.py): each
+    component's (library, class, config), and the model_index settings it has."""
+
+    components: Mapping[str, tuple[str, str, Mapping]]
+    settings: Mapping = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryModel:
+    """What the per-chip memory estimate (runtime/memory_plan.py, whose docstring says what each term counts) needs of
+    a family: the shapes its configs give, and the bytes its runs take per token and per decoded pixel.
+
+    The constants are upper-side approximations from CPU measurements (peak RSS), not a chip's allocator."""
+
+    # (denoiser config) -> (hidden width, FFN width, patch (t, h, w) in latent pixels): a token is one patch
+    denoiser_shape: Callable[[Mapping], tuple[int, int, tuple[int, int, int]]]
+    # (VAE config) -> (spatial factor, temporal factor, channels of the decoder's full-resolution stage, the pixel
+    # patch it decodes in: a VAE that decodes at 1/patch resolution and then unpatchifies)
+    vae_shape: Callable[[Mapping], tuple[int, int, int, int]]
+    hidden_tensors: int = 12  # activations per token as wide as the hidden size (residual, norms, q, k, v, ...)
+    ffn_tensors: int = 2  # ... and as wide as the FFN (its 1/tp shard under tp)
+    modulation_bytes: int = 0  # fp32 bytes per token per hidden channel of a per-token timestep modulation
+    vae_chunk_frames: int = 1  # frames the VAE decodes at a time
+    vae_tensors: int = 16  # full-resolution tensors of the decoder's width per decoded chunk
+    # published configs for the docs' table of what fits each chip: {model name: ReferenceModel}
+    reference_models: Mapping[str, ReferenceModel] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str  # shown to users
     # model_index.json `_class_name`s of this family -> {task: the diffusers pipeline that runs it}, built with
@@ -157,6 +200,7 @@ class Family:
     denoiser_files: tuple[str, ...]
     file_slots: tuple[FileSlot, ...]
     default_config_repo: str  # configs and tokenizers for single files when diffusers cannot tell the variant
+    memory: MemoryModel  # its per-chip memory estimate
     diffusers_model_types: tuple[str, ...] = ()  # single_file_utils.infer_diffusers_model_type values of it
     denoiser: str = "transformer"  # the pipeline component that denoises (SDXL's is a "unet")
     file_variants: tuple[FileVariant, ...] = ()  # checked in order; a file that matches none is the base model
@@ -187,6 +231,13 @@ class Family:
     # model class -> the diffusers modular blocks that also run it (runtime/pipeline_kinds.py): used when its task
     # pipelines name no classic class (a modular-only model), or when TPU_DIFFUSERS_PIPELINE_KIND asks modular
     modular: Mapping[str, ModularBlocks] = dataclasses.field(default_factory=dict)
+    # {a LoRA's `expert` choice (specs.LoraExpert's values): the denoisers it goes into}, for a family with more than
+    # one denoiser; a family with one takes every LoRA into `denoiser`
+    lora_targets: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # what its denoisers besides `denoiser` are, for messages ("the low-noise expert of ...")
+    extra_denoiser_words: str = ""
+    # the Samplers' guidance for it, for their tooltips ("0 for schnell", "the true-CFG scale")
+    guidance_hint: str = ""
 
     @property
     def makes_video(self) -> bool:

@@ -3,11 +3,12 @@ reference) and Fill (inpaint) share its components."""
 
 from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
                    ModularBlocks, TaskPipeline)
-from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
+from .components import CLIP, KL_VAE, T5, attention_shape, diffusers_detection_keys, image_memory
 from .sd3 import raw_latents, sampled_latents
 
 TRANSFORMER = FileKind("flux_transformer", "a FLUX.1 diffusion model",
-                       lambda: diffusers_detection_keys("flux") + ("single_transformer_blocks.0.proj_mlp.weight",))
+                       lambda: diffusers_detection_keys("flux") + ("single_transformer_blocks.0.proj_mlp.weight",),
+                       converter_pops_used=True)
 
 
 def packed_2x2_latents(pipe, latents, height, width):
@@ -40,6 +41,7 @@ FAMILY = Family(
         "FluxFillPipeline": {INPAINT: TaskPipeline("FluxFillPipeline", images=1, strength=True)},
     },
     takes_negative_prompt=False,
+    guidance_hint="0 for schnell, 3.5 for dev",
     guidance_kwarg="guidance_scale",
     size_multiple=16,
     default_steps=4,
@@ -57,6 +59,7 @@ FAMILY = Family(
         FileSlot("vae", KL_VAE, "ae.safetensors"),
     ),
     default_config_repo="black-forest-labs/FLUX.1-dev",
+    memory=image_memory(attention_shape(4.0, packed=2)),  # 2x2 latent patches per token; its FFN is 4x wide
     diffusers_model_types=("flux-dev", "flux-schnell", "flux-fill", "flux-depth"),
     file_variants=(
         FileVariant("FluxFillPipeline", "black-forest-labs/FLUX.1-Fill-dev", model_types=("flux-fill",)),

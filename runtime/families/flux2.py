@@ -1,14 +1,24 @@
 """FLUX.2 [dev] (Black Forest Labs): text to image, and edits from up to three reference images (`image=` list)."""
 
 from .base import EDIT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
-from .components import diffusers_detection_keys
+from .components import attention_shape, diffusers_detection_keys, image_memory
 
 TRANSFORMER = FileKind("flux2_transformer", "a FLUX.2 diffusion model",
                        lambda: diffusers_detection_keys("flux2") + ("single_stream_modulation.linear.weight",))
-VAE = FileKind("flux2_vae", "a FLUX.2 VAE", lambda: ("bn.running_mean",))
+def vae_to_diffusers(checkpoint, config):
+    """FLUX.2's VAE file is FLUX.1's LDM layout plus a batch norm over the latents (diffusers' AutoencoderKLFlux2 is
+    not one `from_single_file` takes)."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    out = convert_ldm_vae_checkpoint(checkpoint, config)
+    out.update({k: v for k, v in checkpoint.items() if k.startswith("bn.")})
+    return out
+
+
+VAE = FileKind("flux2_vae", "a FLUX.2 VAE", lambda: ("bn.running_mean",), converter=vae_to_diffusers)
 MISTRAL3 = FileKind("mistral3", "a Mistral 3 text encoder", lambda: (
     "language_model.model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight",
-    "model.layers.0.self_attn.q_proj.weight"))
+    "model.layers.0.self_attn.q_proj.weight"), text_only_prefix=("model.", "model.language_model."))
 
 
 def latent_grid(pipe, latents, height, width):
@@ -30,6 +40,8 @@ def patchified_latents(pipe, latents, height, width):
 COMFY_LATENT = ComfyLatent(channels=128, factor=16, frame_axis=False, to_comfy=latent_grid)
 
 
+MEMORY = image_memory(attention_shape(3.0, packed=2))  # 2x2 patches of its VAE's latents per token
+
 FAMILY = Family(
     name="FLUX.2",
     model_classes={"Flux2Pipeline": {
@@ -37,6 +49,7 @@ FAMILY = Family(
         EDIT: TaskPipeline("Flux2Pipeline", images=3, image_list=True),
     }},
     takes_negative_prompt=False,
+    guidance_hint="4 for dev",
     guidance_kwarg="guidance_scale",
     size_multiple=16,
     default_steps=28,
@@ -50,5 +63,6 @@ FAMILY = Family(
         FileSlot("vae", VAE, "flux2-vae.safetensors"),
     ),
     default_config_repo="black-forest-labs/FLUX.2-dev",
+    memory=MEMORY,
     diffusers_model_types=("flux-2-dev",),
 )

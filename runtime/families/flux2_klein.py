@@ -38,6 +38,7 @@ FAMILY = Family(
     }},
     takes_negative_prompt=False,  # the base models' CFG runs with an empty negative prompt
     guidance_kwarg="guidance_scale",  # ignored by the distilled models (is_distilled)
+    guidance_hint="ignored by the distilled models",
     size_multiple=16,
     default_steps=4,
     latent_grid=flux2.patchified_latents,
@@ -52,6 +53,7 @@ FAMILY = Family(
         FileSlot("vae", flux2.VAE, "flux2-vae.safetensors"),
     ),
     default_config_repo="black-forest-labs/FLUX.2-klein-4B",
+    memory=flux2.MEMORY,
     file_variants=(  # the base (undistilled) models are told by their names: flux-2-klein-base-4b, ...
         FileVariant("Flux2KleinPipeline", "black-forest-labs/FLUX.2-klein-base-9B", name_contains=("base",),
                     widths=(QWEN3_8B_WIDTH,)),

@@ -7,7 +7,7 @@ previews it with the Wan21 latent format, one frame.
 
 from .base import (EDIT, IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
                    ModularBlocks, TaskPipeline, classifier_free_guider)
-from .components import WAN_VAE
+from .components import WAN_VAE, attention_shape, image_memory, wan_vae_shape
 
 TRANSFORMER = FileKind("qwenimage_transformer", "a QwenImage diffusion model",
                        lambda: ("transformer_blocks.0.img_mod.1.weight",))
@@ -76,6 +76,7 @@ FAMILY = Family(
         "QwenImageEditPlusPipeline": {EDIT: TaskPipeline("QwenImageEditPlusPipeline", images=3, image_list=True)},
     },
     takes_negative_prompt=True,
+    guidance_hint="the true-CFG scale, used with a negative prompt",
     guidance_kwarg="true_cfg_scale",
     size_multiple=16,
     default_steps=50,
@@ -92,6 +93,7 @@ FAMILY = Family(
         FileSlot("vae", WAN_VAE, "qwen_image_vae.safetensors"),
     ),
     default_config_repo="Qwen/Qwen-Image",
+    memory=image_memory(attention_shape(4.0), wan_vae_shape),
     file_variants=(  # Comfy-Org's names: qwen_image_edit_2509_fp8_e4m3fn, qwen_image_edit_2511_bf16, qwen_image_edit_...
         FileVariant("QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2511", name_contains=("edit_2511", "edit-2511")),
         FileVariant("QwenImageEditPlusPipeline", "Qwen/Qwen-Image-Edit-2509", name_contains=("edit_2509", "edit-2509")),

@@ -1,10 +1,10 @@
 """Stable Diffusion 3 and 3.5 (Stability AI): Medium, Large, Large Turbo; T5 is optional."""
 
 from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
-from .components import CLIP, KL_VAE, T5, diffusers_detection_keys
+from .components import CLIP, KL_VAE, T5, attention_shape, diffusers_detection_keys, image_memory
 
 TRANSFORMER = FileKind("sd3_transformer", "an SD3/SD3.5 diffusion model",
-                       lambda: diffusers_detection_keys("sd3") + ("pos_embed.proj.weight",))
+                       lambda: diffusers_detection_keys("sd3") + ("pos_embed.proj.weight",), converter_pops_used=True)
 
 
 def spatial_latents(_pipe, latents, _height, _width):
@@ -35,6 +35,7 @@ FAMILY = Family(
         INPAINT: TaskPipeline("StableDiffusion3InpaintPipeline", images=1, strength=True),
     }},
     takes_negative_prompt=True,
+    guidance_hint="4.5 for SD3.5",
     guidance_kwarg="guidance_scale",
     size_multiple=16,
     default_steps=40,
@@ -50,5 +51,6 @@ FAMILY = Family(
         FileSlot("vae", KL_VAE, "the checkpoint's VAE"),
     ),
     default_config_repo="stabilityai/stable-diffusion-3.5-medium",
+    memory=image_memory(attention_shape(4.0)),
     diffusers_model_types=("sd3", "sd35_large", "sd35_medium"),
 )

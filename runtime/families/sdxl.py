@@ -8,11 +8,21 @@ The VAE overflows in fp16; its config's `force_upcast` makes diffusers' SDXL pip
 
 from .base import (IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, ModularBlocks,
                    TaskPipeline, classifier_free_guider)
-from .components import CLIP, KL_VAE
+from .components import CLIP, KL_VAE, image_memory
 from .sd3 import raw_latents, sampled_latents, spatial_latents
 
 # label_emb (diffusers: add_embedding) takes SDXL's pooled text + size conditioning; SD1.x/2.x UNets have none.
-UNET = FileKind("sdxl_unet", "an SDXL UNet", lambda: ("label_emb.0.0.weight", "add_embedding.linear_1.weight"))
+UNET = FileKind("sdxl_unet", "an SDXL UNet", lambda: ("label_emb.0.0.weight", "add_embedding.linear_1.weight"),
+                converter_prefix="model.diffusion_model.")  # diffusers' LDM UNet converter reads keys under it
+
+
+def unet_shape(config):
+    """The UNet at its widest attention: the first down block with cross-attention (its first block has none, so one
+    2x downsample below the latents), as a token of `block_out_channels` there with a GEGLU FFN 4x as wide."""
+    kinds = config.get("down_block_types") or ("DownBlock2D", "CrossAttnDownBlock2D")
+    level = next((i for i, kind in enumerate(kinds) if "CrossAttn" in kind), 0)
+    width = config["block_out_channels"][level]
+    return width, 4 * width, (1, 2 ** level, 2 ** level)
 
 
 def open_clip_to_transformers(cls, config, weights: dict) -> dict:
@@ -57,6 +67,7 @@ FAMILY = Family(
         FileSlot("vae", KL_VAE, "sdxl_vae.safetensors"),
     ),
     default_config_repo="stabilityai/stable-diffusion-xl-base-1.0",
+    memory=image_memory(unet_shape),
     diffusers_model_types=("xl_base",),
     # inpaint: the blocks' workflow gives other images than StableDiffusionXLInpaintPipeline (not wired)
     modular={"StableDiffusionXLPipeline": ModularBlocks(

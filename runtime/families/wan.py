@@ -9,8 +9,11 @@
 Frames are 4k + 1 (the VAE's temporal factor 4 plus the first frame). A UMT5-XXL text encoder.
 """
 
-from .base import IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, TaskPipeline
-from .components import WAN_VAE, diffusers_detection_keys
+import dataclasses
+
+from .base import (IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, MemoryModel, ReferenceModel,
+                   TaskPipeline)
+from .components import WAN_VAE, diffusers_detection_keys, wan_vae_shape
 
 TRANSFORMER = FileKind("wan_transformer", "a Wan diffusion model", lambda: (
     *diffusers_detection_keys("wan"), "condition_embedder.time_proj.weight"))
@@ -99,6 +102,43 @@ def first_frame_latents(pipe, latents, height, width):
     return latents[:, :, 0]
 
 
+def transformer_shape(config):
+    """WanTransformer3DModel's hidden and FFN widths and its (t, h, w) patch."""
+    return config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"], tuple(config["patch_size"])
+
+
+# The published configs of the Wan 2.2 models (Wan-AI/Wan2.2-T2V-A14B-Diffusers, Wan2.2-TI2V-5B-Diffusers), for the
+# table in docs/parallelism.md; a user's model is planned from its own folder's configs.
+UMT5_XXL = ("transformers", "UMT5EncoderModel", dict(
+    vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu",
+    relative_attention_num_buckets=32))
+A14B_TRANSFORMER = ("diffusers", "WanTransformer3DModel", dict(
+    patch_size=[1, 2, 2], num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    eps=1e-6))
+REFERENCE_MODELS = {
+    "Wan 2.2 A14B (T2V/I2V)": ReferenceModel({
+        "text_encoder": UMT5_XXL, "transformer": A14B_TRANSFORMER, "transformer_2": A14B_TRANSFORMER,
+        "vae": ("diffusers", "AutoencoderKLWan", {})}),
+    "Wan 2.2 TI2V-5B": ReferenceModel({
+        "text_encoder": UMT5_XXL,
+        "transformer": ("diffusers", "WanTransformer3DModel", dict(
+            patch_size=[1, 2, 2], num_attention_heads=24, attention_head_dim=128, in_channels=48, out_channels=48,
+            text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", eps=1e-6)),
+        "vae": ("diffusers", "AutoencoderKLWan", dict(
+            base_dim=160, decoder_base_dim=256, z_dim=48, in_channels=12, out_channels=12, patch_size=2,
+            scale_factor_spatial=16, is_residual=True))}, settings={"expand_timesteps": True}),
+}
+
+# Measured on CPU at real widths: one block of each Wan transformer in bf16 at 2048 and 4096 tokens takes ~15.6 bytes
+# per hidden channel and ~2.4 bytes per FFN channel per token (12 and 2 working-dtype tensors, rounded up); Wan 2.1's
+# and 2.2's VAEs decoding 9 frames at 128 and 256 pixels square ~10.6 and ~11.4 KB per output pixel. The VAE decodes
+# one latent frame (4 video frames) at a time with a cache of the previous frames: 16 full-resolution tensors of the
+# decoder's width per 4-frame chunk (measured ~13.8).
+MEMORY = MemoryModel(denoiser_shape=transformer_shape, vae_shape=wan_vae_shape, hidden_tensors=12, ffn_tensors=2,
+                     vae_chunk_frames=4, vae_tensors=16, reference_models=REFERENCE_MODELS)
+
 TI2V_5B = {  # what expand_timesteps (Wan 2.2 TI2V-5B) changes
     "model_classes": {"WanPipeline": {TEXT2VIDEO: TaskPipeline("WanPipeline"),
                                       IMAGE2VIDEO: TaskPipeline("WanImageToVideoPipeline", images=1)},
@@ -107,6 +147,9 @@ TI2V_5B = {  # what expand_timesteps (Wan 2.2 TI2V-5B) changes
     "comfy_latent_format": "Wan22",
     "fps": 24.0,
     "default_frames": 121,
+    # a timestep per token: the (tokens, 6, hidden) fp32 modulation and its sum in a block; Wan 2.2's VAE decodes at
+    # half resolution then unpatchifies 2x2, and its lower stages weigh more (measured ~22.2 tensors of its top width)
+    "memory": dataclasses.replace(MEMORY, modulation_bytes=2 * 6 * 4, vae_tensors=24),
     # one diffusion model (no low-noise expert) and Wan 2.2's VAE
     "file_slots": (FileSlot("text_encoder", UMT5, "umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
                    FileSlot("vae", WAN22_VAE, "wan2.2_vae.safetensors")),
@@ -136,6 +179,7 @@ FAMILY = Family(
         FileSlot("vae", WAN_VAE, "wan_2.1_vae.safetensors"),
     ),
     default_config_repo="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+    memory=MEMORY,
     # (no diffusers_model_types: diffusers' Wan model types name Wan 2.1's repos, whose configs are not Wan 2.2's)
     file_variants=(  # Comfy-Org's names: wan2.2_ti2v_5B_fp16, wan2.2_i2v_{high,low}_noise_14B_fp8_scaled
         FileVariant("WanPipeline", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", name_contains=("ti2v",),
@@ -147,6 +191,10 @@ FAMILY = Family(
                              "`hf download Wan-AI/Wan2.1-T2V-14B-Diffusers --local-dir ComfyUI/models/diffusers/"
                              "Wan2.1-T2V-14B-Diffusers`) with the TPU Loader" for part in ("wan2.1", "wan2_1", "wan21")},
     extra_denoisers=("transformer_2",),
+    lora_targets={"high_noise": ("transformer",), "low_noise": ("transformer_2",),
+                  "both": ("transformer", "transformer_2")},
+    extra_denoiser_words="the low-noise expert of Wan 2.2 A14B",
+    guidance_hint="1.0 (no CFG) with 4-step LoRAs; without them 4.0 (A14B) or 5.0 (5B)",
     tp_plan=tensor_parallel_plan,
     default_negative_prompt="",
     fps=16.0,

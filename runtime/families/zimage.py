@@ -6,8 +6,9 @@ guidance > 0 (its guidance is ComfyUI's cfg - 1): Turbo is distilled and runs 8 
 diffusers has no tensor-parallel plan for its transformer: several chips run it as replicas.
 """
 
-from .base import IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, ModularBlocks, TaskPipeline
-from .components import KL_VAE, QWEN3, diffusers_detection_keys
+from .base import (IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, ModularBlocks,
+                   TaskPipeline)
+from .components import KL_VAE, QWEN3, diffusers_detection_keys, image_memory
 from .sd3 import raw_latents, spatial_latents
 
 
@@ -26,6 +27,12 @@ def original_cfg_guider(guidance: float) -> dict:
     return {"guidance_scale": guidance, "use_original_formulation": True, "enabled": True}
 
 
+def transformer_shape(config):
+    """ZImageTransformer2DModel's `dim` channels, its FFN 8/3 as wide (a SwiGLU), patches of `all_patch_size`."""
+    side = config.get("all_patch_size", (2,))[0]
+    return config["dim"], int(config["dim"] / 3 * 8), (1, side, side)
+
+
 # "layers.0.adaLN_modulation.0.weight" is the same in ComfyUI's and diffusers' layouts (Lumina 2's is ".1.").
 TRANSFORMER = FileKind("zimage_transformer", "a Z-Image diffusion model",
                        lambda: diffusers_detection_keys("z-image-turbo"))
@@ -38,6 +45,7 @@ FAMILY = Family(
         INPAINT: TaskPipeline("ZImageInpaintPipeline", images=1, strength=True, resize_image=True),
     }},
     takes_negative_prompt=True,  # used only when guidance > 0
+    guidance_hint="CFG runs only above 0 (Turbo: 0)",
     guidance_kwarg="guidance_scale",
     size_multiple=16,
     default_steps=8,
@@ -53,6 +61,7 @@ FAMILY = Family(
         FileSlot("vae", KL_VAE, "ae.safetensors"),
     ),
     default_config_repo="Tongyi-MAI/Z-Image-Turbo",
+    memory=image_memory(transformer_shape),
     diffusers_model_types=("z-image-turbo",),
     prepare_compile=fill_rope_table,
     modular={"ZImagePipeline": ModularBlocks("ZImageAutoBlocks", "ZImageModularPipeline",

@@ -11,9 +11,9 @@ Before a layer's weights are first changed, they are copied to the CPU once; swi
 back (an exact restore, not unfuse arithmetic), so strength 0 or no LoRA gives the base image bit for bit.
 On any error the pipeline is left as the base.
 
-A LoRA goes into the denoiser its `expert` names: `transformer` (high_noise, the default, and the only one of
-one-transformer models), Wan 2.2 A14B's `transformer_2` (low_noise: diffusers' `load_into_transformer_2`), or
-both; the backups cover whichever expert's weights changed.
+A LoRA goes into the denoiser its `expert` names (the families' `lora_targets`): `transformer` (high_noise, the
+default, and the only one of one-transformer models), a second expert `transformer_2` (low_noise: diffusers'
+`load_into_transformer_2`), or both; the backups cover whichever expert's weights changed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import os
 import re
 
 from ..errors import LoraUnloadError, UserInputError
+from ..families import FAMILIES
 from ..specs import LoraExpert, LoraSpec, ProgressCallback
 
 log = logging.getLogger("tpu_diffusers")
@@ -34,9 +35,12 @@ NAME = "lora"
 LORA_KEY = re.compile(r"(^|\.)(lora_A|lora_B|lora_down|lora_up)(\.|$)|\.alpha$")
 _LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
 ADAPTER_PREFIX = "tpu_diffusers_lora_"
-# the pipeline components each expert choice loads a LoRA into
-EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), LoraExpert.LOW_NOISE: ("transformer_2",),
-                     LoraExpert.BOTH: ("transformer", "transformer_2")}
+# the pipeline components each expert choice loads a LoRA into: the first (a model's one transformer) by default, as
+# the families with two experts name them otherwise
+EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), **{
+    LoraExpert(choice): targets for family in FAMILIES for choice, targets in family.lora_targets.items()}}
+# what a second expert is, for the refusal on a model without one
+SECOND_EXPERT_WORDS = next(family.extra_denoiser_words for family in FAMILIES if family.lora_targets)
 LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) yet: the sharded transformer's weights "
                   "are DTensors split over the ranks, and diffusers' LoRA loading and fusing handles only whole "
                   "weights. Remove the LoRAs, or make the TP Mesh all replicas (replicas = chips, tp 1), or remove it.")
@@ -187,7 +191,7 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
 
 def _check_fits(pipe, lora: LoraSpec) -> set[str]:
     """The layers ("component.module") the LoRA changes, as diffusers converts it; refused before anything
-    is injected when one is not in this pipeline or has other widths (diffusers would widen a FLUX.1
+    is injected when one is not in this pipeline or has other widths (diffusers would widen a
     layer for a wider LoRA, which changes the model: a control LoRA, or a LoRA for another model)."""
     import torch
 
@@ -235,7 +239,7 @@ def _check_fits(pipe, lora: LoraSpec) -> set[str]:
 
 
 def _second_expert(pipe):
-    """Wan 2.2 A14B's low-noise expert `transformer_2`; None for a model with one transformer (TI2V-5B too)."""
+    """The second expert `transformer_2`; None for a model with one transformer."""
     import torch
 
     model = getattr(pipe, "transformer_2", None) if "transformer_2" in pipe._lora_loadable_modules else None
@@ -243,7 +247,7 @@ def _second_expert(pipe):
 
 
 def _into_experts(pipe, lora: LoraSpec, converted: dict) -> dict:
-    """The converted layers as the experts the LoRA goes into hold them: diffusers names a Wan LoRA's layers
+    """The converted layers as the experts the LoRA goes into hold them: diffusers names an expert LoRA's layers
     `transformer.` and loads them into `transformer_2` for load_into_transformer_2. Refused when the LoRA asks
     for a second expert this model does not have."""
     components = EXPERT_COMPONENTS[lora.expert]
@@ -252,8 +256,8 @@ def _into_experts(pipe, lora: LoraSpec, converted: dict) -> dict:
     if _second_expert(pipe) is None:
         raise UserInputError(
             f"LoRA '{_name(lora)}' is set to expert '{lora.expert}', which needs a second transformer "
-            f"(transformer_2, the low-noise expert of Wan 2.2 A14B), but this {type(pipe).__name__} has only one. "
-            "Set the LoRA's expert to high_noise (the model's transformer), or load a Wan 2.2 T2V/I2V A14B model.")
+            f"(transformer_2, {SECOND_EXPERT_WORDS}), but this {type(pipe).__name__} has only one. "
+            "Set the LoRA's expert to high_noise (the model's transformer), or load a model with two experts.")
     out = {k: v for k, v in converted.items() if not k.startswith("transformer.")}
     for component in components:
         out.update({f"{component}.{k.removeprefix('transformer.')}": v for k, v in converted.items()

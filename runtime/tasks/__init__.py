@@ -11,8 +11,7 @@ from __future__ import annotations
 from ..errors import UserInputError
 from ..families import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, Family, TaskPipeline,
                         family_for)
-from .base import (MAX_SEED, SampleRequest, Task, frames_problem, nearest_sizes, resolve_size,  # noqa: F401
-                   size_problem, validate_frames, validate_size)
+from .base import MAX_SEED, SampleRequest, Task, resolve_size, validate_frames, validate_size  # noqa: F401
 from .edit import Edit
 from .image2image import Image2Image
 from .inpaint import Inpaint

@@ -10,12 +10,12 @@ what batches of one with seed + i give.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 from .. import pipeline_kinds
 from ..errors import UserInputError
-from ..families import FAMILIES, Family, TaskPipeline
+from ..families import Family, TaskPipeline
+from ..input_checks import frames_problem, prompt_problem, size_problem
 from ..preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
 from ..outputs import IMAGES, KINDS, LATENT, CallResult, OutputKind, Outputs, joined
@@ -110,8 +110,8 @@ class Task:
 
     def validate(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
         """Reject what the family and its pipeline cannot take, with a message that says what to change."""
-        if not request.prompt.strip():
-            raise UserInputError(f"{family.name} needs a prompt: the prompt is empty. Describe the image to generate.")
+        if problem := prompt_problem(request.prompt, family.name):
+            raise UserInputError(problem)
         if request.steps < 1:
             raise UserInputError(f"steps is {request.steps}; at least 1 denoising step is needed "
                                  f"({family.name} models usually use {family.default_steps}).")
@@ -215,11 +215,6 @@ def generators(request: SampleRequest) -> list:
     return [torch.Generator("cpu").manual_seed((request.seed + i) % (MAX_SEED + 1)) for i in range(request.batch_size)]
 
 
-def nearest_sizes(value: int, multiple: int) -> tuple[int, int]:
-    lower = max(multiple, value // multiple * multiple)
-    return lower, lower + multiple
-
-
 def resolve_size(family: Family, pipeline: TaskPipeline, request: SampleRequest) -> SampleRequest:
     """Width or height 0: the first image's, rounded to the nearest multiple of the family's size step (or,
     for a pipeline that sets its output size itself, that size; another size asked of it is refused)."""
@@ -250,10 +245,8 @@ def resolve_size(family: Family, pipeline: TaskPipeline, request: SampleRequest)
 
 def validate_size(family: Family, width: int, height: int) -> None:
     for name, value in (("width", width), ("height", height)):
-        if value < family.size_multiple or value % family.size_multiple:
-            below, above = nearest_sizes(value, family.size_multiple)
-            raise UserInputError(f"{name} {value} cannot be used with {family.name}: it must be a multiple of "
-                                 f"{family.size_multiple}. Nearest valid {name}s: {below} or {above}.")
+        if problem := size_problem(name, value, family):
+            raise UserInputError(problem)
 
 
 def validate_latent(family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
@@ -283,22 +276,5 @@ def validate_frames(family: Family, frames: int) -> None:
     if not frames:
         raise UserInputError(f"{family.name} makes video: sample it with the TPU Video Sampler (it has the frames "
                              "input), not TPU Sampler.")
-    if frames < 1 or (frames - 1) % family.temporal_factor:
-        raise UserInputError(frames_problem(frames, family.temporal_factor, family.name))
-
-
-def frames_problem(frames: int, factor: int, model: str = "the model") -> str:
-    below = max(1, (frames - 1) // factor * factor + 1)
-    return (f"frames {frames} cannot be used with {model}: it must be {factor}k + 1 (1, {factor + 1}, "
-            f"{2 * factor + 1}, ..., 81). Nearest valid frame counts: {below} or {below + factor}.")
-
-
-def size_problem(name: str, value: int) -> str | None:
-    """What every supported family finds wrong with a width or height, or None: for checks made
-    before the model is known (validate_size applies the family's own rule when it runs)."""
-    multiple = math.lcm(*(family.size_multiple for family in FAMILIES))
-    if value >= multiple and value % multiple == 0:
-        return None
-    below, above = nearest_sizes(value, multiple)
-    return (f"{name} {value} cannot be used: every supported model needs a multiple of {multiple}. "
-            f"Nearest valid {name}s: {below} or {above}.")
+    if problem := frames_problem(frames, family):
+        raise UserInputError(problem)

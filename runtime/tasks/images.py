@@ -11,28 +11,17 @@ from __future__ import annotations
 
 from ..errors import UserInputError
 from ..families import TaskPipeline
-
-INPUT_NAMES = ("image", "image_2", "image_3")
+from ..input_checks import IMAGE_INPUTS as INPUT_NAMES
+from ..input_checks import denoise_problem, image_inputs_problem
 
 
 def validate(pipeline: TaskPipeline, request) -> None:
     """What no pipeline can take, and what this one cannot: each says what to change."""
-    if request.latent is not None:
-        if request.images:
-            raise UserInputError("both an image and a latent are connected: image to image starts from one of them; "
-                                 "disconnect the image or the latent.")
-        if request.mask is not None:
-            raise UserInputError("a mask and a latent are connected: inpainting starts from an image; connect the "
-                                 "image to repaint to 'image' instead of the latent, or disconnect the mask.")
-    if request.mask is not None and not request.images:
-        raise UserInputError("a mask is connected but no image: connect the image to repaint to 'image' "
-                             "(Load Image gives both), or disconnect the mask.")
-    if not 0 < request.denoise <= 1:
-        raise UserInputError(f"denoise is {request.denoise:g}; it must be above 0 and at most 1 (1 = replace the "
-                             f"image entirely).")
-    if request.denoise < 1 and not request.images and request.latent is None:
-        raise UserInputError(f"denoise {request.denoise:g} needs an image to start from (or a latent): connect one, "
-                             "or set denoise to 1 for text to image.")
+    problem = (image_inputs_problem(INPUT_NAMES[:len(request.images)], request.mask is not None,
+                                    request.latent is not None)
+               or denoise_problem(request.denoise, bool(request.images) or request.latent is not None))
+    if problem:
+        raise UserInputError(problem)
     if request.denoise < 1 and not pipeline.strength:
         raise UserInputError(f"denoise {request.denoise:g}: {pipeline.cls} always denoises fully (diffusers gives "
                              "it no strength); set denoise to 1.")

@@ -223,7 +223,7 @@ IMAGE_CASES = [
     case("fill-with-image-but-no-mask", linked(FILL, links={"image": IMAGE_A}), SAMPLER,
          ["has no image2image pipeline", r"image \+ mask", "mask"]),
     case("denoise-1.5-from-a-link", linked(links={"image": IMAGE_A, "denoise": (FLOAT, 0)}), SAMPLER,
-         ["denoise is 1.5", "at most 1"]),
+         ["denoise 1.5", "at most 1"]),
     case("width-0-from-a-link-without-image", linked(links={"width": (INT, 0)}), SAMPLER,
          ["width or height is 0", "no image is connected", "set the size"]),
     case("two-channel-image", linked(links={"image": (TWO_CHANNELS, 0)}), SAMPLER,

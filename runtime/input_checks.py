@@ -1,0 +1,92 @@
+"""The checks of a Sampler's inputs, each written once: the nodes' `validate_inputs` call them when the prompt is
+queued (with what is known then: which inputs are linked, the widget values; the model is not known yet,
+so a family-dependent rule is checked as every supported family needs it) and the runtime calls them again when it
+runs (with the family, and the values links gave). Each returns what to tell the user, or None.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .families import FAMILIES, Family
+
+MAX_SIZE = 8192  # the Samplers' width and height widgets go up to here
+IMAGE_INPUTS = ("image", "image_2", "image_3")
+
+
+def prompt_problem(prompt: str, model: str = "the model") -> str | None:
+    if not prompt.strip():
+        return f"prompt is empty: {model} needs a prompt. Describe what to generate."
+    return None
+
+
+def nearest_sizes(value: int, multiple: int) -> tuple[int, int]:
+    lower = max(multiple, value // multiple * multiple)
+    return lower, lower + multiple
+
+
+def size_problem(name: str, value: int, family: Family | None = None) -> str | None:
+    """What is wrong with a width or height of `family`'s (None: the model is not known yet, so what every supported
+    family takes: a multiple of all their size steps)."""
+    multiple = family.size_multiple if family else math.lcm(*(f.size_multiple for f in FAMILIES))
+    if value >= multiple and value % multiple == 0:
+        return None
+    below, above = nearest_sizes(value, multiple)
+    rule = (f"cannot be used with {family.name}: it must be a multiple of {multiple}" if family else
+            f"cannot be used: every supported model needs a multiple of {multiple}")
+    return f"{name} {value} {rule}. Nearest valid {name}s: {below} or {above}."
+
+
+def queued_size_problem(name: str, value: int, has_image: bool) -> str | None:
+    """A Sampler's width or height when the prompt is queued: 0 is the image's (or the latent's), so it needs one."""
+    if value > MAX_SIZE:
+        return f"{name} {value} is larger than {MAX_SIZE}; use at most {MAX_SIZE}."
+    if value == 0:
+        if not has_image:
+            return f"{name} 0 means the image's {name}, but no image is connected: connect one or set {name}."
+        return None
+    return size_problem(name, value)
+
+
+def video_frame_factor() -> int:
+    """The frame step every supported video family takes (frames = factor x k + 1)."""
+    return math.lcm(*(family.temporal_factor for family in FAMILIES if family.makes_video))
+
+
+def frames_problem(frames: int, family: Family | None = None) -> str | None:
+    """A video's frame count: `family`'s temporal factor x k + 1 (None: what every supported video family takes)."""
+    factor = family.temporal_factor if family else video_frame_factor()
+    if frames >= 1 and (frames - 1) % factor == 0:
+        return None
+    below = max(1, (frames - 1) // factor * factor + 1)
+    return (f"frames {frames} cannot be used with {family.name if family else 'the model'}: it must be {factor}k + 1 "
+            f"(1, {factor + 1}, {2 * factor + 1}, ..., 81). Nearest valid frame counts: {below} or {below + factor}.")
+
+
+def image_inputs_problem(images: tuple[str, ...], mask: bool, latent: bool = False) -> str | None:
+    """Which of the Sampler's image inputs are connected (`images`: the names of those of IMAGE_INPUTS that are):
+    image to image starts from an image or a LATENT, not both; a mask needs the image it repaints, and the
+    references come in order."""
+    if latent and images:
+        return ("both an image and a latent are connected: image to image starts from one of them; disconnect the "
+                "image or the latent.")
+    if latent and mask:
+        return ("a mask and a latent are connected: inpainting starts from an image; connect the image to repaint to "
+                "'image' instead of the latent, or disconnect the mask.")
+    if mask and "image" not in images:
+        return ("a mask is connected but no image: connect the image to repaint to 'image' (Load Image gives both), "
+                "or disconnect the mask.")
+    for name, before in zip(IMAGE_INPUTS[1:], IMAGE_INPUTS):
+        if name in images and before not in images:
+            return f"{name} is connected but {before} is not: connect the references in order, {before} first."
+    return None
+
+
+def denoise_problem(denoise: float, has_image: bool) -> str | None:
+    """`has_image`: an image (or a LATENT) to start from is connected."""
+    if not 0 < denoise <= 1:
+        return f"denoise {denoise:g} is outside 0..1 (0 would change nothing); use a value above 0, at most 1."
+    if denoise < 1 and not has_image:
+        return (f"denoise {denoise:g} needs an image to start from: connect an image (or a latent), or set denoise "
+                "to 1 for text to image.")
+    return None
