@@ -64,7 +64,7 @@ class TPUCompileTransformer(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, scope: str, fullgraph: bool, warmup_sizes: str) -> io.NodeOutput:
         sizes = parse_sizes(warmup_sizes)
-        family = family_of(pipeline)  # with the model's settings: Wan 2.2 TI2V-5B's sizes step by 32, not 16
+        family = family_of(pipeline)  # with the model's settings, which may change its size step
         for width, height, *_ in sizes:
             validate_size(family, width, height)
         spec = CompileSpec(scope=scope, fullgraph=fullgraph, warmup_sizes=sizes)

@@ -13,6 +13,8 @@ from .types import CATEGORY, TPUPipeline, link_problem
 
 IMAGE_FAMILIES = [family for family in FAMILIES if not family.makes_video]
 EDIT_FAMILIES = [family for family in IMAGE_FAMILIES if any(EDIT in tasks for tasks in family.model_classes.values())]
+# the families whose image to image starts from a LATENT (`ComfyLatent.to_pipeline`)
+LATENT_IN_FAMILIES = listed(family for family in IMAGE_FAMILIES if family.comfy_latent and family.comfy_latent.to_pipeline)
 
 
 def families_taking(images: int) -> str:
@@ -89,9 +91,9 @@ class TPUSampler(io.ComfyNode):
                               tooltip="Inpaint: 1 (white) = repaint, 0 = keep, as Load Image's mask. Resized to the "
                                       "image when its size differs."),
                 io.Latent.Input("latent", optional=True,
-                                tooltip="Image to image from latents instead of an image (FLUX.1, Qwen-Image, SDXL, "
-                                        "SD3: a LATENT of the same VAE, e.g. this node's or VAE Encode's), with "
-                                        "denoise as for an image. Connect either image or latent."),
+                                tooltip=f"Image to image from latents instead of an image ({LATENT_IN_FAMILIES}: a "
+                                        "LATENT of the same VAE, e.g. this node's or VAE Encode's), with denoise as "
+                                        "for an image. Connect either image or latent."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="Connect to Save Image or Preview Image."),

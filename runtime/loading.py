@@ -96,7 +96,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     # With single files, the folder (or the hub repo's small files) gives configs, tokenizers, scheduler.
     folder = single_file.config_folder(handle.source) if files else local_folder(handle.source, on_progress)
     index = read_model_index(folder, is_folder=True)
-    family = family_for(handle.model_class, settings=config_values(index))  # Wan 2.2 TI2V-5B: one denoiser, its slots
+    family = family_for(handle.model_class, settings=config_values(index))  # settings may change denoisers and slots
     left_out = optional_left_out(family, handle, folder) if files else {}
     check_index(handle.source, index, folder, from_files=frozenset(files), left_out=frozenset(left_out))
     if index["_class_name"] != handle.model_class:
@@ -120,10 +120,10 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
         if name in files:
             loaded[name] = single_file.load_component(name, _component_class(name, library, cls), files[name],
                                                       folder, dtype, weights_cache, [] if notes is None else notes)
-            if sharding and name in family.denoisers:  # Wan 2.2 A14B's transformer_2 (model_2) too
+            if sharding and name in family.denoisers:  # a second expert (model_2) too
                 _shard_loaded(loaded[name], sharding.load_kwargs(folder, name), device)
             if files[name] not in (files.get(later) for later in list(parts)[done + 1:]):
-                # no later component reads this file: its whole read goes now (on a TP rank, Wan 2.2 A14B's
+                # no later component reads this file: its whole read goes now (on a TP rank, a two-expert model's
                 # first expert, sharded above, is not held whole while the second is read)
                 weights_cache.pop(files[name])
         else:
@@ -143,7 +143,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
 
 
 def optional_left_out(family: Family, handle: PipelineHandle, folder: str) -> dict[str, str]:
-    """{component: its tokenizer} of the family's optional components (SD3's T5) that neither a picked file
+    """{component: its tokenizer} of the family's optional components (`FileSlot.optional`) that neither a picked file
     nor the configs folder's weights provide: the pipeline runs without them, as diffusers allows."""
     left_out = {}
     for name in family.optional_slots:

@@ -37,7 +37,7 @@ def realise(cache: PipelineCache, handle: PipelineHandle, device: DeviceInfo,
 
 
 def denoisers(pipe, family: Family) -> tuple:
-    """Every denoising model the loaded pipeline has (Wan 2.2 A14B: both experts; TI2V-5B has no second)."""
+    """Every denoising model the loaded pipeline has (`Family.denoisers`; an optional second expert may be absent)."""
     loaded = (getattr(pipe, name, None) for name in family.denoisers)
     return tuple(model for model in loaded if model is not None)
 

@@ -101,9 +101,10 @@ CLASSIC_KIND = ClassicKind()
 
 
 def init_options(pipeline_cls, index: dict | None = None) -> dict:
-    """The pipeline's settings beside its components: what model_index.json records for its __init__ (SDXL's
-    force_zeros_for_empty_prompt, FLUX.2 [klein]'s is_distilled, as from_pretrained passes them), and no invisible watermark (SDXL's pipelines
-    add one whenever the invisible-watermark package is installed; ComfyUI never watermarks)."""
+    """The pipeline's settings beside its components: what model_index.json records for its __init__ (e.g.
+    force_zeros_for_empty_prompt, is_distilled, as from_pretrained passes them), and no invisible watermark (a
+    pipeline that takes `add_watermarker` adds one whenever the invisible-watermark package is installed; ComfyUI
+    never watermarks)."""
     takes = inspect.signature(pipeline_cls).parameters
     options = {name: value for name, value in config_values(index or {}).items() if name in takes}
     if "add_watermarker" in takes:
@@ -169,7 +170,7 @@ class ModularKind:
 
 def _pipeline(blocks: ModularBlocks, pipeline_blocks, model_settings: dict, components: dict):
     """A modular pipeline of `pipeline_blocks` with these components, and these model settings in its config (the
-    blocks' own config values among them, e.g. SDXL's force_zeros_for_empty_prompt, take them as from_pretrained
+    blocks' own config values among them, e.g. force_zeros_for_empty_prompt, take them as from_pretrained
     would)."""
     import diffusers
 

@@ -36,8 +36,8 @@ class Plan:
 
     def refined(self, loaded_settings: Mapping) -> "Plan":
         """The plan as the loaded model's settings make it, when they were unknown before loading (a hub model's
-        model_index.json is only read once downloaded): Wan 2.2 TI2V-5B is then known for what it is, with its
-        own size step. A plan whose settings were read before loading is already right and is returned as is,
+        model_index.json is only read once downloaded): a model whose settings change its family's facts
+        (`Family.setting_changes`) is then known for what it is, with its own size step. A plan whose settings were read before loading is already right and is returned as is,
         so a request is planned at most twice."""
         if self.settings is not None:
             return self
@@ -89,5 +89,5 @@ def _kind(family: Family, model_class: str) -> str:
 
 def family_of(handle: PipelineHandle) -> Family:
     """The family of the handle's model as its settings make it, where they are readable before loading (a folder,
-    a configs folder, a hub model in the local cache): Wan 2.2 TI2V-5B's size step is 32, not Wan's 16."""
+    a configs folder, a hub model in the local cache): `Family.setting_changes` may change its size step."""
     return family_for(handle.model_class, settings=model_settings(handle.source))

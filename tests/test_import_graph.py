@@ -3,7 +3,7 @@ import name): no circle, and `distributed/` strictly below the engine.
 
 The rule for distributed/: it reaches (directly or through what it imports) only its own modules and the leaf
 modules below, which know nothing of a request's run: errors, specs, settings, device, the model folder readers
-(model_folder, sources, downloads) and the families. The engine, the plan, the tasks, the local run, loading,
+(model_folder, sources, downloads, model_files: names inside the model folders) and the families. The engine, the plan, the tasks, the local run, loading,
 features and the worker program sit above it; group.py starts the worker program by its path.
 """
 
@@ -16,7 +16,7 @@ RUNTIME = Path(tpu_diffusers_runtime.__file__).parent
 PACKAGE = tpu_diffusers_runtime.__name__
 DISTRIBUTED = f"{PACKAGE}.distributed"
 LEAVES = {f"{PACKAGE}.{name}" for name in ("errors", "specs", "settings", "device", "model_folder", "sources",
-                                            "downloads", "families")}
+                                            "downloads", "model_files", "families")}
 
 
 def module_name(path: Path) -> str:

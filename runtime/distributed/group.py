@@ -95,8 +95,8 @@ def launch_env(key: str) -> dict:
 
 
 def reply_bytes(request) -> int:
-    """The most a run's result brings back: its images, and a LATENT of at most half a float32 per pixel
-    (FLUX.2's 128 channels per 16 x 16 pixels; the other families' fewer), 1/6 of the images' bytes."""
+    """The most a run's result brings back: its images, and a LATENT of at most half a float32 per pixel (the
+    widest latent, 128 channels per 16 x 16 pixels; others have fewer), 1/6 of the images' bytes."""
     images = request.output_bytes()
     return images + images // 6
 

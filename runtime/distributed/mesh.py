@@ -146,7 +146,7 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
     notes = [f"mesh: {replicas} replica(s) x {tp}-way tensor parallel over {size} ranks"]
     if spec.shard_transformer:
         family = family_for(index["_class_name"], settings=config_values(index))
-        for denoiser in family.denoisers:  # Wan 2.2 A14B's two experts; an absent one (TI2V-5B's) is not in parts
+        for denoiser in family.denoisers:  # a second expert too; an absent one (optional in the model) is not in parts
             if denoiser in parts:
                 notes += _check_transformer(source, denoiser, parts[denoiser][1], tp, family)
     if spec.shard_text_encoder:
@@ -158,7 +158,7 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
 
 def _denoiser_class(family: Family):
     """The diffusers class of a family's denoiser, from its base pipeline's __init__ annotation
-    (`FluxTransformer2DModel`, `WanTransformer3DModel | None`, or its name as a string)."""
+    (a class, `SomeTransformer | None`, or its name as a string)."""
     import inspect
     import typing
 
@@ -173,8 +173,8 @@ def _denoiser_class(family: Family):
 
 
 def shardable_families() -> str:
-    """The families whose denoiser diffusers can shard (its class has a `_tp_plan`), for messages:
-    'FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein] and Wan 2.2' (Wan's plan is its family's: runtime/families/wan.py)."""
+    """The families whose denoiser can be sharded, for messages: its class has diffusers' `_tp_plan`, or the family
+    declares one (`Family.tp_plan`)."""
     names = [family.name for family in FAMILIES
              if getattr(_denoiser_class(family), "_tp_plan", None) is not None or family.tp_plan is not None]
     return _joined(names)
@@ -191,7 +191,8 @@ def families_with_plan(plan: str) -> str:
 
 def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> int:
     """The denoiser's sequence of image tokens: latent frames x (height / size_multiple) x (width / size_multiple),
-    size_multiple being the VAE's factor times the patch size (Wan: 4k + 1 frames make k + 1 latent frames)."""
+    size_multiple being the VAE's factor times the patch size (temporal factor 4: 4k + 1 frames make k + 1 latent
+    frames)."""
     latent_frames = (frames - 1) // family.temporal_factor + 1 if frames and family.temporal_factor else 1
     return latent_frames * (height // family.size_multiple) * (width // family.size_multiple)
 
@@ -245,7 +246,7 @@ def _divisible_shapes(cp: int, family: Family, width: int, height: int, frames: 
 
 def tp_plan_for(cls, family: Family, config: dict) -> dict | None:
     """The `_tp_plan` a sharded load of the diffusers class `cls` with this config uses: diffusers' own, else its
-    family's for this config (Wan's), else None (it cannot be sharded)."""
+    family's for this config (`Family.tp_plan`), else None (it cannot be sharded)."""
     if getattr(cls, "_tp_plan", None) is not None and cls not in FAMILY_PLANNED:
         return cls._tp_plan
     return family.tp_plan(config) if family.tp_plan is not None else None

@@ -17,7 +17,7 @@ from .mesh import FAMILY_PLANNED, text_encoder_has_tp_plan, tp_plan_for
 
 class Sharding:
     def __init__(self, spec: MeshSpec, mesh, family: Family):
-        # family.denoisers: the pipeline's transformer/unet, and Wan 2.2 A14B's second expert
+        # family.denoisers: the pipeline's transformer/unet, and a second expert where the family has one
         self.spec, self.mesh, self.family = spec, mesh, family
         self.sharded: set[str] = set()  # components loaded sharded (and placed) by their library
 
@@ -40,7 +40,7 @@ class Sharding:
 
 def use_family_tp_plan(family: Family, config: dict) -> None:
     """diffusers' sharded `from_pretrained` and `enable_parallelism` read the class's `_tp_plan`: for a class
-    diffusers plans none for (Wan's), the family's plan for this config is set there, before each sharded load
+    diffusers plans none for (`Family.tp_plan`), the family's plan for this config is set there, before each sharded load
     (it depends on the config's head count). A class with a plan of its own keeps it."""
     import diffusers
 
@@ -74,7 +74,7 @@ def sharded_fraction(*modules) -> float:
 
 
 def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh) -> str:
-    """Context parallelism on every denoiser the pipeline has (both Wan 2.2 A14B experts), after loading:
+    """Context parallelism on every denoiser the pipeline has (both experts of a two-expert model), after loading:
     each rank holds the whole model and runs 1/N of the tokens; diffusers' CP plan splits them at the first
     block and gathers them after the last. Ulysses (all-to-all of heads): ring attention needs the attention
     op's log-sum-exp, which diffusers' "native" backend (SDPA, the one every device here uses) does not give.

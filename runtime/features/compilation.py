@@ -139,12 +139,12 @@ class CompileState:
 
 
 def compile_denoiser(denoisers: tuple, request: CompileRequest, prepare=None) -> CompileState:
-    """Mark the denoisers (a pipeline's transformer or unet; Wan 2.2 A14B's two experts) for compilation (torch
+    """Mark the denoisers (a pipeline's transformer or unet; both experts of a two-expert model) for compilation (torch
     compiles lazily, on the first call per shape), each after its family's `prepare_compile` (if any)."""
     scope = request.resolved_scope()
     blocks = getattr(denoisers[0], "_repeated_blocks", None)
     if request.scope is CompileScope.AUTO and not blocks:
-        scope = CompileScope.WHOLE  # e.g. SD3 declares no repeated blocks: the whole model is all there is
+        scope = CompileScope.WHOLE  # a model that declares no repeated blocks: the whole model is all there is
     if scope is not CompileScope.WHOLE and not blocks:
         raise UserInputError(f"{type(denoisers[0]).__name__} declares no repeated blocks; use scope 'whole'.")
     options = dict(backend=request.backend, fullgraph=request.fullgraph, dynamic=False)
@@ -173,7 +173,7 @@ class CompileAsk:
 
     request: CompileRequest
     warmup_sizes: tuple[tuple[int, ...], ...]
-    denoisers: tuple[str, ...]  # the pipeline's denoiser components (Wan 2.2 A14B: both experts)
+    denoisers: tuple[str, ...]  # the pipeline's denoiser components (a two-expert model: both)
     prepare: Callable | None = None  # the family's prepare_compile
 
 

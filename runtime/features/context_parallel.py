@@ -16,7 +16,7 @@ NAME = "context_parallel"
 @dataclasses.dataclass(frozen=True)
 class ContextParallelAsk:
     mesh: object  # the replica's ("ring", "ulysses") DeviceMesh
-    denoisers: tuple[str, ...]  # the pipeline's denoiser components (Wan 2.2 A14B: both experts)
+    denoisers: tuple[str, ...]  # the pipeline's denoiser components (a two-expert model: both)
 
 
 @dataclasses.dataclass(frozen=True)

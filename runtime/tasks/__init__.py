@@ -86,7 +86,7 @@ def check_host_memory(task: Task, request: SampleRequest, available: int | None)
 
 def run_pipeline(pipe, family: Family, request: SampleRequest, on_step=None, preview=None):
     """Sample `request` with a loaded pipeline of one of `family`'s model classes, as its inputs say (and as its
-    config's settings make the family: Wan 2.2 TI2V-5B)."""
+    config's settings make the family: `Family.with_settings`)."""
     family = family.with_settings(pipe.config)
     task, pipeline = task_for(family, type(pipe).__name__, request)
     return task.run(pipe, family, pipeline, request, on_step, preview)

@@ -3,7 +3,7 @@
 Seeds go through one CPU `torch.Generator` per image (seed, seed+1, ...), as the guide does, so a seed
 gives the same image on every device and in every batch position. A task whose inputs include images makes
 one pipeline call per output image: diffusers' batched image-to-image and inpaint calls encode the image with
-the first generator only (and SD3's image to image fails with a list of them), so a batch there would not be
+the first generator only (and some image-to-image classes fail with a list of them), so a batch there would not be
 what batches of one with seed + i give.
 """
 
@@ -47,7 +47,7 @@ class SampleRequest:
     batch_size: int = 1
     denoise: float = 1.0  # diffusers' strength: how much of the image is replaced; about the last steps x denoise run
     first_image: int = 0  # image 0 here is image first_image of the Sampler's batch (a replica's share): pairing
-    frames: int = 0  # video: frames of each video (Wan: 4k + 1); 0: images
+    frames: int = 0  # video: frames of each video (temporal factor x k + 1); 0: images
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
@@ -135,7 +135,7 @@ class Task:
                       num_inference_steps=request.steps, output_type="pt")
         kwargs[family.guidance_kwarg] = request.guidance
         if family.takes_negative_prompt:
-            # diffusers runs QwenImage's true CFG only when a negative prompt is given; " " is its own default.
+            # some pipelines run true CFG only when a negative prompt is given: the family's default_negative_prompt.
             kwargs["negative_prompt"] = request.negative_prompt or family.default_negative_prompt
         if pipeline.max_area:
             kwargs["max_area"] = request.width * request.height

@@ -1,4 +1,4 @@
-"""Edit: the images are references the prompt speaks of (FLUX.1 Kontext, Qwen-Image-Edit, FLUX.2); the
+"""Edit: the images are references the prompt speaks of (an edit model's task, `families.EDIT`); the
 output is a new image of width x height, not a noised copy of the first."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Inpaint: the image's masked part (mask 1) is repainted, the rest kept. FLUX.1 Kontext's inpaint pipeline
-also takes image_2 as its reference image (`image_reference`)."""
+"""Inpaint: the image's masked part (mask 1) is repainted, the rest kept. A pipeline with a `reference_kwarg`
+also takes image_2 as its reference image there (e.g. `image_reference`)."""
 
 from __future__ import annotations
 
