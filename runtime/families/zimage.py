@@ -9,7 +9,7 @@ diffusers has no tensor-parallel plan for its transformer: several chips run it 
 from .base import (IMAGE2IMAGE, INPAINT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, ModularBlocks,
                    TaskPipeline)
 from .components import KL_VAE, QWEN3, diffusers_detection_keys, image_memory
-from .sd3 import raw_latents, spatial_latents
+from .sd3 import raw_latents, sampled_latents, spatial_latents
 
 
 def fill_rope_table(transformer) -> None:
@@ -25,6 +25,15 @@ def original_cfg_guider(guidance: float) -> dict:
     """The modular blocks' ClassifierFreeGuidance as ZImagePipeline runs CFG: cond + guidance x (cond - uncond), on
     when guidance is above 0 (the blocks' guider is off by default)."""
     return {"guidance_scale": guidance, "use_original_formulation": True, "enabled": True}
+
+
+def latents_as_image(pipe, samples):
+    """ComfyUI's LATENT -> the sampled latents ZImageImg2ImgPipeline starts from as its `image`. Its image processor
+    passes a tensor through as latents only when its channels are `vae_latent_channels`, which this pipeline leaves
+    at the default 4 (FluxImg2ImgPipeline sets its VAE's): set to the VAE's 16 here, so the latents are not resized
+    and normalised as pixels (an image's 3 channels never match it)."""
+    pipe.image_processor.register_to_config(vae_latent_channels=pipe.vae.config.latent_channels)
+    return sampled_latents(pipe, samples)
 
 
 def transformer_shape(config):
@@ -51,9 +60,8 @@ FAMILY = Family(
     default_steps=8,
     latent_grid=spatial_latents,
     comfy_latent_format="Flux",  # ComfyUI's supported_models.ZImage (a Lumina2): latent_formats.Flux
-    # no LATENT input: ZImageImg2ImgPipeline's image processor takes only 4-channel tensors as latents (its
-    # vae_latent_channels is the default 4), so it would resize and normalise FLUX.1's 16 channels as pixels
-    comfy_latent=ComfyLatent(channels=16, factor=8, frame_axis=False, to_comfy=raw_latents),
+    comfy_latent=ComfyLatent(channels=16, factor=8, frame_axis=False, to_comfy=raw_latents,
+                             to_pipeline=latents_as_image),
     denoiser_kind=TRANSFORMER,
     denoiser_files=("z_image_turbo_bf16.safetensors",),
     file_slots=(
