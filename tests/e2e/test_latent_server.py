@@ -38,4 +38,4 @@ def test_a_latent_with_an_image_is_refused_when_queued(server):
     prompt[SECOND]["inputs"]["image"] = ["22", 0]
     how, node, text, _ = outcome(server, prompt)
     assert (how, node) == ("rejected", SECOND)
-    assert "latent is connected with an image or mask" in text
+    assert "both an image and a latent are connected" in text
