@@ -35,8 +35,6 @@ class CallResult:
     final_latents: object
     pipe: object
     family: object
-    height: int
-    width: int
 
 
 class OutputKind:
@@ -91,7 +89,9 @@ class ComfyLatents(OutputKind):
 
         # one copy off the device, then a few CPU ops: the accelerator runs nothing more
         latents = call.final_latents.detach().to("cpu", torch.float32)
-        return call.family.comfy_latent.to_comfy(call.pipe, latents, call.height, call.width)
+        # the size the pipeline decoded, which may not be the one asked (FLUX.1 Kontext's picks its own)
+        height, width = call.output.images.shape[-2:]
+        return call.family.comfy_latent.to_comfy(call.pipe, latents, height, width)
 
     def join(self, parts: list):
         return {"samples": super().join(parts)}

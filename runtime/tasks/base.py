@@ -202,7 +202,7 @@ class Task:
 
             with outside_inference_mode():  # either pipeline kind, classic or modular
                 output = pipeline_kinds.call(pipe, family, kwargs, step_end)
-            made = CallResult(output, final.get("latents"), pipe, family, request.height, request.width)
+            made = CallResult(output, final.get("latents"), pipe, family)
             for kind in kinds:
                 parts[kind].append(kind.take(made))
         return joined(parts)

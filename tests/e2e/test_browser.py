@@ -267,7 +267,7 @@ def test_a_workflow_saved_before_the_image_inputs_loads_with_denoise_1_and_runs(
                            "values: n.widgets.map(w => w.value), sockets: n.inputs.filter(i => !i.widget)"
                            ".map(i => i.name)} }", sampler["id"])
     assert loaded["names"][-1] == "denoise" and loaded["values"] == [*saved, 1.0]
-    assert loaded["sockets"] == ["pipeline", "image", "image_2", "image_3", "mask"]
+    assert loaded["sockets"] == ["pipeline", "image", "image_2", "image_3", "mask", "latent"]
     prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
     assert prompt[str(sampler["id"])]["inputs"]["denoise"] == 1.0
     entry = server.run(prompt, timeout=300)
