@@ -89,7 +89,7 @@ class ComfyLatents(OutputKind):
 
         # one copy off the device, then a few CPU ops: the accelerator runs nothing more
         latents = call.final_latents.detach().to("cpu", torch.float32)
-        # the size the pipeline decoded, which may not be the one asked (FLUX.1 Kontext's picks its own)
+        # the size the pipeline decoded, which may not be the one asked (a max_area pipeline picks its own)
         height, width = call.output.images.shape[-2:]
         return call.family.comfy_latent.to_comfy(call.pipe, latents, height, width)
 
