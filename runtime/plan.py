@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from . import pipeline_kinds
 from .device import DeviceInfo, resolve_device
 from .distributed.mesh import mesh_shape, world_size
 from .families import Family, TaskPipeline, family_for
@@ -25,7 +24,6 @@ class Plan:
     family: Family  # as the model's settings make it (`Family.with_settings`)
     task: Task
     pipeline: TaskPipeline  # the diffusers pipeline that runs the task
-    kind: str  # the pipeline kind it runs as: classic (a DiffusionPipeline class) or modular (blocks)
     device: DeviceInfo  # where this process runs it
     request: SampleRequest  # checked, its size resolved
     outputs: tuple[str, ...]  # what the run gives back: output kinds' names (runtime/outputs.py), e.g. images, latent
@@ -62,7 +60,7 @@ class Plan:
         task = TASKS[data["task"]]
         return cls(model_class=data["model_class"], family=family, task=task,
                    pipeline=family.pipeline_for(data["model_class"], task.name), device=device, request=request,
-                   kind=_kind(family, data["model_class"]), outputs=tuple(data["outputs"]), layout=data["layout"] and tuple(data["layout"]), settings=data["settings"])
+                   outputs=tuple(data["outputs"]), layout=data["layout"] and tuple(data["layout"]), settings=data["settings"])
 
 
 def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceInfo | None = None) -> Plan:
@@ -79,12 +77,7 @@ def _planned(model_class: str, request: SampleRequest, settings: dict | None, de
              layout: tuple[int, int, int] | None) -> Plan:
     family, task, pipeline, request = prepare(model_class, request, settings)
     return Plan(model_class=model_class, family=family, task=task, pipeline=pipeline, device=device, request=request,
-                kind=_kind(family, model_class), outputs=tuple(kind.name for kind in task.output_kinds(family)),
-                layout=layout, settings=settings)
-
-
-def _kind(family: Family, model_class: str) -> str:
-    return pipeline_kinds.kind_for(family, model_class).name
+                outputs=tuple(kind.name for kind in task.output_kinds(family)), layout=layout, settings=settings)
 
 
 def family_of(handle: PipelineHandle) -> Family:

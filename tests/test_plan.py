@@ -44,7 +44,7 @@ def test_warm_up_sizes_are_checked_with_the_models_settings(tiny):
 def test_a_mesh_gives_the_plan_its_layout(tiny):
     handle = PipelineHandle.of(source=tiny("flux1-schnell"), model_class="FluxPipeline")
     plan = plan_request(handle.replace(mesh=MeshSpec(chips=4, replicas=2)), request())
-    assert plan.layout == (2, 1, 2) and plan.outputs == ("images", "latent") and plan.kind == "classic"
+    assert plan.layout == (2, 1, 2) and plan.outputs == ("images", "latent")
 
 
 def test_a_worker_rank_gets_the_clients_plan(tiny):
