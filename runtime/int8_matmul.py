@@ -18,10 +18,11 @@ Which op does step 2 where:
   the tests; designed, not run on a CUDA chip here.
 - TPU: TorchTPU 0.2.0 has no kernel for `aten::_int_mm` (the name is in none of its libraries), and its
   `aten::mm.dtype` kernel cannot be compiled for int8 (torch's own meta function for it, which tracing uses,
-  refuses int8 -> int32). So the TPU multiplies the int8 tensors widened to int32 with `torch.mm`: exact, lowered
-  in eager and compiled mode alike, and a convert feeding a dot that XLA can fold into an int8 dot with int32
-  accumulation. Designed, not run on a TPU: whether XLA's TPU compiler does feed the int8 matrix units so is
-  what `benchmarks/bench_int8_matmul.py` measures on the chip (verify_device's benchmark plan).
+  refuses int8 -> int32). So the TPU multiplies the int8 tensors widened to int32 with `torch.mm`: exact, and in
+  one compiled graph (compiled mode, fused eager) a widening convert feeding a dot, which XLA's
+  ConvertOperandFolding pass (in libtpu's pass pipelines) rewrites into an int8 x int8 dot with int32 results.
+  Strict eager runs each op alone: the int32 copies are made and nothing is gained there. Designed, not run on a
+  TPU: the ratio to bf16 is what `benchmarks/bench_int8_matmul.py` measures on the chip (verify_device's plan).
 
 Only `int8_tensorwise` (plain and ConvRot) runs this way; other formats (fp8, nvfp4, mxfp8, ...) stay weight-only.
 """
@@ -43,7 +44,8 @@ def int8_linear(x, weight, bias=None):
 
     if weight.format not in W8A8_FORMATS or weight.qdata.dtype != torch.int8:
         raise UserInputError(f"the int8 x int8 path runs {', '.join(W8A8_FORMATS)} weights only; this layer is "
-                             f"{weight.format} ({weight.qdata.dtype}), which stays weight-only (dequantized per layer).")
+                             f"{weight.format} ({weight.qdata.dtype}), which stays weight-only (dequantized per "
+                             "layer).")
     out_features, in_features = weight.qdata.shape
     weight_scale = weight.params.scale.to(device=x.device, dtype=torch.float32).reshape(1, -1)
     if weight_scale.shape[1] not in (1, out_features):
