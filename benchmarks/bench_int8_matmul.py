@@ -38,7 +38,7 @@ MAX_W8A8_DIFFERENCE = 0.05  # W8A8 vs weight-only, relative (measured on the CPU
 
 
 def block_weights(width: int, generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{layer: (bf16 weight [out, in], bias)} of a transformer block's linears, initialised as nn.Linear does."""
+    """{layer: (weight [out, in], bias)} of a transformer block's linears in float32, initialised as nn.Linear does."""
     shapes = {"qkv": (3 * width, width), "out": (width, width), "mlp_up": (4 * width, width),
               "mlp_down": (width, 4 * width)}
     return {name: ((torch.rand(shape, generator=generator) * 2 - 1) / shape[1] ** 0.5,
@@ -62,11 +62,11 @@ def forward(linear, layers: dict, x: torch.Tensor) -> torch.Tensor:
     return h + linear(layers["mlp_down"], torch.nn.functional.gelu(linear(layers["mlp_up"], h), approximate="tanh"))
 
 
+WEIGHT_ONLY, W8A8 = "weight-only (dequantized per layer)", "W8A8 (int8 x int8)"
 MODES = {  # name: (how a layer (weight, bias) runs, which weights it takes)
     "bf16": (lambda layer, x: torch.nn.functional.linear(x, *layer), "bf16"),
-    "weight-only (dequantized per layer)": (
-        lambda layer, x: torch.nn.functional.linear(x, layer[0].dequantize(x.dtype), layer[1]), "int8"),
-    "W8A8 (int8 x int8)": (lambda layer, x: int8_linear(x, *layer), "int8"),
+    WEIGHT_ONLY: (lambda layer, x: torch.nn.functional.linear(x, layer[0].dequantize(x.dtype), layer[1]), "int8"),
+    W8A8: (lambda layer, x: int8_linear(x, *layer), "int8"),
 }
 
 
@@ -106,8 +106,7 @@ def measure(args) -> tuple[list[tuple], float | None]:
                 fastest[key] = min(fastest.get(key, float("inf")), time.perf_counter() - start)
     rows = [(name, compiled, errors.get((name, compiled), fastest.get((name, compiled))),
              outputs.get((name, compiled))) for name, compiled in runs]
-    w8a8, weight_only = outputs.get(("W8A8 (int8 x int8)", False)), outputs.get(
-        ("weight-only (dequantized per layer)", False))
+    w8a8, weight_only = outputs.get((W8A8, False)), outputs.get((WEIGHT_ONLY, False))
     return rows, None if w8a8 is None or weight_only is None else difference(w8a8, weight_only)
 
 

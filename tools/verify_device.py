@@ -863,8 +863,8 @@ def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: lis
                                      if cache["reused"] else "**not reused**: no cache hit in the fresh process.")]
     lines += ["", "## Benchmarks", ""]
     if ctx.quick:
-        lines += ["--quick: each benchmark ran on the tiny FLUX.1-schnell model with the fewest runs, to prove "
-                  "it runs; its numbers measure overhead, not the device.", ""]
+        lines += ["--quick: each benchmark ran on the tiny FLUX.1-schnell model (the int8 one on linears of width "
+                  "256) with the fewest runs, to prove it runs; its numbers measure overhead, not the device.", ""]
     for bench in benchmarks:
         if "command" not in bench:
             lines += [f"### {bench['script']}: {bench['not_run']}", ""]
