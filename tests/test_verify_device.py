@@ -266,3 +266,24 @@ def test_the_upsampling_probe_runs_in_a_child_and_the_report_shows_it(tiny_dir, 
                                                                     "error": "NotImplementedError: ..."}})
     assert "| upsample_nearest2d | pass | max abs diff 0.00e+00 |" in lines
     assert "| sdxl_vae_decode | missing op | aten::x.out NotImplementedError: ... |" in lines
+
+
+def test_the_int8_benchmark_runs_in_the_quick_cpu_form_and_the_report_shows_its_ratios(tmp_path):
+    """W8A8, weight-only and bf16 side by side (benchmarks/bench_int8_matmul.py), as CI's quick CPU run plans it: it
+    exits 0 and the report carries its table, each mode's time per forward as a ratio to bf16's and how far its output
+    is from bf16's. Without --quick it runs at FLUX.1's width, compiled too."""
+    model = verify_device.ROOT / ".comfyui" / "tiny-models" / "tiny-flux1-schnell"  # named, not read
+    assert verify_device.benchmark_plan(False, model, 1, has_comfyui=True)["bench_int8_matmul.py"] == ["--compile"]
+    quick = verify_device.benchmark_plan(True, model, None, has_comfyui=True)["bench_int8_matmul.py"]
+    ctx = verify_device.Context(device="cpu", quick=True, work=tmp_path)
+    [bench] = verify_device.run_benchmarks(ctx, {"bench_int8_matmul.py": quick})
+    assert bench["exit_code"] == 0, bench["stderr"]
+    rows = re.findall(r"^\| (.+?) \| no \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", bench["stdout"], re.M)
+    assert [row[0] for row in rows] == ["bf16", "weight-only (dequantized per layer)", "W8A8 (int8 x int8)"], rows
+    assert rows[0][2:] == ("1.00", "0.0000") and all(0 < float(row[3]) < 0.05 for row in rows[1:]), rows
+    suite = {"scope": "none", "ran": False, "exit_code": None, "summary": "not run", "failed": []}
+    cache = {"size": "tiny", "cold": {"status": "not run"}, "warm": None, "reused": False}
+    report = tmp_path / "report.md"
+    verify_device.write_report(report, ctx, {}, suite, [], [], cache, [bench], 60.0, "cmd", "here")
+    assert "### bench_int8_matmul.py: ok" in report.read_text()
+    assert all(f"| {row[0]} | no | {row[1]} | {row[2]} | {row[3]} |" in report.read_text() for row in rows)

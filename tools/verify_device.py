@@ -625,7 +625,9 @@ def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_com
     """{script: its arguments after --device, or why it does not run here}. In --quick on the tiny model
     with the fewest runs, and without the single-file, LoRA and native-ComfyUI ones (their models have the
     real width); otherwise with each benchmark's own defaults (the bench model). The TP and replica
-    benchmarks run on `parallel` ranks (parallel_ranks), all of them TP in one of their shapes."""
+    benchmarks run on `parallel` ranks (parallel_ranks), all of them TP in one of their shapes. The int8 one
+    (W8A8, weight-only and bf16 side by side: their ratios per forward of a transformer block's linears) runs at a
+    tiny width in --quick, else at FLUX.1's, eager and compiled."""
     model = str(tiny_flux.relative_to(ROOT))
     ranks = ["--ranks", str(parallel)]
     if quick:
@@ -635,11 +637,13 @@ def benchmark_plan(quick: bool, tiny_flux: Path, chip_count: int | None, has_com
             "bench_tp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks],
             "bench_dp.py": ["--model", model, "--size", "64x64", "--steps", "2", *ranks, "--batch", str(parallel)],
             "bench_image_tasks.py": ["--size", "tiny", "--tasks", "flux1-img2img,flux2-edit", "--repeats", "2"],
+            "bench_int8_matmul.py": ["--width", "256", "--tokens", "64", "--runs", "2"],
         }
     else:  # real-width models: minutes each
         plan = {"bench_vs_diffusers.py": [], "bench_compile.py": [], "bench_tp.py": ranks, "bench_dp.py": ranks,
                 "bench_single_file.py": [], "bench_lora.py": [], "bench_native.py": [],
-                "bench_image_tasks.py": ["--size", "bench", "--image-size", "512x512"]}
+                "bench_image_tasks.py": ["--size", "bench", "--image-size", "512x512"],
+                "bench_int8_matmul.py": ["--compile"]}
     if not has_comfyui:
         plan["bench_vs_diffusers.py"] = [*plan["bench_vs_diffusers.py"], "--ours", "engine"]
         if "bench_native.py" in plan:
@@ -859,8 +863,8 @@ def write_report(path: Path, ctx: Context, facts: dict, suite: dict, matrix: lis
                                      if cache["reused"] else "**not reused**: no cache hit in the fresh process.")]
     lines += ["", "## Benchmarks", ""]
     if ctx.quick:
-        lines += ["--quick: each benchmark ran on the tiny FLUX.1-schnell model with the fewest runs, to prove "
-                  "it runs; its numbers measure overhead, not the device.", ""]
+        lines += ["--quick: each benchmark ran on the tiny FLUX.1-schnell model (the int8 one on linears of width "
+                  "256) with the fewest runs, to prove it runs; its numbers measure overhead, not the device.", ""]
     for bench in benchmarks:
         if "command" not in bench:
             lines += [f"### {bench['script']}: {bench['not_run']}", ""]
