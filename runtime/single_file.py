@@ -214,7 +214,7 @@ def family_of_file(path) -> Family:
     kind = _kind(header, _denoiser_prefix(header))
     family = next((f for f in FAMILIES if f.denoiser_kind == kind), None)
     if family is None:
-        what = f"it is {kind.words}" if kind else "it is no diffusion model TPU Diffusers knows"
+        what = f"it is {(kind.words if kind else _model_words(header)) or 'no diffusion model TPU Diffusers knows'}"
         raise UserInputError(f"'{header.name}' is not a diffusion model of a supported family ({what}). "
                              f"Supported: {supported()}.")
     return family

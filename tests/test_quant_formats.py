@@ -77,7 +77,7 @@ def test_each_format_dequantizes_to_comfy_kitchens_eager_result_bit_for_bit(quan
 
 def test_the_header_tells_each_components_formats_once_per_file_version(quantized_files, tmp_path):
     words = {kind: quant_formats.format_words(str(files["transformer"])) for kind, files in quantized_files.items()}
-    assert words["int8_convrot"] == "int8 ConvRot (25 layers), the rest bf16"
+    assert words["int8_convrot"] == "int8 ConvRot (25 layers), int8 (4 layers), the rest bf16"  # as ComfyUI writes
     assert words["nvfp4_awq"] == "nvfp4 AWQ (17 layers), the rest bf16"
     assert words["fp8_e5m2_scaled"] == "fp8 e5m2 (29 layers), the rest bf16"
     assert quant_formats.format_words(str(quantized_files["w4a8"]["text_encoder"])) == \

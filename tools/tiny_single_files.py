@@ -484,6 +484,22 @@ def _awq_w4a16(weight: torch.Tensor) -> dict:
     return {"": packed, "_scale": scale.t().contiguous(), "_zeros": zeros.t().contiguous()}
 
 
+def _layer_kind(kind: str, shape, convrot_group: int):
+    """The QUANT_KINDS entry a 2-D weight of `shape` is written in, with its quantize options and JSON: `kind`'s
+    when the layer fits it; in an int8 ConvRot file a layer whose input width is no multiple of the group is plain
+    int8, as ComfyUI writes it; else None (kept bf16, as in ComfyUI's "mixed" files)."""
+    from comfy_kitchen.tensor import get_layout_class
+
+    for candidate in (kind, "int8") if kind == "int8_convrot" else (kind,):
+        fmt, layout_name, options, multiple, rotated = QUANT_KINDS[candidate]
+        if rotated:
+            options, multiple = {**options, "convrot_groupsize": convrot_group}, math.lcm(multiple, convrot_group)
+        layout = get_layout_class(layout_name)
+        if _fits(layout, shape, multiple):
+            return layout, options, _layer_json(fmt, options, convrot_group)
+    return None
+
+
 def comfy_quantized(sd: dict, kind: str, convrot_group: int = CONVROT_GROUP) -> dict:
     """A state dict as ComfyUI writes a quantized file of `kind` (QUANT_KINDS): each 2-D weight that fits the
     format quantized by comfy-kitchen's own quantizer (`Layout.quantize`), stored under the names
@@ -492,28 +508,22 @@ def comfy_quantized(sd: dict, kind: str, convrot_group: int = CONVROT_GROUP) -> 
     quantize(W / s) and `<layer>.pre_quant_scale` s, which ComfyUI multiplies the layer's input by."""
     import json
 
-    from comfy_kitchen.tensor import get_layout_class
-
-    fmt, layout_name, options, multiple, rotated = QUANT_KINDS[kind]
-    layout = get_layout_class(layout_name)
-    if rotated:
-        options, multiple = {**options, "convrot_groupsize": convrot_group}, math.lcm(multiple, convrot_group)
     generator = torch.Generator().manual_seed(0)
     out = {}
     for key, value in sd.items():
-        if not (key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()
-                and _fits(layout, tuple(value.shape), multiple)):
+        chosen = _layer_kind(kind, tuple(value.shape), convrot_group) if (
+            key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()) else None
+        if chosen is None:
             out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
             continue
-        layer, weight = key[: -len(".weight")], value.to(torch.bfloat16)
+        (layout, options, conf), layer, weight = chosen, key[: -len(".weight")], value.to(torch.bfloat16)
         if kind == "nvfp4_awq":
             smooth = (torch.rand(weight.shape[1], generator=generator) + 0.5).to(torch.bfloat16)
             out[f"{layer}.pre_quant_scale"] = smooth
             weight = (weight.float() / smooth.float()).to(torch.bfloat16)
-        tensors = _awq_w4a16(weight) if fmt == "awq_w4a16" else layout.state_dict_tensors(
+        tensors = _awq_w4a16(weight) if conf["format"] == "awq_w4a16" else layout.state_dict_tensors(
             *layout.quantize(weight, **options))
         out.update({f"{key}{suffix}": t for suffix, t in tensors.items() if t is not None})
-        conf = _layer_json(fmt, options, convrot_group)
         out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
     return out
 
