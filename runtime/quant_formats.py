@@ -76,7 +76,7 @@ class Format:
     words: str
     tensors: dict
     options: object = None  # (conf) -> dict of the Params' non-tensor fields
-    packed_in: object = None  # (qdata, tensors, options) -> in_features, for packed data; None: qdata's shape
+    packed_in: object = None  # (stored shape, scale's shape, options) -> in_features; None: the stored shape's
 
 
 def _conf_value(conf: dict, name: str, default):
@@ -105,13 +105,13 @@ def _awq_options(conf: dict) -> dict:
     return {"group_size": int(conf.get("group_size", 64))}
 
 
-def _two_per_byte(qdata, tensors, options) -> int:
-    return qdata.shape[1] * 2
+def _two_per_byte(shape, scale_shape, options) -> int:
+    return shape[1] * 2
 
 
-def _w4a8_in_features(qdata, tensors, options) -> int:
+def _w4a8_in_features(shape, scale_shape, options) -> int:
     """One group scale per `group_size` inputs (the packed row width holds 4 or 6 bits per input)."""
-    return tensors["scale"].shape[1] * options["group_size"]
+    return scale_shape[1] * options["group_size"]
 
 
 FORMATS = {f.name: f for f in (
@@ -144,11 +144,13 @@ def _suffixes(fmt: Format) -> tuple[str, ...]:
 # -------------------------------------------------------------------------------------- the header
 @dataclasses.dataclass(frozen=True)
 class LayerFormat:
-    """One quantized layer as the header tells it: its format (FORMATS or LEGACY_FP8) and its JSON config."""
+    """One quantized layer as the header tells it: its format (FORMATS or LEGACY_FP8), its JSON config, whether
+    it has an AWQ pre_quant_scale, and the weight's [out, in] shape (packed formats store fewer columns)."""
 
     format: Format
     conf: dict
-    awq: bool  # it has a pre_quant_scale
+    awq: bool
+    shape: tuple
 
     @property
     def words(self) -> str:
@@ -244,20 +246,30 @@ def _from_header(name: str, f) -> FileQuantization:
         if fmt is None:
             unknown[f"{layer}.weight"] = str(conf.get("format"))
         else:
-            layers[f"{layer}.weight"] = LayerFormat(fmt, conf, f"{layer}.pre_quant_scale" in keys)
+            layers[f"{layer}.weight"] = _layer_format(f, keys, f"{layer}.weight", fmt, conf)
     for k in keys:  # scaled fp8 without a per-layer config: the older form, or a `.weight_scale` beside fp8 data
         layer = k[: -len(".weight")] if k.endswith(".weight") else None
         if layer is None or k in layers or k in unknown:
             continue
         dtype = f.get_slice(k).get_dtype()
         if legacy and f"{layer}{LEGACY_SCALE}" in keys:
-            layers[k] = LayerFormat(LEGACY_FP8, {}, False)
+            layers[k] = _layer_format(f, keys, k, LEGACY_FP8, {})
         elif f"{layer}.weight_scale" in keys and dtype in ("F8_E4M3", "F8_E5M2"):
-            layers[k] = LayerFormat(FORMATS["float8_e4m3fn" if dtype == "F8_E4M3" else "float8_e5m2"], {}, False)
+            layers[k] = _layer_format(f, keys, k, FORMATS["float8_e4m3fn" if dtype == "F8_E4M3" else "float8_e5m2"], {})
     plain = collections.Counter(f.get_slice(k).get_dtype() for k in keys
                                 if k.endswith(".weight") and k not in layers and k not in unknown)
     plain_words = DTYPE_WORDS.get(plain.most_common(1)[0][0], plain.most_common(1)[0][0].lower()) if plain else ""
     return FileQuantization(name, layers, unknown, sum(plain.values()), plain_words)
+
+
+def _layer_format(f, keys, key: str, fmt: Format, conf: dict) -> LayerFormat:
+    base = key[: -len("weight")]
+    shape = tuple(f.get_slice(key).get_shape())
+    if fmt.packed_in is not None and len(shape) == 2:
+        scale_key = base + fmt.tensors["scale"][0]
+        scale_shape = tuple(f.get_slice(scale_key).get_shape()) if scale_key in keys else ()
+        shape = (shape[0], fmt.packed_in(shape, scale_shape, fmt.options(conf) if fmt.options else {}))
+    return LayerFormat(fmt, conf, f"{base}pre_quant_scale" in keys, shape)
 
 
 @functools.lru_cache(maxsize=64)
@@ -310,15 +322,13 @@ def _weight(name: str, f, key: str, layer: LayerFormat) -> QuantizedWeight:
             tensors[field] = tensor.view(getattr(torch, view)) if view and tensor.dtype == torch.uint8 else tensor
         elif field == "scale":
             raise ModelLoadError(f"'{name}' marks '{key}' as {fmt.name} but has no '{base + suffix}'; re-download it.")
-    qdata = f.get_tensor(key)
-    options = fmt.options(layer.conf) if fmt.options else {}
-    shape = (qdata.shape[0], fmt.packed_in(qdata, tensors, options)) if fmt.packed_in else tuple(qdata.shape)
     from comfy_kitchen.tensor import get_layout_class
 
+    options = fmt.options(layer.conf) if fmt.options else {}
     params = get_layout_class(fmt.layout).Params(**tensors, **options, orig_dtype=torch.float32,
-                                                 orig_shape=tuple(shape))
+                                                 orig_shape=layer.shape)
     pre_quant = f.get_tensor(base + "pre_quant_scale") if layer.awq else None
-    return QuantizedWeight(fmt.name, fmt.layout, qdata, params, pre_quant)
+    return QuantizedWeight(fmt.name, fmt.layout, f.get_tensor(key), params, pre_quant)
 
 
 def dropped_keys(quantization: FileQuantization) -> set[str]:

@@ -151,7 +151,8 @@ def _dequantized(name: str, key: str, weight: quant_formats.QuantizedWeight, dty
 
 # ---------------------------------------------------------------------------------- header-only checks
 class HeaderView:
-    """The keys and shapes of a safetensors file, read from its header only. Quacks like a state dict
+    """The keys and shapes of a safetensors file, read from its header only (a quantized layer's weight with its
+    [out, in] shape, not its packed one). Quacks like a state dict
     enough for diffusers' `infer_diffusers_model_type` (`in`, iteration, `[key].shape`)."""
 
     class _Shape:
@@ -163,8 +164,9 @@ class HeaderView:
         self.name = os.path.basename(path)
         with _open(path) as f:
             self._keys = list(f.keys())
-            self._shapes = {k: f.get_slice(k).get_shape() for k in self._keys}
             _refuse_quantized(path, self._keys)
+            packed = {k: layer.shape for k, layer in quant_formats.file_quantization(path).layers.items()}
+            self._shapes = {k: packed.get(k) or f.get_slice(k).get_shape() for k in self._keys}
 
     def __contains__(self, key):
         return key in self._shapes

@@ -68,9 +68,11 @@ def test_each_format_dequantizes_to_comfy_kitchens_eager_result_bit_for_bit(quan
         scales_and_markers = {k for k in raw if k.rsplit(".", 1)[0] in layers and k.rsplit(".", 1)[1] not in
                               ("weight", "bias")}
         assert scales_and_markers and sorted(got) == sorted(raw.keys() - scales_and_markers)
+        header = single_file.HeaderView(str(path))  # what the queue-time checks compare with the config's shapes
         for layer in layers:
             expected = eager_dequantized(raw, layer, dtype)
             assert got[f"{layer}.weight"].dtype == dtype and torch.equal(got[f"{layer}.weight"], expected), layer
+            assert header[f"{layer}.weight"].shape == expected.shape, layer
         for key in got.keys() - {f"{layer}.weight" for layer in layers}:
             assert torch.equal(got[key], raw[key].to(dtype)), key
 
