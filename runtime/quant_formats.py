@@ -56,10 +56,12 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the layer takes while it stays quantized: the packed data and every tensor of its Params."""
+        """Bytes the layer takes while it stays quantized: the packed data, every tensor of its Params and its
+        pre_quant_scale."""
         import torch
 
-        tensors = [self.qdata, *(v for v in vars(self.params).values() if isinstance(v, torch.Tensor))]
+        tensors = [self.qdata, *(v for v in [*vars(self.params).values(), self.pre_quant_scale]
+                                 if isinstance(v, torch.Tensor))]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
