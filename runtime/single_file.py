@@ -14,25 +14,20 @@ Everything a user can get wrong is checked from the safetensors header alone (`f
 
 from __future__ import annotations
 
-import json
 import os
 
+from . import quant_formats
 from .errors import ModelLoadError, UserInputError
 from .families import (FAMILIES, FILE_KINDS, UNSUPPORTED_MODEL_TYPES, Family, FileKind, FileVariant, family_for,
                        supported)
 from .sources import check_hub_id, config_values, read_model_index
 
-SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32 or fp8 (e4m3fn/e5m2, also ComfyUI's scaled fp8), or ComfyUI's "
-                     "int8 without ConvRot")
+SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32, or quantized as ComfyUI writes it (read through comfy-kitchen): "
+                     "fp8 (e4m3fn/e5m2, scaled or not), int8 (also with ConvRot), nvfp4 (also AWQ), mxfp8, int4 "
+                     "ConvRot W4A4, int4 W4A8 and AWQ W4A16; see docs/model_files.md")
 
 # Key fragments that only bitsandbytes (NF4/FP4/int8) quantized files carry.
 BNB_MARKERS = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", "quant_state", ".SCB")
-# ComfyUI's per-layer quantization formats that are plain scaled fp8 (weight = stored * weight_scale).
-FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
-# ComfyUI's int8 format (comfy_kitchen's TensorWiseINT8Layout): weight = int8 x a float scale per tensor or per output
-# row, read exactly. With "convrot" (the "int8_convrot" files) the weights were also rotated group-wise by a Hadamard
-# matrix that the file does not hold (comfy_kitchen un-rotates them with its own code), so those are refused.
-INT8_FORMAT = "int8_tensorwise"
 
 # What a file is (families.FILE_KINDS: each kind's identifying keys, in detection order) and which kind each
 # component of each family takes (Family.denoiser_kind, Family.file_slots) live in the family modules.
@@ -86,40 +81,16 @@ def _open(path: str):
         raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
 
 
-def _refuse_quantized(name: str, keys, f=None) -> dict[str, dict]:
-    """Quantizations TPU Diffusers cannot run, from the header (and ComfyUI's small comfy_quant tensors); returns
-    the {layer: quantization config} of ComfyUI's per-layer formats it reads."""
-    layers = _layer_configs(f, keys) if f is not None else {}
-    unsupported = sorted({_quantization_words(conf) for conf in layers.values() if not _readable(conf)})
-    if unsupported:
-        what = _model_words(keys)
-        raise UserInputError(f"'{name}' is {what + ', ' if what else ''}quantized as {', '.join(unsupported)}, which "
-                             f"TPU Diffusers cannot read. Supported are {SUPPORTED_FORMATS}, for {supported()}. "
-                             "Pick a bf16, fp16 or fp8 version of this model.")
+def _refuse_quantized(path: str, keys) -> None:
+    """Quantizations TPU Diffusers cannot read, from the header (and ComfyUI's tiny comfy_quant tensors): a
+    format comfy-kitchen lacks, or bitsandbytes."""
+    quantization = quant_formats.file_quantization(path)
+    quantization.refuse_unreadable(_model_words(keys), f"{SUPPORTED_FORMATS}, for {supported()}")
     bad = next((k for k in keys if any(m in k for m in BNB_MARKERS)), None)
     if bad is not None:
-        raise UserInputError(f"'{name}' is quantized with bitsandbytes (NF4/int8: it has '{bad}'), which TPU "
-                             f"Diffusers does not support; supported are {SUPPORTED_FORMATS}. "
-                             "Pick a bf16, fp16 or fp8 version of this model.")
-    return layers
-
-
-def _readable(conf: dict) -> bool:
-    """A ComfyUI per-layer format read exactly: scaled fp8, or int8 without ConvRot's rotation."""
-    return conf.get("format") in FP8_FORMATS or (conf.get("format") == INT8_FORMAT and not _convrot(conf))
-
-
-def _convrot(conf: dict) -> bool:
-    """ComfyUI reads the flag at the top level or under "params" (comfy/ops.py)."""
-    params = conf.get("params") if isinstance(conf.get("params"), dict) else {}
-    return bool(conf.get("convrot", params.get("convrot", False)))
-
-
-def _quantization_words(conf: dict) -> str:
-    if conf.get("format") == INT8_FORMAT:  # and convrot
-        return ("int8 with ConvRot (ComfyUI's int8_tensorwise + convrot: Hadamard-rotated weights, and the rotation "
-                "is not in the file)")
-    return str(conf.get("format"))
+        raise UserInputError(f"'{os.path.basename(path)}' is quantized with bitsandbytes (NF4/int8: it has '{bad}'), "
+                             f"which TPU Diffusers does not support; supported are {SUPPORTED_FORMATS}. "
+                             f"{quant_formats.PICK_INSTEAD}.")
 
 
 def _model_words(keys) -> str:
@@ -139,82 +110,49 @@ def _model_words(keys) -> str:
     return ""
 
 
-def _layer_configs(f, keys) -> dict[str, dict]:
-    """{layer: quantization config} of ComfyUI's newer per-layer format: a '<layer>.comfy_quant' uint8
-    tensor holding JSON ({"format": ..., ...}), or the same in the '_quantization_metadata' header entry."""
-    configs = {}
-    meta = (f.metadata() or {}).get("_quantization_metadata")
-    if meta:
-        for layer, conf in json.loads(meta).get("layers", {}).items():
-            configs[layer] = conf if isinstance(conf, dict) else {"format": conf}
-    for k in keys:
-        if k.endswith(".comfy_quant"):
-            conf = json.loads(bytes(f.get_tensor(k).tolist()).decode("utf-8"))
-            configs[k[: -len(".comfy_quant")]] = conf if isinstance(conf, dict) else {"format": conf}
-    return configs
-
-
 def read_weights(path: str, dtype) -> dict:
     """All tensors of a .safetensors file as `dtype`, read tensor by tensor.
 
-    fp8 tensors are upcast. ComfyUI's scaled fp8 is de-scaled (weight * scale) and its scale and marker
-    keys dropped: the older format has a `scaled_fp8` marker and `<layer>.scale_weight` (and
-    `.scale_input`); the newer one has `<layer>.weight_scale` (and `.input_scale`) with the layer's format
-    in `<layer>.comfy_quant` or the `_quantization_metadata` header entry. ComfyUI's int8 (int8_tensorwise)
-    is int8 x its `.weight_scale` (one per tensor or per output row), exactly. Other quantizations (GGUF,
-    bitsandbytes NF4, ComfyUI's nvfp4, mxfp8 and int8 with ConvRot) are refused with a message saying what is
-    supported.
+    fp8 tensors are upcast. Every quantized layer ComfyUI writes (a `<layer>.comfy_quant` config or the
+    `_quantization_metadata` header entry: fp8 with `weight_scale`, int8 with or without ConvRot, nvfp4, mxfp8,
+    the int4 formats, AWQ's `pre_quant_scale`; and the older scaled fp8, a `scaled_fp8` marker with
+    `<layer>.scale_weight`) is dequantized by comfy-kitchen's layout (quant_formats.QuantizedWeight), and its
+    scale and marker keys dropped. Other quantizations (GGUF, bitsandbytes NF4, a format comfy-kitchen lacks) are
+    refused with a message saying what is supported.
     """
-    import torch
     from safetensors import SafetensorError
 
     name = os.path.basename(path)
     with _open(path) as f:
         keys = list(f.keys())
-        layers = _refuse_quantized(name, keys, f)
-        dropped = ("scaled_fp8", ".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
+        _refuse_quantized(path, keys)
+        dropped = quant_formats.dropped_keys(quant_formats.file_quantization(path))
         out = {}
         try:
+            layers = quant_formats.quantized_layers(path)
             for k in keys:
-                if k.endswith(dropped):  # also a checkpoint's "model.diffusion_model.scaled_fp8"
-                    continue
-                tensor = f.get_tensor(k)
-                layer = k[: -len(".weight")] if k.endswith(".weight") else None
-                scale_key = next((s for s in (f"{layer}.scale_weight", f"{layer}.weight_scale") if s in keys), None) \
-                    if layer is not None else None
-                if layer in layers and layers[layer].get("format") == INT8_FORMAT:
-                    tensor = _dequantize_int8(name, k, tensor, f.get_tensor(scale_key) if scale_key else None)
-                elif scale_key is not None:
-                    scale = f.get_tensor(scale_key).to(torch.float32)
-                    if scale.numel() != 1:
-                        raise UserInputError(f"'{name}' scales '{k}' per block, which TPU Diffusers does not support; "
-                                             f"supported are {SUPPORTED_FORMATS}.")
-                    tensor = tensor.to(torch.float32) * scale
+                if k in dropped or k.split(".")[-1] == quant_formats.SCALED_FP8_MARKER:
+                    continue  # also a checkpoint's "model.diffusion_model.scaled_fp8"
+                tensor = _dequantized(name, k, layers[k], dtype) if k in layers else f.get_tensor(k)
                 out[k] = tensor.to(dtype) if tensor.is_floating_point() else tensor
         except SafetensorError as e:
             raise ModelLoadError(f"weights file '{name}' is truncated or corrupt ({e}); re-download it.") from e
     return out
 
 
-def _dequantize_int8(name: str, key: str, tensor, scale):
-    """ComfyUI's int8_tensorwise weight: int8 x a float32 scale, one for the tensor or one per output row."""
-    import torch
-
-    if scale is None or tensor.dtype != torch.int8:
-        raise ModelLoadError(f"'{name}' marks '{key}' as int8 but it is {tensor.dtype}"
-                             f"{'' if scale is not None else ' without a weight_scale'}; re-download it.")
-    scale = scale.to(torch.float32)
-    if scale.numel() == 1:
-        return tensor.to(torch.float32) * scale.reshape(())
-    if scale.numel() == tensor.shape[0] and tensor.dim() >= 1:
-        return tensor.to(torch.float32) * scale.reshape(-1, *([1] * (tensor.dim() - 1)))
-    raise UserInputError(f"'{name}' scales '{key}' per block ({list(scale.shape)} scales for {list(tensor.shape)}), "
-                         f"which TPU Diffusers does not support; supported are {SUPPORTED_FORMATS}.")
+def _dequantized(name: str, key: str, weight: quant_formats.QuantizedWeight, dtype):
+    """One quantized layer's weight; a layer whose tensors do not fit its format is a broken file."""
+    try:
+        return weight.dequantize(dtype)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ModelLoadError(f"'{name}' marks '{key}' as {weight.format} but its tensors do not fit that format "
+                             f"({type(e).__name__}: {e}); re-download it.") from e
 
 
 # ---------------------------------------------------------------------------------- header-only checks
 class HeaderView:
-    """The keys and shapes of a safetensors file, read from its header only. Quacks like a state dict
+    """The keys and shapes of a safetensors file, read from its header only (a quantized layer's weight with its
+    [out, in] shape, not its packed one). Quacks like a state dict
     enough for diffusers' `infer_diffusers_model_type` (`in`, iteration, `[key].shape`)."""
 
     class _Shape:
@@ -226,8 +164,9 @@ class HeaderView:
         self.name = os.path.basename(path)
         with _open(path) as f:
             self._keys = list(f.keys())
-            self._shapes = {k: f.get_slice(k).get_shape() for k in self._keys}
-            _refuse_quantized(self.name, self._keys, f)
+            _refuse_quantized(path, self._keys)
+            packed = {k: layer.shape for k, layer in quant_formats.file_quantization(path).layers.items()}
+            self._shapes = {k: packed.get(k) or f.get_slice(k).get_shape() for k in self._keys}
 
     def __contains__(self, key):
         return key in self._shapes
@@ -277,7 +216,7 @@ def family_of_file(path) -> Family:
     kind = _kind(header, _denoiser_prefix(header))
     family = next((f for f in FAMILIES if f.denoiser_kind == kind), None)
     if family is None:
-        what = f"it is {kind.words}" if kind else "it is no diffusion model TPU Diffusers knows"
+        what = f"it is {(kind.words if kind else _model_words(header)) or 'no diffusion model TPU Diffusers knows'}"
         raise UserInputError(f"'{header.name}' is not a diffusion model of a supported family ({what}). "
                              f"Supported: {supported()}.")
     return family

@@ -21,8 +21,9 @@ The files use the real layouts and the usual names, so the loader meets what use
                       qwen_3_4b.safetensors (Qwen3, "model.*"), flux2-vae.safetensors, of `flux2_klein_wide`'s folder
                       (the real context width, which tells klein from [dev])
   Qwen-Image-2512:    qwen_image_2512_fp8_e4m3fn.safetensors (plain fp8), qwen_image_2512_bf16.safetensors
-  ComfyUI int8:       `comfy_int8` (int8_tensorwise, per-row scales, optionally ConvRot-rotated), and
-                      `int8_convrot_files`: qwen_image_2.1 / krea2 / z_image_turbo _int8_convrot.safetensors, tiny real
+  ComfyUI quantized:  `comfy_quantized`: every format of ComfyUI's comfy/quant_ops.py, quantized by comfy-kitchen,
+                      `zimage_quantized_files`: Z-Image's files in each; `comfy_int8` (int8_tensorwise, per-row
+                      scales, optionally ConvRot-rotated), and `int8_convrot_files`: qwen_image_2.1 / krea2 / z_image_turbo _int8_convrot.safetensors, tiny real
                       models of families TPU Diffusers does not run, in their original layouts
   SDXL (Stability):   sd_xl_base_1.0.safetensors (all-in-one: SGM UNet, LDM VAE, CLIP-L, OpenCLIP ViT-bigG in
                       OpenCLIP's layout), sdxl_vae.safetensors
@@ -45,6 +46,7 @@ text encoders and VAE. `flux1_kontext_wide` and `flux1_fill_wide` derive the Kon
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -427,41 +429,109 @@ def plain_fp8(sd: dict) -> dict:
             for k, v in sd.items()}
 
 
-# ------------------------------------------------------------------------------------ ComfyUI int8
+# ------------------------------------------------------------------------- ComfyUI's quantized formats
 CONVROT_GROUP = 256  # ComfyUI rotates a layer only when its input width is a multiple of this
+# {file name part: (comfy_quant format, comfy-kitchen layout, quantize options, the input-width group it quantizes
+# in, whether it rotates groups of ConvRot's group size)}. The JSON beside each layer is what comfy/ops.py writes.
+QUANT_KINDS = {
+    "fp8_e4m3fn_scaled": ("float8_e4m3fn", "TensorCoreFP8Layout", {}, 1, False),
+    "fp8_e5m2_scaled": ("float8_e5m2", "TensorCoreFP8Layout", {"dtype": torch.float8_e5m2}, 1, False),
+    "nvfp4": ("nvfp4", "TensorCoreNVFP4Layout", {}, 16, False),
+    "nvfp4_awq": ("nvfp4", "TensorCoreNVFP4Layout", {}, 16, False),
+    "mxfp8": ("mxfp8", "TensorCoreMXFP8Layout", {}, 32, False),
+    "int8": ("int8_tensorwise", "TensorWiseINT8Layout", {"per_channel": True}, 1, False),
+    "int8_convrot": ("int8_tensorwise", "TensorWiseINT8Layout", {"per_channel": True, "convrot": True}, 1, True),
+    "convrot_w4a4": ("convrot_w4a4", "TensorCoreConvRotW4A4Layout", {}, 64, True),
+    "w4a8": ("asym_w4a8_int8", "AsymW4A8Int8Layout", {"group_size": 16}, 16, True),
+    "awq_w4a16": ("awq_w4a16", "TensorCoreAWQW4A16Layout", {}, 64, False),
+}
+AWQ_GROUP = 64
 
 
-def _hadamard(size: int) -> torch.Tensor:
-    """The normalized Sylvester Hadamard matrix (orthogonal and symmetric); size a power of 2."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < size:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / size ** 0.5
+def _layer_json(fmt: str, options: dict, group: int) -> dict:
+    """The `<layer>.comfy_quant` JSON comfy/ops.py (_quantized_weight_state_dict) writes for the format."""
+    conf = {"format": fmt}
+    if options.get("convrot"):
+        conf.update(convrot=True, convrot_groupsize=group)
+    elif fmt == "convrot_w4a4":
+        conf["convrot_groupsize"] = group
+    elif fmt == "asym_w4a8_int8":
+        conf.update(group_size=options["group_size"], convrot_groupsize=group)
+    elif fmt == "awq_w4a16":
+        conf["group_size"] = AWQ_GROUP
+    return conf
+
+
+def _fits(layout, shape, multiple: int) -> bool:
+    """Whether the layer quantizes without padding (a file cannot tell a padded layer's width), as the big models'
+    layers all do; the others stay bf16, as in ComfyUI's "mixed" files."""
+    padded = getattr(layout, "get_padded_shape", lambda s: s)(shape)
+    return shape[1] % multiple == 0 and tuple(padded) == tuple(shape)
+
+
+def _awq_w4a16(weight: torch.Tensor) -> dict:
+    """AWQ W4A16 (offline-calibrated, so comfy-kitchen has no quantizer): uint4 codes per group of 64 inputs
+    with a float scale and zero per group, W = (q - 8) * scale + zero, two codes per byte (low nibble first),
+    scales and zeros [in / 64, out] in bf16, the tensors comfy/ops.py reads."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // AWQ_GROUP, AWQ_GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-8).to(torch.bfloat16)
+    zeros = (low + 8 * scale.float()).to(torch.bfloat16)
+    codes = torch.round((groups - zeros.float()[..., None]) / scale.float()[..., None] + 8).clamp(0, 15)
+    codes = codes.reshape(n, k).to(torch.uint8)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8)
+    return {"": packed, "_scale": scale.t().contiguous(), "_zeros": zeros.t().contiguous()}
+
+
+def _layer_kind(kind: str, shape, convrot_group: int):
+    """The QUANT_KINDS entry a 2-D weight of `shape` is written in, with its quantize options and JSON: `kind`'s
+    when the layer fits it; in an int8 ConvRot file a layer whose input width is no multiple of the group is plain
+    int8, as ComfyUI writes it; else None (kept bf16, as in ComfyUI's "mixed" files)."""
+    from comfy_kitchen.tensor import get_layout_class
+
+    for candidate in (kind, "int8") if kind == "int8_convrot" else (kind,):
+        fmt, layout_name, options, multiple, rotated = QUANT_KINDS[candidate]
+        if rotated:
+            options, multiple = {**options, "convrot_groupsize": convrot_group}, math.lcm(multiple, convrot_group)
+        layout = get_layout_class(layout_name)
+        if _fits(layout, shape, multiple):
+            return layout, options, _layer_json(fmt, options, convrot_group)
+    return None
+
+
+def comfy_quantized(sd: dict, kind: str, convrot_group: int = CONVROT_GROUP) -> dict:
+    """A state dict as ComfyUI writes a quantized file of `kind` (QUANT_KINDS): each 2-D weight that fits the
+    format quantized by comfy-kitchen's own quantizer (`Layout.quantize`), stored under the names
+    `Layout.state_dict_tensors` gives (`<layer>.weight`, `.weight_scale`, ...) beside its `<layer>.comfy_quant`
+    JSON; the rest in bf16. "nvfp4_awq" also smooths each layer's inputs (ModelOpt AWQ): the file holds
+    quantize(W / s) and `<layer>.pre_quant_scale` s, which ComfyUI multiplies the layer's input by."""
+    import json
+
+    generator = torch.Generator().manual_seed(0)
+    out = {}
+    for key, value in sd.items():
+        chosen = _layer_kind(kind, tuple(value.shape), convrot_group) if (
+            key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()) else None
+        if chosen is None:
+            out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
+            continue
+        (layout, options, conf), layer, weight = chosen, key[: -len(".weight")], value.to(torch.bfloat16)
+        if kind == "nvfp4_awq":
+            smooth = (torch.rand(weight.shape[1], generator=generator) + 0.5).to(torch.bfloat16)
+            out[f"{layer}.pre_quant_scale"] = smooth
+            weight = (weight.float() / smooth.float()).to(torch.bfloat16)
+        tensors = _awq_w4a16(weight) if conf["format"] == "awq_w4a16" else layout.state_dict_tensors(
+            *layout.quantize(weight, **options))
+        out.update({f"{key}{suffix}": t for suffix, t in tensors.items() if t is not None})
+        out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
+    return out
 
 
 def comfy_int8(sd: dict, convrot: bool = False) -> dict:
-    """ComfyUI's int8 files (comfy_quant format int8_tensorwise, comfy_kitchen's TensorWiseINT8Layout): every 2-D
-    weight as int8 with a float32 scale per output row (`<layer>.weight_scale`, [out, 1]) and a `<layer>.comfy_quant`
-    JSON; other tensors in bf16. With `convrot` (the "int8_convrot" files) a layer whose input width is a multiple of
-    256 is first rotated group-wise by a Hadamard matrix (W x H^T per group of 256 inputs) and its JSON says
-    `"convrot": true, "convrot_groupsize": 256`; the other layers are plain int8, as ComfyUI writes them."""
-    import json
-
-    out = {}
-    for key, value in sd.items():
-        if not (key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()):
-            out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
-            continue
-        layer, weight, conf = key[: -len(".weight")], value.float(), {"format": "int8_tensorwise"}
-        if convrot and weight.shape[1] % CONVROT_GROUP == 0:
-            groups = weight.reshape(weight.shape[0], -1, CONVROT_GROUP)
-            weight = (groups @ _hadamard(CONVROT_GROUP).T).reshape(weight.shape)
-            conf.update(convrot=True, convrot_groupsize=CONVROT_GROUP)
-        scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
-        out[key] = torch.round(weight / scale).clamp(-127, 127).to(torch.int8)
-        out[f"{layer}.weight_scale"] = scale
-        out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
-    return out
+    """ComfyUI's int8 files (int8_tensorwise, a float32 scale per output row; with `convrot` the "int8_convrot"
+    files, whose layers with an input width that is a multiple of 256 are Hadamard-rotated per group of 256)."""
+    return comfy_quantized(sd, "int8_convrot" if convrot else "int8")
 
 
 def qwen_image21_layout(sd: dict) -> dict:
@@ -861,6 +931,23 @@ def zimage_files(folder, out) -> dict[str, Path]:
         "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "ae.safetensors"),
     }
 
+
+
+def zimage_quantized_files(folder, out, convrot_group: int = 16) -> dict[str, dict[str, Path]]:
+    """Z-Image's diffusion model and Qwen3 text encoder in every ComfyUI quantized format (QUANT_KINDS), as
+    ComfyUI's model folders hold them: {kind: {"transformer": models/diffusion_models/z_image_turbo_<kind>,
+    "text_encoder": models/text_encoders/qwen_3_4b_<kind>}}. The tiny model is 32 wide, so ConvRot rotates groups
+    of `convrot_group` (a power of 4) instead of 256."""
+    out = Path(out)
+    (out / "diffusion_models").mkdir(parents=True, exist_ok=True)
+    (out / "text_encoders").mkdir(parents=True, exist_ok=True)
+    transformer = zimage_to_comfy(folder_weights(folder, "transformer"))
+    text_encoder = _prefixed(folder_weights(folder, "text_encoder"), "model.")
+    return {kind: {"transformer": _save(comfy_quantized(transformer, kind, convrot_group),
+                                        out / "diffusion_models" / f"z_image_turbo_{kind}.safetensors"),
+                   "text_encoder": _save(comfy_quantized(text_encoder, kind, convrot_group),
+                                         out / "text_encoders" / f"qwen_3_4b_{kind}.safetensors")}
+            for kind in QUANT_KINDS}
 
 
 def flux1_kontext_files(folder, out) -> dict[str, Path]:

@@ -4,6 +4,8 @@ gives the base image and removing a LoRA gives it back bit for bit, switching Lo
 compiles nothing, and wrong files are refused on the node that picked them.
 """
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -12,6 +14,7 @@ import tiny_loras
 import tiny_single_files
 from serving import LOADER, MODE, SAMPLER, comfy_server, outcome, run_info, run_ok, sampler_prompt, with_compile
 
+UNKNOWN_FORMAT_FILE = "z_image_turbo_svdq.safetensors"
 FILE_LOADER_INPUTS = ("model", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "configs")
 LORA_MODEL = "tiny-flux1-schnell"
 # the files of workflows/qwen_image_2512_lightning_files_offload.json, by their names there
@@ -59,11 +62,23 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     cut = single_files["flux2"][1]["transformer"]
     (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
     tiny_single_files.int8_convrot_files(broken)  # ComfyUI int8 ConvRot files of Qwen-Image 2.1, Krea 2, Z-Image
+    quantized = tiny_single_files.zimage_quantized_files(single_files["zimage"][0], base / "models")
+    unknown_format(quantized["int8"]["transformer"], broken / UNKNOWN_FORMAT_FILE)
     wrong_slot = base / "models" / "vae" / "broken"
     wrong_slot.mkdir(parents=True)
     (wrong_slot / "clip_l.safetensors").symlink_to(single_files["flux1-wide"][1]["clip_l"])
     with comfy_server(base, tiny_dir, single_files=single_files) as running:
         yield running
+
+
+def unknown_format(source, target) -> None:
+    """A copy of a quantized file whose layers claim a format ComfyUI's comfy-kitchen does not know."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    marker = torch.tensor(list(json.dumps({"format": "svdquant_w4a4"}).encode()), dtype=torch.uint8)
+    save_file({k: marker.clone() if k.endswith(".comfy_quant") else v for k, v in load_file(str(source)).items()},
+              str(target))
 
 
 def files_prompt(configs: str, picks: tuple, **sampler_inputs) -> dict:
@@ -298,7 +313,7 @@ def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
     (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
       "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
     (("broken/qwen_image_2.1_int8_convrot.safetensors", "none", "none", "none", "none"), "model",
-     "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet, quantized as int8 with ConvRot"),
+     "it is a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet"),
 ], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source",
         "int8-convrot"])
 def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):
@@ -386,3 +401,55 @@ def test_qwen_image_edit_2509_from_its_files_edits_two_references_with_its_visio
     prompt[SAMPLER]["inputs"]["seed"] += 1
     entry = run_ok(files_server, prompt)
     assert not run_info(entry)["loaded"] and pixels(files_server, entry).shape == (64, 64, 3)
+
+
+def dequantized_by_comfy_kitchen(path) -> dict:
+    """A quantized file's state dict as comfy-kitchen's eager functions dequantize it (float32)."""
+    import torch
+    from safetensors.torch import load_file
+    from test_quant_formats import eager_dequantized
+
+    raw = load_file(str(path))
+    layers = {k[: -len(".comfy_quant")] for k in raw if k.endswith(".comfy_quant")}
+    return {k: eager_dequantized(raw, k[: -len(".weight")], torch.float32) if k[: -len(".weight")] in layers
+            else raw[k].float() for k in raw if k.rsplit(".", 1)[0] not in layers or k.rsplit(".", 1)[1] in
+            ("weight", "bias")}
+
+
+@pytest.mark.parametrize("kind", tiny_single_files.QUANT_KINDS)
+def test_each_quantized_format_gives_plain_diffusers_image_on_its_dequantized_weights(files_server, single_files,
+                                                                                     kind):
+    """Z-Image's diffusion model from models/diffusion_models and its text encoder from models/text_encoders, both
+    in one of ComfyUI's quantized formats (some layers bf16, as in ComfyUI's mixed files), through the File Loader:
+    the image plain diffusers' ZImagePipeline makes on comfy-kitchen's eager dequantization of the same files."""
+    import torch
+    from diffusers import ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Model
+
+    folder = single_files["zimage"][0]
+    files = {"transformer": f"z_image_turbo_{kind}.safetensors", "text_encoder": f"qwen_3_4b_{kind}.safetensors"}
+    same = dict(seed=21, width=64, height=64, steps=2, guidance=0.0)
+    entry = run_ok(files_server, files_prompt("zimage", (files["transformer"], files["text_encoder"], "none", "none",
+                                                         "zimage/ae.safetensors"), **same))
+    assert run_info(entry)["loaded"]
+    models = files_server.base_dir / "models"
+    transformer = ZImageTransformer2DModel.from_single_file(
+        dequantized_by_comfy_kitchen(models / "diffusion_models" / files["transformer"]), config=str(folder),
+        subfolder="transformer", torch_dtype=torch.float32, local_files_only=True)
+    text_encoder = Qwen3Model.from_pretrained(folder / "text_encoder", torch_dtype=torch.float32)
+    text_encoder.load_state_dict({k.removeprefix("model."): v for k, v in dequantized_by_comfy_kitchen(
+        models / "text_encoders" / files["text_encoder"]).items()}, strict=True)
+    pipe = ZImagePipeline.from_pretrained(folder, transformer=transformer, text_encoder=text_encoder,
+                                          torch_dtype=torch.float32, local_files_only=True)
+    with torch.no_grad():
+        plain = pipe(prompt=sampler_prompt()[SAMPLER]["inputs"]["prompt"], height=64, width=64, num_inference_steps=2,
+                     guidance_scale=0.0, generator=torch.Generator("cpu").manual_seed(21), output_type="np").images[0]
+    expected = np.clip(plain * 255.0, 0, 255).astype(np.int16)  # SaveImage's 8 bits
+    assert np.abs(pixels(files_server, entry) - expected).max() <= 1
+
+
+def test_a_format_comfy_kitchen_does_not_know_is_refused_on_the_file_loader_and_the_next_prompt_runs(files_server):
+    picks = ("z_image_turbo_int8.safetensors", "qwen_3_4b_int8.safetensors", "none", "none", "zimage/ae.safetensors")
+    text = refused_on(files_server, files_prompt("zimage", (f"broken/{UNKNOWN_FORMAT_FILE}", *picks[1:])), LOADER)
+    assert f"'{UNKNOWN_FORMAT_FILE}' is " in text and "quantized as 'svdquant_w4a4'" in text and "Pick a bf16" in text
+    run_ok(files_server, files_prompt("zimage", picks, seed=3, steps=1))
