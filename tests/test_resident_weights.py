@@ -1,0 +1,114 @@
+"""int8/fp8 layers kept quantized in the model (runtime/resident_weights.py), on a tiny Z-Image: its ComfyUI file
+fuses q, k and v into one qkv layer, which diffusers' converter splits with torch.chunk, so the row mapping is
+exercised. The files are quantized by comfy-kitchen's own quantizers and written in ComfyUI's layout."""
+import json
+
+import pytest
+import torch
+from diffusers import ZImagePipeline, ZImageTransformer2DModel
+
+import tiny_models
+import tiny_single_files as tsf
+from tpu_diffusers_runtime import resident_weights, single_file
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.quant_formats import QuantizedWeight
+from tpu_diffusers_runtime.specs import QuantizedWeights
+
+KEEP = QuantizedWeights.KEEP_QUANTIZED
+LAYOUTS = {"int8_tensorwise": "TensorWiseINT8Layout", "int8_convrot": "TensorWiseINT8Layout",
+           "float8_e4m3fn": "TensorCoreFP8Layout", "float8_e5m2": "TensorCoreFP8Layout"}
+CONVROT_GROUP = 16  # comfy-kitchen's Hadamard group (a power of 4); the tiny model's widths are multiples of it
+
+
+@pytest.fixture(scope="module")
+def zimage(tmp_path_factory):
+    return str(tiny_models.build("zimage", tmp_path_factory.mktemp("resident") / "tiny-zimage"))
+
+
+def quantize(sd: dict, fmt: str):
+    """(a ComfyUI-layout file's tensors, {file key: QuantizedWeight}) of `sd` with every 2-D weight quantized by
+    comfy-kitchen as `fmt`."""
+    from comfy_kitchen.tensor import get_layout_class
+
+    tensors, quantized = {}, {}
+    for key, value in sd.items():
+        if not (key.endswith(".weight") and value.dim() == 2):
+            tensors[key] = value
+            continue
+        layout = get_layout_class(LAYOUTS[fmt])
+        if fmt.startswith("int8"):
+            convrot = fmt == "int8_convrot" and value.shape[1] % CONVROT_GROUP == 0
+            qdata, params = layout.quantize(value, is_weight=True, per_channel=True, convrot=convrot,
+                                            convrot_groupsize=CONVROT_GROUP)
+            conf = {"format": "int8_tensorwise", **({"convrot": True, "convrot_groupsize": CONVROT_GROUP}
+                                                    if convrot else {})}
+        else:
+            qdata, params = layout.quantize(value, dtype=getattr(torch, fmt))
+            conf = {"format": fmt}
+        layer = key[: -len(".weight")]
+        tensors[key], tensors[f"{layer}.weight_scale"] = qdata, params.scale
+        tensors[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
+        quantized[key] = QuantizedWeight(conf["format"], LAYOUTS[fmt], qdata, params)
+    return tensors, quantized
+
+
+def dequantized(tensors: dict, quantized: dict, dtype) -> dict:
+    """The file's weights as the dequantized-on-load path gives them: each quantized layer's dequantize."""
+    return {k: quantized[k].dequantize(dtype) if k in quantized else v.to(dtype) for k, v in tensors.items()
+            if not k.endswith((".weight_scale", ".comfy_quant"))}
+
+
+def load_transformer(folder: str, weights: dict, dtype=torch.float32):
+    kind = family_for("ZImagePipeline").denoiser_kind
+    model, *problems = single_file._load_diffusers("transformer", ZImageTransformer2DModel, weights, folder, dtype,
+                                                   kind)
+    assert not any(problems), problems
+    return model.eval().requires_grad_(False)
+
+
+def quantized_zimage(folder: str, fmt: str):
+    """(the transformer loaded dequantized, the same made resident, what `apply` did)."""
+    tensors, quantized = quantize(tsf.zimage_to_comfy(tsf.folder_weights(folder, "transformer")), fmt)
+    plain = load_transformer(folder, dequantized(tensors, quantized, torch.float32))
+    weights = dequantized(tensors, quantized, torch.float32)
+    resident = load_transformer(folder, weights)
+    return plain, resident, resident_weights.apply(resident, weights, quantized, KEEP)
+
+
+def image(pipe, **kwargs):
+    return pipe(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, output_type="np",
+                generator=torch.Generator().manual_seed(0), max_sequence_length=16, **kwargs).images
+
+
+@pytest.mark.parametrize("fmt", ["int8_tensorwise", "int8_convrot", "float8_e4m3fn", "float8_e5m2"])
+def test_resident_layers_give_the_dequantized_image_bit_for_bit(zimage, fmt):
+    """Every Linear of the file's quantized layers, also the q/k/v rows of the fused qkv, stays quantized, and
+    the image equals the dequantized-on-load model's exactly."""
+    plain, resident, done = quantized_zimage(zimage, fmt)
+    layers = [m for m in resident.modules() if isinstance(m, resident_weights.ResidentLinear)]
+    linears = [m for m in plain.modules() if type(m) is torch.nn.Linear]
+    assert sum(done.resident.values()) == len(layers) == len(linears) > 30 and done.left_dequantized == 0
+    assert any(getattr(m.params, "convrot", False) for m in layers) == (fmt == "int8_convrot")
+    qkv = [m for n, m in resident.named_modules() if n.endswith("attention.to_q")]
+    assert qkv and all(isinstance(m, resident_weights.ResidentLinear) for m in qkv)  # a row block of the file's qkv
+    for name, module in resident.named_modules():
+        if isinstance(module, resident_weights.ResidentLinear):
+            assert module.qdata.dtype == (torch.int8 if fmt.startswith("int8") else getattr(torch, fmt)), name
+            assert torch.equal(module.weight, plain.get_submodule(name).weight), name
+    pipe = ZImagePipeline.from_pretrained(zimage, transformer=plain)
+    expected = image(pipe)
+    pipe.transformer = resident
+    assert (image(pipe) == expected).all()
+
+
+def test_a_layer_the_converter_built_anew_stays_dequantized_and_is_counted(zimage):
+    """A file layer whose tensor no Linear shares (a converter's concatenation) is left dequantized."""
+    tensors, quantized = quantize(tsf.zimage_to_comfy(tsf.folder_weights(zimage, "transformer")), "int8_tensorwise")
+    weights = dequantized(tensors, quantized, torch.float32)
+    model = load_transformer(zimage, weights)
+    rebuilt = next(k for k in quantized if k.endswith(".qkv.weight"))
+    weights[rebuilt] = weights[rebuilt].clone()  # as torch.cat would make it: other storage
+    linears = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
+    done = resident_weights.apply(model, weights, quantized, KEEP)
+    assert done.left_dequantized == 1 and sum(done.resident.values()) == linears - 3  # its q, k and v stay plain
+    assert "1 quantized layers of the file left dequantized" in done.words("transformer")
