@@ -2,17 +2,20 @@
 fuses q, k and v into one qkv layer, which diffusers' converter splits with torch.chunk, so the row mapping is
 exercised. The files are quantized by comfy-kitchen's own quantizers and written in ComfyUI's layout."""
 import json
+import os
 
 import pytest
 import torch
 from diffusers import ZImagePipeline, ZImageTransformer2DModel
 
+import tiny_loras
 import tiny_models
 import tiny_single_files as tsf
 from tpu_diffusers_runtime import resident_weights, single_file
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.quant_formats import QuantizedWeight
-from tpu_diffusers_runtime.specs import QuantizedWeights
+from tpu_diffusers_runtime.features import lora
+from tpu_diffusers_runtime.specs import LoraSpec, QuantizedWeights
 
 KEEP = QuantizedWeights.KEEP_QUANTIZED
 LAYOUTS = {"int8_tensorwise": "TensorWiseINT8Layout", "int8_convrot": "TensorWiseINT8Layout",
@@ -112,3 +115,40 @@ def test_a_layer_the_converter_built_anew_stays_dequantized_and_is_counted(zimag
     done = resident_weights.apply(model, weights, quantized, KEEP)
     assert done.left_dequantized == 1 and sum(done.resident.values()) == linears - 3  # its q, k and v stay plain
     assert "1 quantized layers of the file left dequantized" in done.words("transformer")
+
+
+LORA_ATOL = 1e-5  # unfused (x A B s added) against fused (W + s B A): float32 sums in another order (2.5e-6 seen)
+
+
+def test_a_lora_on_resident_layers_stays_unfused_gives_fused_diffusers_image_and_a_strength_change_loads_nothing(
+        zimage, tmp_path):
+    """The LoRA is peft's side branch on the quantized layers (their data is untouched); the image equals plain
+    diffusers with the LoRA fused into the dequantized weights within LORA_ATOL. A strength change is
+    set_adapters only: it still works with the LoRA file gone."""
+    path = str(tiny_loras.build(zimage, tmp_path / "zimage_lora.safetensors", "comfyui", seed=1))
+    plain, resident, _ = quantized_zimage(zimage, "int8_tensorwise")
+    qdata = {n: m.qdata.clone() for n, m in resident.named_modules() if isinstance(m, resident_weights.ResidentLinear)}
+    reference = ZImagePipeline.from_pretrained(zimage, transformer=plain)
+    reference.load_lora_weights(str(tmp_path), weight_name="zimage_lora.safetensors", adapter_name="a")
+    base = ZImagePipeline.from_pretrained(zimage, transformer=resident)
+    state = lora.LoraState()
+    base_image = image(base)
+
+    def check(strength):
+        reference.set_adapters(["a"], [strength])
+        reference.fuse_lora(components=["transformer"], lora_scale=1.0, adapter_names=["a"])
+        expected = image(reference)
+        reference.unfuse_lora(components=["transformer"])
+        notes = lora.apply_loras(base, (LoraSpec(path, strength),), state)
+        assert "unfused: the base layers stay quantized" in notes[0]
+        got = image(base)
+        assert abs(expected - base_image).max() > 0.1  # the LoRA changes the image (measured: 0.5 and 0.2)
+        assert abs(got - expected).max() < LORA_ATOL, strength
+
+    check(1.0)
+    os.remove(path)  # a strength change reads nothing
+    check(0.5)
+    lora.apply_loras(base, (), state)
+    assert not lora._has_adapters(resident)
+    layers = {n: m.qdata for n, m in resident.named_modules() if isinstance(m, resident_weights.ResidentLinear)}
+    assert layers.keys() == qdata.keys() and all(torch.equal(layers[n], qdata[n]) for n in qdata)
