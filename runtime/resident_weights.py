@@ -24,6 +24,7 @@ would need the file again): runtime/features/lora.py keeps peft's unfused side b
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch  # this module is imported where a model loads, not at queue time
 
@@ -150,3 +151,31 @@ def _part(param, file_tensor, weight: QuantizedWeight) -> QuantizedWeight | None
 
 def has_resident_layers(model) -> bool:
     return any(isinstance(module, ResidentLinear) for module in model.modules())
+
+
+# bytes per element of the safetensors header's dtypes the quantized layers use
+HEADER_DTYPE_BYTES = {"I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "F32": 4}
+
+
+def stored_sizes(path: str, prefix: str = "") -> tuple[int, int]:
+    """(parameters, bytes as stored with their scales) of the file's layers under `prefix` that `apply` keeps
+    quantized, from the header and the small comfy_quant tensors only (for the memory plan, before loading). A
+    layer diffusers' converter rebuilds stays dequantized at load: the run info then says how many."""
+    from .single_file import _layer_configs, _open
+
+    params = stored = 0
+    with _open(path) as f:
+        keys = list(f.keys())
+        for layer, conf in _layer_configs(f, keys).items():
+            if not layer.startswith(prefix) or conf.get("format") not in ROW_FORMATS:
+                continue
+            weight = f.get_slice(f"{layer}.weight")
+            shape = weight.get_shape()
+            if len(shape) != 2:
+                continue
+            params += shape[0] * shape[1]
+            stored += shape[0] * shape[1] * HEADER_DTYPE_BYTES[weight.get_dtype()]
+            if f"{layer}.weight_scale" in keys:
+                scale = f.get_slice(f"{layer}.weight_scale")
+                stored += math.prod(scale.get_shape()) * HEADER_DTYPE_BYTES[scale.get_dtype()]
+    return params, stored

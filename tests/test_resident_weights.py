@@ -1,6 +1,7 @@
 """int8/fp8 layers kept quantized in the model (runtime/resident_weights.py), on a tiny Z-Image: its ComfyUI file
 fuses q, k and v into one qkv layer, which diffusers' converter splits with torch.chunk, so the row mapping is
 exercised. The files are quantized by comfy-kitchen's own quantizers and written in ComfyUI's layout."""
+import dataclasses
 import json
 import os
 
@@ -11,10 +12,11 @@ from diffusers import ZImagePipeline, ZImageTransformer2DModel
 import tiny_loras
 import tiny_models
 import tiny_single_files as tsf
-from tpu_diffusers_runtime import resident_weights, single_file
+from tpu_diffusers_runtime import memory_plan, resident_weights, single_file
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.quant_formats import QuantizedWeight
 from tpu_diffusers_runtime.features import lora
+from safetensors.torch import save_file
 from tpu_diffusers_runtime.specs import LoraSpec, QuantizedWeights
 
 KEEP = QuantizedWeights.KEEP_QUANTIZED
@@ -152,3 +154,29 @@ def test_a_lora_on_resident_layers_stays_unfused_gives_fused_diffusers_image_and
     assert not lora._has_adapters(resident)
     layers = {n: m.qdata for n, m in resident.named_modules() if isinstance(m, resident_weights.ResidentLinear)}
     assert layers.keys() == qdata.keys() and all(torch.equal(layers[n], qdata[n]) for n in qdata)
+
+
+def tensor_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+@pytest.mark.parametrize("fmt", ["int8_tensorwise", "float8_e4m3fn"])
+def test_resident_bytes_are_the_files_quantized_bytes_and_the_memory_plan_counts_them(zimage, tmp_path, fmt):
+    """A resident transformer holds the file's int8/fp8 data and scales plus the rest in its dtype (not the
+    dequantized float32 of every layer), and the per-chip plan's figure from the file's header is the same."""
+    tensors, quantized = quantize(tsf.zimage_to_comfy(tsf.folder_weights(zimage, "transformer")), fmt)
+    path = tmp_path / f"zimage_{fmt}.safetensors"
+    save_file(tensors, str(path))
+    plain, resident, done = quantized_zimage(zimage, fmt)
+    assert done.left_dequantized == 0
+    dequantized_bytes = sum(w.qdata.numel() * 4 for w in quantized.values())
+    quantized_bytes = sum(w.nbytes for w in quantized.values())
+    assert tensor_bytes(resident) == tensor_bytes(plain) - dequantized_bytes + quantized_bytes
+    assert tensor_bytes(resident) < tensor_bytes(plain) * 0.4  # ~1 byte per weight instead of 4
+    family = family_for("ZImagePipeline")
+    sizes = memory_plan.sizes_of_folder(zimage, family)
+    planned = memory_plan.component_bytes(sizes, memory_plan.Layout(), dtype_bytes=4)["transformer"]
+    with_files = dataclasses.replace(sizes, quantized={"transformer": resident_weights.stored_sizes(str(path))})
+    assert planned == tensor_bytes(plain)
+    assert memory_plan.component_bytes(with_files, memory_plan.Layout(), dtype_bytes=4)["transformer"] == \
+        tensor_bytes(resident)
