@@ -179,3 +179,30 @@ def stored_sizes(path: str, prefix: str = "") -> tuple[int, int]:
                 scale = f.get_slice(f"{layer}.weight_scale")
                 stored += math.prod(scale.get_shape()) * HEADER_DTYPE_BYTES[scale.get_dtype()]
     return params, stored
+
+
+def file_status(files, choice: QuantizedWeights, device_type: str) -> list[str]:
+    """A File Loader's status, from the headers: each component's quantized formats and whether its layers stay
+    quantized on the chip with `choice` on this device (a line only for files with ComfyUI's per-layer formats)."""
+    from .single_file import _convrot, _layer_configs, _open
+
+    resolved = choice.resolved(device_type)
+    lines = []
+    for component, path in files:
+        with _open(path) as f:
+            configs = _layer_configs(f, list(f.keys()))
+        counts: dict[str, int] = {}
+        for conf in configs.values():
+            name = str(conf.get("format")) + (" ConvRot" if _convrot(conf) else "")
+            counts[name] = counts.get(name, 0) + 1
+        if not counts:
+            continue
+        formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+        if not any(conf.get("format") in ROW_FORMATS for conf in configs.values()):
+            where = "dequantized on load (only int8 and fp8 layers stay quantized)"
+        elif resolved.keeps_quantized:
+            where = "int8/fp8 layers kept quantized on the chip, dequantized per layer as they run"
+        else:
+            where = f"dequantized on load (quantized weights: {resolved} on {device_type})"
+        lines.append(f"{component}: {formats} layers; {where}")
+    return lines

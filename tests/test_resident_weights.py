@@ -180,3 +180,42 @@ def test_resident_bytes_are_the_files_quantized_bytes_and_the_memory_plan_counts
     assert planned == tensor_bytes(plain)
     assert memory_plan.component_bytes(with_files, memory_plan.Layout(), dtype_bytes=4)["transformer"] == \
         tensor_bytes(resident)
+
+
+def test_the_file_status_says_each_files_formats_and_whether_they_stay_quantized_on_this_device(zimage, tmp_path):
+    """Read from the headers (and the small comfy_quant tensors): auto keeps int8/fp8 quantized on tpu and cuda and
+    dequantizes them on cpu; a file without per-layer formats gets no line."""
+    sd = tsf.zimage_to_comfy(tsf.folder_weights(zimage, "transformer"))
+    paths = {}
+    for fmt in ("int8_convrot", "float8_e4m3fn"):
+        paths[fmt] = str(tmp_path / f"{fmt}.safetensors")
+        save_file(quantize(sd, fmt)[0], paths[fmt])
+    paths["plain"] = str(tmp_path / "plain.safetensors")
+    save_file(sd, paths["plain"])
+    files = [("transformer", paths["int8_convrot"]), ("text_encoder", paths["float8_e4m3fn"]),
+             ("vae", paths["plain"])]
+    on_chip = resident_weights.file_status(files, QuantizedWeights.AUTO, "tpu")
+    assert on_chip == [
+        "transformer: 4 int8_tensorwise, 25 int8_tensorwise ConvRot layers; int8/fp8 layers kept quantized on the "
+        "chip, dequantized per layer as they run",
+        "text_encoder: 29 float8_e4m3fn layers; int8/fp8 layers kept quantized on the chip, dequantized per layer "
+        "as they run"]
+    assert resident_weights.file_status(files, QuantizedWeights.AUTO, "cuda") == on_chip
+    assert resident_weights.file_status(files[:1], QuantizedWeights.AUTO, "cpu") == [
+        "transformer: 4 int8_tensorwise, 25 int8_tensorwise ConvRot layers; dequantized on load (quantized weights: "
+        "dequantize on load on cpu)"]
+
+
+def test_the_setting_is_in_the_load_key_and_auto_follows_the_device():
+    """Changing it reloads; auto is what it resolves to on the device (the key also holds the device type)."""
+    from tpu_diffusers_runtime.device import device_info
+    from tpu_diffusers_runtime.handle import PipelineHandle
+
+    cpu = device_info("cpu")
+    handles = [PipelineHandle.of(source="/m", model_class="ZImagePipeline", files=[("transformer", "/f")],
+                                 quantized_weights=choice) for choice in QuantizedWeights]
+    assert len({h.load_key(cpu) for h in handles}) == len(handles)
+    assert PipelineHandle.from_wire(handles[1].to_wire()) == handles[1]
+    assert QuantizedWeights.AUTO.resolved("cpu") is QuantizedWeights.DEQUANTIZE
+    assert QuantizedWeights.AUTO.resolved("tpu") is QuantizedWeights.AUTO.resolved("cuda") is \
+        QuantizedWeights.KEEP_QUANTIZED
