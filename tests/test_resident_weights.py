@@ -219,3 +219,16 @@ def test_the_setting_is_in_the_load_key_and_auto_follows_the_device():
     assert QuantizedWeights.AUTO.resolved("cpu") is QuantizedWeights.DEQUANTIZE
     assert QuantizedWeights.AUTO.resolved("tpu") is QuantizedWeights.AUTO.resolved("cuda") is \
         QuantizedWeights.KEEP_QUANTIZED
+
+
+def test_a_resident_layer_compiles_without_a_graph_break_and_moves_its_packed_data(zimage):
+    """torch.compile traces comfy-kitchen's dequantization (fullgraph) to the eager result; `.to()` moves the
+    int8 data and the scales (what model CPU offload does), not a dequantized copy."""
+    _, resident, _ = quantized_zimage(zimage, "int8_convrot")
+    layer = next(m for m in resident.modules() if isinstance(m, resident_weights.ResidentLinear)
+                 and m.params.convrot)
+    x = torch.randn(2, layer.in_features)
+    assert torch.equal(torch.compile(layer, fullgraph=True)(x), layer(x))
+    resident.to("meta")
+    assert {t.device.type for t in (*resident.parameters(), *resident.buffers())} == {"meta"}
+    assert layer.qdata.dtype == torch.int8
