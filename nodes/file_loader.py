@@ -9,7 +9,7 @@ import folder_paths
 from tpu_diffusers_runtime.device import resolve_device
 from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
 from tpu_diffusers_runtime.families import FAMILIES, with_each_setting
-from tpu_diffusers_runtime.file_choice import AUTO_CONFIGS, check_against_configs, plan
+from tpu_diffusers_runtime.file_choice import AUTO_CONFIGS, check_against_configs, file_status, plan
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.model_files import NONE, resolve_model_file
 from tpu_diffusers_runtime.sources import list_model_folders
@@ -153,8 +153,6 @@ class TPUFileLoader(io.ComfyNode):
     def execute(cls, model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str,
                 configs: str, dtype: str, device: str, model_2: str = NONE,
                 quantized_weights: str = QuantizedWeights.AUTO) -> io.NodeOutput:
-        from tpu_diffusers_runtime.resident_weights import file_status
-
         target = resolve_device(device)
         source, model_class, files = plan_choices(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs,
                                                   model_2)

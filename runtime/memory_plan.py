@@ -282,13 +282,41 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
 
 def quantized_sizes(handle, folder: str) -> dict:
     """ModelSizes.quantized of a handle's files, from their headers (the layers the loader keeps quantized)."""
-    from .resident_weights import stored_sizes
     from .single_file import check_file_for_slot
     from .sources import config_values, read_model_index
 
     settings = config_values(read_model_index(folder, is_folder=True))
     return {component: stored_sizes(path, check_file_for_slot(path, component, handle.model_class, settings))
             for component, path in handle.files}
+
+
+# bytes per element of the safetensors header's dtypes the quantized layers use
+HEADER_DTYPE_BYTES = {"I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "F32": 4}
+
+
+def stored_sizes(path: str, prefix: str = "") -> tuple[int, int]:
+    """(parameters, bytes as stored with their scales) of the file's layers under `prefix` that resident_weights.apply keeps
+    quantized, from the header and the small comfy_quant tensors only (for the memory plan, before loading). A
+    layer diffusers' converter rebuilds stays dequantized at load: the run info then says how many."""
+    from .resident_weights import ROW_FORMATS
+    from .single_file import _layer_configs, _open
+
+    params = stored = 0
+    with _open(path) as f:
+        keys = list(f.keys())
+        for layer, conf in _layer_configs(f, keys).items():
+            if not layer.startswith(prefix) or conf.get("format") not in ROW_FORMATS:
+                continue
+            weight = f.get_slice(f"{layer}.weight")
+            shape = weight.get_shape()
+            if len(shape) != 2:
+                continue
+            params += shape[0] * shape[1]
+            stored += shape[0] * shape[1] * HEADER_DTYPE_BYTES[weight.get_dtype()]
+            if f"{layer}.weight_scale" in keys:
+                scale = f.get_slice(f"{layer}.weight_scale")
+                stored += math.prod(scale.get_shape()) * HEADER_DTYPE_BYTES[scale.get_dtype()]
+    return params, stored
 
 
 def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: int, where: str,

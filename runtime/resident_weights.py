@@ -24,7 +24,6 @@ would need the file again): runtime/features/lora.py keeps peft's unfused side b
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch  # this module is imported where a model loads, not at queue time
 
@@ -152,57 +151,3 @@ def _part(param, file_tensor, weight: QuantizedWeight) -> QuantizedWeight | None
 def has_resident_layers(model) -> bool:
     return any(isinstance(module, ResidentLinear) for module in model.modules())
 
-
-# bytes per element of the safetensors header's dtypes the quantized layers use
-HEADER_DTYPE_BYTES = {"I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "F32": 4}
-
-
-def stored_sizes(path: str, prefix: str = "") -> tuple[int, int]:
-    """(parameters, bytes as stored with their scales) of the file's layers under `prefix` that `apply` keeps
-    quantized, from the header and the small comfy_quant tensors only (for the memory plan, before loading). A
-    layer diffusers' converter rebuilds stays dequantized at load: the run info then says how many."""
-    from .single_file import _layer_configs, _open
-
-    params = stored = 0
-    with _open(path) as f:
-        keys = list(f.keys())
-        for layer, conf in _layer_configs(f, keys).items():
-            if not layer.startswith(prefix) or conf.get("format") not in ROW_FORMATS:
-                continue
-            weight = f.get_slice(f"{layer}.weight")
-            shape = weight.get_shape()
-            if len(shape) != 2:
-                continue
-            params += shape[0] * shape[1]
-            stored += shape[0] * shape[1] * HEADER_DTYPE_BYTES[weight.get_dtype()]
-            if f"{layer}.weight_scale" in keys:
-                scale = f.get_slice(f"{layer}.weight_scale")
-                stored += math.prod(scale.get_shape()) * HEADER_DTYPE_BYTES[scale.get_dtype()]
-    return params, stored
-
-
-def file_status(files, choice: QuantizedWeights, device_type: str) -> list[str]:
-    """A File Loader's status, from the headers: each component's quantized formats and whether its layers stay
-    quantized on the chip with `choice` on this device (a line only for files with ComfyUI's per-layer formats)."""
-    from .single_file import _convrot, _layer_configs, _open
-
-    resolved = choice.resolved(device_type)
-    lines = []
-    for component, path in files:
-        with _open(path) as f:
-            configs = _layer_configs(f, list(f.keys()))
-        counts: dict[str, int] = {}
-        for conf in configs.values():
-            name = str(conf.get("format")) + (" ConvRot" if _convrot(conf) else "")
-            counts[name] = counts.get(name, 0) + 1
-        if not counts:
-            continue
-        formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
-        if not any(conf.get("format") in ROW_FORMATS for conf in configs.values()):
-            where = "dequantized on load (only int8 and fp8 layers stay quantized)"
-        elif resolved.keeps_quantized:
-            where = "int8/fp8 layers kept quantized on the chip, dequantized per layer as they run"
-        else:
-            where = f"dequantized on load (quantized weights: {resolved} on {device_type})"
-        lines.append(f"{component}: {formats} layers; {where}")
-    return lines

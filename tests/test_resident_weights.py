@@ -14,6 +14,7 @@ import tiny_models
 import tiny_single_files as tsf
 from tpu_diffusers_runtime import memory_plan, resident_weights, single_file
 from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.file_choice import file_status
 from tpu_diffusers_runtime.quant_formats import QuantizedWeight
 from tpu_diffusers_runtime.features import lora
 from safetensors.torch import save_file
@@ -176,7 +177,7 @@ def test_resident_bytes_are_the_files_quantized_bytes_and_the_memory_plan_counts
     family = family_for("ZImagePipeline")
     sizes = memory_plan.sizes_of_folder(zimage, family)
     planned = memory_plan.component_bytes(sizes, memory_plan.Layout(), dtype_bytes=4)["transformer"]
-    with_files = dataclasses.replace(sizes, quantized={"transformer": resident_weights.stored_sizes(str(path))})
+    with_files = dataclasses.replace(sizes, quantized={"transformer": memory_plan.stored_sizes(str(path))})
     assert planned == tensor_bytes(plain)
     assert memory_plan.component_bytes(with_files, memory_plan.Layout(), dtype_bytes=4)["transformer"] == \
         tensor_bytes(resident)
@@ -194,14 +195,14 @@ def test_the_file_status_says_each_files_formats_and_whether_they_stay_quantized
     save_file(sd, paths["plain"])
     files = [("transformer", paths["int8_convrot"]), ("text_encoder", paths["float8_e4m3fn"]),
              ("vae", paths["plain"])]
-    on_chip = resident_weights.file_status(files, QuantizedWeights.AUTO, "tpu")
+    on_chip = file_status(files, QuantizedWeights.AUTO, "tpu")
     assert on_chip == [
         "transformer: 4 int8_tensorwise, 25 int8_tensorwise ConvRot layers; int8/fp8 layers kept quantized on the "
         "chip, dequantized per layer as they run",
         "text_encoder: 29 float8_e4m3fn layers; int8/fp8 layers kept quantized on the chip, dequantized per layer "
         "as they run"]
-    assert resident_weights.file_status(files, QuantizedWeights.AUTO, "cuda") == on_chip
-    assert resident_weights.file_status(files[:1], QuantizedWeights.AUTO, "cpu") == [
+    assert file_status(files, QuantizedWeights.AUTO, "cuda") == on_chip
+    assert file_status(files[:1], QuantizedWeights.AUTO, "cpu") == [
         "transformer: 4 int8_tensorwise, 25 int8_tensorwise ConvRot layers; dequantized on load (quantized weights: "
         "dequantize on load on cpu)"]
 
