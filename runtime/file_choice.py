@@ -8,6 +8,7 @@ runs when the node executes: it fetches the configs of a hub repo if needed and 
 
 from __future__ import annotations
 
+import collections
 import os
 
 from .errors import UserInputError
@@ -171,25 +172,31 @@ def components_with_weights(folder: str) -> set[str]:
     return {name for name in os.listdir(folder) if has_weights(folder, name)}
 
 
+def quantized_layer_formats(path: str) -> dict[str, tuple[str, str]]:
+    """{weight key: (format name, in words)} of a file's ComfyUI per-layer quantized layers, from the header and
+    the small comfy_quant tensors (no weight data)."""
+    from .single_file import _convrot, _layer_configs, _open
+
+    with _open(path) as f:
+        configs = _layer_configs(f, list(f.keys()))
+    return {f"{layer}.weight": (str(conf.get("format")), "int8 ConvRot" if _convrot(conf) else str(conf.get("format")))
+            for layer, conf in configs.items()}
+
+
 def file_status(files, choice: QuantizedWeights, device_type: str) -> list[str]:
     """A File Loader's status, from the headers: each component's quantized formats and whether its layers stay
     quantized on the chip with `choice` on this device (a line only for files with ComfyUI's per-layer formats)."""
     from .resident_weights import ROW_FORMATS
-    from .single_file import _convrot, _layer_configs, _open
 
     resolved = choice.resolved(device_type)
     lines = []
     for component, path in files:
-        with _open(path) as f:
-            configs = _layer_configs(f, list(f.keys()))
-        counts: dict[str, int] = {}
-        for conf in configs.values():
-            name = str(conf.get("format")) + (" ConvRot" if _convrot(conf) else "")
-            counts[name] = counts.get(name, 0) + 1
-        if not counts:
+        layers = quantized_layer_formats(path).values()
+        if not layers:
             continue
-        formats = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
-        if not any(conf.get("format") in ROW_FORMATS for conf in configs.values()):
+        counts = collections.Counter(words for _, words in layers)
+        formats = ", ".join(f"{count} {words}" for words, count in sorted(counts.items()))
+        if not any(name in ROW_FORMATS for name, _ in layers):
             where = "dequantized on load (only int8 and fp8 layers stay quantized)"
         elif resolved.keeps_quantized:
             where = "int8/fp8 layers kept quantized on the chip, dequantized per layer as they run"

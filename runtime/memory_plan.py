@@ -295,26 +295,28 @@ HEADER_DTYPE_BYTES = {"I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "
 
 
 def stored_sizes(path: str, prefix: str = "") -> tuple[int, int]:
-    """(parameters, bytes as stored with their scales) of the file's layers under `prefix` that resident_weights.apply keeps
-    quantized, from the header and the small comfy_quant tensors only (for the memory plan, before loading). A
-    layer diffusers' converter rebuilds stays dequantized at load: the run info then says how many."""
+    """(parameters, bytes as stored with their scales) of the file's layers under `prefix` that
+    resident_weights.apply keeps quantized, from the header only (for the memory plan, before loading). A layer
+    diffusers' converter rebuilds stays dequantized at load: the run info then says how many."""
+    from safetensors import safe_open
+
+    from .file_choice import quantized_layer_formats
     from .resident_weights import ROW_FORMATS
-    from .single_file import _layer_configs, _open
 
     params = stored = 0
-    with _open(path) as f:
-        keys = list(f.keys())
-        for layer, conf in _layer_configs(f, keys).items():
-            if not layer.startswith(prefix) or conf.get("format") not in ROW_FORMATS:
-                continue
-            weight = f.get_slice(f"{layer}.weight")
+    layers = quantized_layer_formats(path)
+    with safe_open(path, "pt") as f:
+        keys = set(f.keys())
+        for key, (name, _) in layers.items():
+            weight = f.get_slice(key)
             shape = weight.get_shape()
-            if len(shape) != 2:
+            if not key.startswith(prefix) or name not in ROW_FORMATS or len(shape) != 2:
                 continue
             params += shape[0] * shape[1]
             stored += shape[0] * shape[1] * HEADER_DTYPE_BYTES[weight.get_dtype()]
-            if f"{layer}.weight_scale" in keys:
-                scale = f.get_slice(f"{layer}.weight_scale")
+            scale_key = key[: -len("weight")] + "weight_scale"
+            if scale_key in keys:
+                scale = f.get_slice(scale_key)
                 stored += math.prod(scale.get_shape()) * HEADER_DTYPE_BYTES[scale.get_dtype()]
     return params, stored
 

@@ -44,7 +44,7 @@ def rows(weight: QuantizedWeight, start: int, stop: int) -> QuantizedWeight | No
         return None
     params = dataclasses.replace(weight.params, scale=scale if scale.numel() == 1 else scale[start:stop],
                                  orig_shape=(stop - start, *weight.params.orig_shape[1:]))
-    return QuantizedWeight(weight.format, weight.layout, weight.qdata[start:stop], params)
+    return dataclasses.replace(weight, qdata=weight.qdata[start:stop], params=params)
 
 
 def layer_forward(choice: QuantizedWeights, weight: QuantizedWeight):
@@ -118,7 +118,7 @@ def apply(model, weights: dict, quantized: dict, choice: QuantizedWeights) -> Re
     by_storage = {}
     for key, weight in quantized.items():
         tensor = weights.get(key)
-        if tensor is not None and weight.format in ROW_FORMATS:
+        if tensor is not None and weight.format in ROW_FORMATS and _plain(weight):
             by_storage[tensor.untyped_storage().data_ptr()] = (key, tensor, weight)
     resident, used = {}, set()
     for name, module in list(model.named_modules()):
@@ -132,6 +132,13 @@ def apply(model, weights: dict, quantized: dict, choice: QuantizedWeights) -> Re
         resident[part.format] = resident.get(part.format, 0) + 1
         used.add(found[0])
     return Residency(resident, len(quantized) - len(used))
+
+
+def _plain(weight: QuantizedWeight) -> bool:
+    """The weight is its format, layout, data and Params alone: a layer with more (an AWQ input scale) is left
+    dequantized, as ResidentLinear keeps those four only."""
+    return all(getattr(weight, field.name) is None for field in dataclasses.fields(weight)
+               if field.name not in ("format", "layout", "qdata", "params"))
 
 
 def _part(param, file_tensor, weight: QuantizedWeight) -> QuantizedWeight | None:

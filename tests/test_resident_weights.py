@@ -197,13 +197,13 @@ def test_the_file_status_says_each_files_formats_and_whether_they_stay_quantized
              ("vae", paths["plain"])]
     on_chip = file_status(files, QuantizedWeights.AUTO, "tpu")
     assert on_chip == [
-        "transformer: 4 int8_tensorwise, 25 int8_tensorwise ConvRot layers; int8/fp8 layers kept quantized on the "
+        "transformer: 25 int8 ConvRot, 4 int8_tensorwise layers; int8/fp8 layers kept quantized on the "
         "chip, dequantized per layer as they run",
         "text_encoder: 29 float8_e4m3fn layers; int8/fp8 layers kept quantized on the chip, dequantized per layer "
         "as they run"]
     assert file_status(files, QuantizedWeights.AUTO, "cuda") == on_chip
     assert file_status(files[:1], QuantizedWeights.AUTO, "cpu") == [
-        "transformer: 4 int8_tensorwise, 25 int8_tensorwise ConvRot layers; dequantized on load (quantized weights: "
+        "transformer: 25 int8 ConvRot, 4 int8_tensorwise layers; dequantized on load (quantized weights: "
         "dequantize on load on cpu)"]
 
 
