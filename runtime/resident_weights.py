@@ -5,12 +5,14 @@ ComfyUI file keeps each mapped Linear's weight as the file's packed data and sca
 computes the weight with `QuantizedWeight.dequantize`, the same comfy-kitchen function the dequantized-on-load path
 uses, so the image is the same bit for bit.
 
-Mapping back to the file: diffusers' single-file converters rename keys and split fused weights with torch.chunk
-(views of the file's tensor), so a loaded Linear's weight is either a file tensor itself or a block of its rows. It
-is found by storage: the same storage and offset is the file layer, a row block of it is that layer's rows (`rows`,
-for the formats whose scales are per tensor or per row). A layer the converter built anew (concatenated, permuted,
-cast to float32 for a module kept in float32) shares no storage with the file and stays dequantized; the run info
-says how many.
+Mapping back to the file: diffusers' single-file converters rename keys and split fused weights (torch.chunk,
+torch.split), so a loaded Linear's weight is either a file layer's dequantized tensor or a block of its rows. The
+loader may copy it (from_single_file loads in float32, then the model is cast to the dtype), so it is found by
+value, exactly: the file layer of the same width and dtype whose rows from some start equal the weight (`rows`
+slices the data and per-row scales, for the formats whose scales are per tensor or per row). Equal values
+dequantize to the same weight, so the image is the same whichever equal layer is found. A layer the converter
+built anew (concatenated, permuted, kept in float32) equals no file rows and stays dequantized; the run info says
+how many.
 
 `apply(model, ...)` makes a loaded model's layers resident, once, when it loads (the setting is in the load key).
 `.to()`
@@ -32,6 +34,7 @@ from .specs import QuantizedWeights
 
 # The formats kept quantized: one scale per tensor (fp8, int8) or per output row (int8, also with ConvRot, whose
 # rotation mixes input channels only), so a block of rows is the same block of the data and of the scales.
+FINGERPRINT = 8  # leading values of a row that find where a Linear's rows start in a file layer
 ROW_FORMATS = ("int8_tensorwise", "float8_e4m3fn", "float8_e5m2")
 INT8_FORMAT = "int8_tensorwise"
 
@@ -110,27 +113,28 @@ class Residency:
 
 
 def apply(model, weights: dict, quantized: dict, choice: QuantizedWeights) -> Residency:
-    """Make `model`'s Linears whose weight is (a row block of) a quantized file layer resident.
+    """Make `model`'s Linears whose weight equals a quantized file layer, or a block of its rows, resident.
 
     `weights`: the file's dequantized tensors the model was loaded from, {file key: tensor}; `quantized`:
     {file key: QuantizedWeight} of its quantized layers (quant_formats.quantized_layers). Call after the model
     has its dtype: a later `.to(dtype)` would cast the fp8 data and the float32 scales too."""
-    by_storage = {}
+    by_width: dict = {}  # (input width, dtype) -> [(file key, dequantized tensor, its rows' first values, weight)]
     for key, weight in quantized.items():
         tensor = weights.get(key)
-        if tensor is not None and weight.format in ROW_FORMATS and _plain(weight):
-            by_storage[tensor.untyped_storage().data_ptr()] = (key, tensor, weight)
+        if tensor is not None and tensor.dim() == 2 and weight.format in ROW_FORMATS and _plain(weight):
+            by_width.setdefault((tensor.shape[1], tensor.dtype), []).append(
+                (key, tensor, tensor[:, :FINGERPRINT], weight))
     resident, used = {}, set()
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
             continue
-        found = by_storage.get(module.weight.untyped_storage().data_ptr())
-        part = _part(module.weight, *found[1:]) if found else None
-        if part is None:
+        found = _find(module.weight, by_width.get((module.in_features, module.weight.dtype), ()))
+        if found is None:
             continue
+        key, part = found
         model.set_submodule(name, ResidentLinear(module, part, choice))
         resident[part.format] = resident.get(part.format, 0) + 1
-        used.add(found[0])
+        used.add(key)
     return Residency(resident, len(quantized) - len(used))
 
 
@@ -141,18 +145,23 @@ def _plain(weight: QuantizedWeight) -> bool:
                if field.name not in ("format", "layout", "qdata", "params"))
 
 
-def _part(param, file_tensor, weight: QuantizedWeight) -> QuantizedWeight | None:
-    """`weight` when `param` is the file tensor itself, its rows when `param` is a row block of it, else None."""
-    if param.dtype != file_tensor.dtype or param.dim() != 2 or param.stride() != file_tensor.stride():
-        return None
-    offset = param.storage_offset() - file_tensor.storage_offset()
-    row = file_tensor.stride(0)
-    if offset % row or param.shape[1:] != file_tensor.shape[1:]:
-        return None
-    start = offset // row
-    if start == 0 and param.shape == file_tensor.shape:
-        return weight
-    return rows(weight, start, start + param.shape[0]) if start + param.shape[0] <= file_tensor.shape[0] else None
+def _find(param, candidates) -> tuple[str, QuantizedWeight] | None:
+    """(file key, the quantized weight of `param`): the file layer whose rows [start, start + rows of `param`)
+    equal `param` exactly (the whole layer, or a converter's chunk or split of it); rows are found by their
+    first FINGERPRINT values, then compared whole. None when no file layer holds it."""
+    rows_wanted = param.shape[0]
+    for key, tensor, fingerprints, weight in candidates:
+        if tensor.shape[0] < rows_wanted:
+            continue
+        starts = (fingerprints[: tensor.shape[0] - rows_wanted + 1] == param[0, :FINGERPRINT]).all(dim=1)
+        for start in starts.nonzero().flatten().tolist():
+            if torch.equal(tensor[start:start + rows_wanted], param):
+                if rows_wanted == tensor.shape[0]:
+                    return key, weight
+                part = rows(weight, start, start + rows_wanted)
+                if part is not None:
+                    return key, part
+    return None
 
 
 def has_resident_layers(model) -> bool:

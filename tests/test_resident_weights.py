@@ -108,12 +108,13 @@ def test_resident_layers_give_the_dequantized_image_bit_for_bit(zimage, fmt):
 
 
 def test_a_layer_the_converter_built_anew_stays_dequantized_and_is_counted(zimage):
-    """A file layer whose tensor no Linear shares (a converter's concatenation) is left dequantized."""
+    """A file layer no Linear holds the rows of (here: its rows reversed, as a converter that permutes rows
+    would leave the model's weights) is left dequantized, and its Linears stay plain."""
     tensors, quantized = quantize(tsf.zimage_to_comfy(tsf.folder_weights(zimage, "transformer")), "int8_tensorwise")
     weights = dequantized(tensors, quantized, torch.float32)
     model = load_transformer(zimage, weights)
     rebuilt = next(k for k in quantized if k.endswith(".qkv.weight"))
-    weights[rebuilt] = weights[rebuilt].clone()  # as torch.cat would make it: other storage
+    weights[rebuilt] = weights[rebuilt].flip(0)
     linears = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
     done = resident_weights.apply(model, weights, quantized, KEEP)
     assert done.left_dequantized == 1 and sum(done.resident.values()) == linears - 3  # its q, k and v stay plain
