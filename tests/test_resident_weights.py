@@ -235,3 +235,28 @@ def test_a_resident_layer_compiles_without_a_graph_break_and_moves_its_packed_da
     resident.to("meta")
     assert {t.device.type for t in (*resident.parameters(), *resident.buffers())} == {"meta"}
     assert layer.qdata.dtype == torch.int8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["int8_convrot", "float8_e4m3fn"])
+def test_a_file_loaded_keeping_its_layers_quantized_gives_the_dequantized_image_bit_for_bit(zimage, tmp_path, fmt,
+                                                                                            dtype):
+    """Through the loader (single_file.load_component with quant_formats.quantized_layers): the transformer's
+    layers stay quantized, the run info says how many, and the image equals `dequantize on load`'s exactly."""
+    from tpu_diffusers_runtime.device import device_info
+    from tpu_diffusers_runtime.handle import PipelineHandle
+    from tpu_diffusers_runtime.loading import load_pipeline
+
+    path = str(tmp_path / f"z_image_turbo_{fmt}.safetensors")
+    save_file(quantize(tsf.zimage_to_comfy(tsf.folder_weights(zimage, "transformer")), fmt)[0], path)
+    pipes, notes = {}, {}
+    for choice in (QuantizedWeights.DEQUANTIZE, KEEP):
+        notes[choice] = []
+        pipes[choice] = load_pipeline(PipelineHandle.of(source=zimage, model_class="ZImagePipeline", dtype=dtype,
+                                                        files=[("transformer", path)], quantized_weights=choice),
+                                      device_info("cpu"), notes=notes[choice])
+    layers = [m for m in pipes[KEEP].transformer.modules() if isinstance(m, resident_weights.ResidentLinear)]
+    assert len(layers) > 30 and not notes[QuantizedWeights.DEQUANTIZE]
+    assert notes[KEEP] == [f"transformer: {len(layers)} {layers[0].format} layers kept quantized on the chip, "
+                           "dequantized per layer as they run"]
+    assert (image(pipes[KEEP]) == image(pipes[QuantizedWeights.DEQUANTIZE])).all()
