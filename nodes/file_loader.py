@@ -92,7 +92,8 @@ class TPUFileLoader(io.ComfyNode):
             category=CATEGORY,
             description="Chooses a pipeline from single files in ComfyUI's model folders, e.g. "
                         f"{'; '.join(family_files(family) for family in FAMILIES)}. "
-                        "fp8 files are upcast; GGUF and NF4 are refused. Configs and tokenizers (not in single "
+                        "int8 and fp8 layers stay quantized on TPU/CUDA (quantized_weights), else are upcast; GGUF "
+                        "and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",
             inputs=[
                 io.Combo.Input("model", options=model_files(),
@@ -115,8 +116,8 @@ class TPUFileLoader(io.ComfyNode):
                                        "or auto: the model's small config files from the Hugging Face cache "
                                        "(downloaded when online; the error names the command otherwise)."),
                 io.Combo.Input("dtype", options=DType, default=DType.AUTO,
-                               tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU. fp8 files "
-                                       "are upcast to it."),
+                               tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU. int8 and "
+                                       "fp8 layers are dequantized to it (on load, or per layer as they run)."),
                 io.Combo.Input("device", options=DeviceChoice, default=DeviceChoice.AUTO,
                                tooltip="Where to run. auto = TPU if TorchTPU finds a chip, else CUDA, else CPU."),
                 # last, so that workflows saved before it keep their widget values
