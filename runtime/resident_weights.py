@@ -15,9 +15,9 @@ built anew (concatenated, permuted, kept in float32) equals no file rows and sta
 how many.
 
 `apply(model, ...)` makes a loaded model's layers resident, once, when it loads (the setting is in the load key).
-`.to()`
-moves the packed data and scales (buffers), so model CPU offload moves 1 byte per weight. Under tensor parallelism
-the denoisers stay dequantized (DTensor sharding splits plain weights only): the loader decides that (`keep`).
+`.to()` moves the packed data and scales (buffers), so model CPU offload moves 1 byte per weight. Under tensor
+parallelism the denoisers stay dequantized (DTensor sharding splits plain weights only): runtime/loading.py loads
+them with `dequantize on load` and says so in the run info.
 
 LoRAs on resident layers are not fused into the int8/fp8 data (that would re-quantize, and the next strength change
 would need the file again): runtime/features/lora.py keeps peft's unfused side branch on them instead.
@@ -32,9 +32,9 @@ import torch  # this module is imported where a model loads, not at queue time
 from .quant_formats import QuantizedWeight
 from .specs import QuantizedWeights
 
+FINGERPRINT = 8  # leading values of a row that find where a Linear's rows start in a file layer
 # The formats kept quantized: one scale per tensor (fp8, int8) or per output row (int8, also with ConvRot, whose
 # rotation mixes input channels only), so a block of rows is the same block of the data and of the scales.
-FINGERPRINT = 8  # leading values of a row that find where a Linear's rows start in a file layer
 ROW_FORMATS = ("int8_tensorwise", "float8_e4m3fn", "float8_e5m2")
 INT8_FORMAT = "int8_tensorwise"
 
@@ -54,14 +54,18 @@ def layer_forward(choice: QuantizedWeights, weight: QuantizedWeight):
     """The one place that picks a resident layer's matmul: weight-only (dequantize, then the dtype's matmul), or
     for int8 layers with the int8 matmul choice, int8 x int8 with the activations quantized per call."""
     if choice is QuantizedWeights.INT8_MATMUL and weight.format == INT8_FORMAT:
-        from .int8_matmul import int8_linear
-
-        return lambda x, quantized, bias, dtype: int8_linear(x, quantized, bias)
+        return _int8_matmul
     return _weight_only
 
 
 def _weight_only(x, quantized: QuantizedWeight, bias, dtype):
     return torch.nn.functional.linear(x, quantized.dequantize(dtype), bias)
+
+
+def _int8_matmul(x, quantized: QuantizedWeight, bias, dtype):
+    from .int8_matmul import int8_linear
+
+    return int8_linear(x, quantized, bias)
 
 
 class ResidentLinear(torch.nn.Linear):
@@ -100,7 +104,7 @@ class ResidentLinear(torch.nn.Linear):
 @dataclasses.dataclass(frozen=True)
 class Residency:
     """What `apply` did to one model: layers kept quantized (by format) and the file's quantized layers left
-    dequantized (no Linear weight of the model is the file's tensor or a row block of it)."""
+    dequantized (no Linear's weight equals it or a block of its rows)."""
 
     resident: dict
     left_dequantized: int
