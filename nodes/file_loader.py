@@ -9,11 +9,11 @@ import folder_paths
 from tpu_diffusers_runtime.device import resolve_device
 from tpu_diffusers_runtime.errors import ModelLoadError, UserInputError
 from tpu_diffusers_runtime.families import FAMILIES, with_each_setting
-from tpu_diffusers_runtime.file_choice import AUTO_CONFIGS, check_against_configs, plan
+from tpu_diffusers_runtime.file_choice import AUTO_CONFIGS, check_against_configs, file_status, plan
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.model_files import NONE, resolve_model_file
 from tpu_diffusers_runtime.sources import list_model_folders
-from tpu_diffusers_runtime.specs import DeviceChoice, DType
+from tpu_diffusers_runtime.specs import DeviceChoice, DType, QuantizedWeights
 
 from .types import CATEGORY, TPUPipeline
 
@@ -92,7 +92,8 @@ class TPUFileLoader(io.ComfyNode):
             category=CATEGORY,
             description="Chooses a pipeline from single files in ComfyUI's model folders, e.g. "
                         f"{'; '.join(family_files(family) for family in FAMILIES)}. "
-                        "fp8 files are upcast; GGUF and NF4 are refused. Configs and tokenizers (not in single "
+                        "int8 and fp8 layers stay quantized on TPU/CUDA (quantized_weights), else are upcast; GGUF "
+                        "and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",
             inputs=[
                 io.Combo.Input("model", options=model_files(),
@@ -115,8 +116,8 @@ class TPUFileLoader(io.ComfyNode):
                                        "or auto: the model's small config files from the Hugging Face cache "
                                        "(downloaded when online; the error names the command otherwise)."),
                 io.Combo.Input("dtype", options=DType, default=DType.AUTO,
-                               tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU. fp8 files "
-                                       "are upcast to it."),
+                               tooltip="Weight precision. auto = bfloat16 on TPU/CUDA, float32 on CPU. int8 and "
+                                       "fp8 layers are dequantized to it (on load, or per layer as they run)."),
                 io.Combo.Input("device", options=DeviceChoice, default=DeviceChoice.AUTO,
                                tooltip="Where to run. auto = TPU if TorchTPU finds a chip, else CUDA, else CPU."),
                 # last, so that workflows saved before it keep their widget values
@@ -124,6 +125,13 @@ class TPUFileLoader(io.ComfyNode):
                                default=NONE, optional=True,
                                tooltip="A second diffusion model, for models with two (its first in model): "
                                        f"{slot_files(SECOND_MODEL_SLOT)}. none for every other model."),
+                io.Combo.Input("quantized_weights", options=QuantizedWeights, default=QuantizedWeights.AUTO,
+                               optional=True,
+                               tooltip="int8 and fp8 files (ComfyUI's per-layer formats): keep quantized holds their "
+                                       "layers as stored in chip memory (a 22B int8 model ~22 GB, not ~44 GB in "
+                                       "bf16) and dequantizes each as it runs, same image; dequantize on load "
+                                       "upcasts them when read; int8 matmul (W8A8) also multiplies int8 x int8. "
+                                       "auto = keep quantized on TPU/CUDA, dequantize on CPU. Changing it reloads."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline",
                                         tooltip="The model choice; connect to Mode Selector, TPU LoRA or Sampler.")],
@@ -144,10 +152,13 @@ class TPUFileLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str,
-                configs: str, dtype: str, device: str, model_2: str = NONE) -> io.NodeOutput:
-        resolve_device(device)
+                configs: str, dtype: str, device: str, model_2: str = NONE,
+                quantized_weights: str = QuantizedWeights.AUTO) -> io.NodeOutput:
+        target = resolve_device(device)
         source, model_class, files = plan_choices(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs,
                                                   model_2)
         check_against_configs(source, model_class, files, model)
-        return io.NodeOutput(PipelineHandle.of(source=source, model_class=model_class, files=files,
-                                               dtype=dtype, device=device))
+        handle = PipelineHandle.of(source=source, model_class=model_class, files=files, dtype=dtype, device=device,
+                                   quantized_weights=quantized_weights)
+        status = file_status(files, handle.load.quantized_weights, target.type)
+        return io.NodeOutput(handle, ui={"tpu_file_status": status} if status else None)

@@ -8,6 +8,7 @@ runs when the node executes: it fetches the configs of a hub repo if needed and 
 
 from __future__ import annotations
 
+import collections
 import os
 
 from .errors import UserInputError
@@ -15,6 +16,7 @@ from .families import FAMILIES, Family, family_for, supported
 from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
                           config_folder, default_config_repo, family_of_file, model_class_of, settings_of, variant_of)
 from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
+from .specs import QuantizedWeights
 
 AUTO_CONFIGS = "auto"
 
@@ -168,3 +170,37 @@ def auto_configs(repo: str, diffusers_roots: list[str]) -> str:
 def components_with_weights(folder: str) -> set[str]:
     """Components of a diffusers folder that hold weights (a configs-only download holds none)."""
     return {name for name in os.listdir(folder) if has_weights(folder, name)}
+
+
+def quantized_layer_formats(path: str) -> dict[str, tuple[str, str]]:
+    """{weight key: (format name, in words)} of a file's ComfyUI per-layer quantized layers, from the header and
+    the small comfy_quant tensors (no weight data)."""
+    from .single_file import _convrot, _layer_configs, _open
+
+    with _open(path) as f:
+        configs = _layer_configs(f, list(f.keys()))
+    return {f"{layer}.weight": (str(conf.get("format")), "int8 ConvRot" if _convrot(conf) else str(conf.get("format")))
+            for layer, conf in configs.items()}
+
+
+def file_status(files, choice: QuantizedWeights, device_type: str) -> list[str]:
+    """A File Loader's status, from the headers: each component's quantized formats and whether its layers stay
+    quantized on the chip with `choice` on this device (a line only for files with ComfyUI's per-layer formats)."""
+    from .resident_weights import ROW_FORMATS
+
+    resolved = choice.resolved(device_type)
+    lines = []
+    for component, path in files:
+        layers = quantized_layer_formats(path).values()
+        if not layers:
+            continue
+        counts = collections.Counter(words for _, words in layers)
+        formats = ", ".join(f"{count} {words}" for words, count in sorted(counts.items()))
+        if not any(name in ROW_FORMATS for name, _ in layers):
+            where = "dequantized on load (only int8 and fp8 layers stay quantized)"
+        elif resolved.keeps_quantized:
+            where = "int8/fp8 layers kept quantized on the chip, dequantized per layer as they run"
+        else:
+            where = f"dequantized on load (quantized weights: {resolved} on {device_type})"
+        lines.append(f"{component}: {formats} layers; {where}")
+    return lines

@@ -14,7 +14,7 @@ import json
 
 from .device import DeviceInfo
 from .distributed.mesh import layout
-from .specs import CompileSpec, DeviceChoice, DType, ExecutionMode, LoraSpec, MeshSpec, Placement
+from .specs import CompileSpec, DeviceChoice, DType, ExecutionMode, LoraSpec, MeshSpec, Placement, QuantizedWeights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,9 +29,12 @@ class LoadSpec:
     dtype: DType = DType.AUTO
     device: DeviceChoice = DeviceChoice.AUTO
     placement: Placement = Placement.DEVICE
+    # a File Loader's files: int8/fp8 layers kept quantized on the chip or dequantized on load (resident_weights.py)
+    quantized_weights: QuantizedWeights = QuantizedWeights.AUTO
 
     def __post_init__(self):  # also accepts the plain values a workflow or the wire carries
-        for name, choice in (("dtype", DType), ("device", DeviceChoice), ("placement", Placement)):
+        for name, choice in (("dtype", DType), ("device", DeviceChoice), ("placement", Placement),
+                             ("quantized_weights", QuantizedWeights)):
             object.__setattr__(self, name, choice(getattr(self, name)))
         object.__setattr__(self, "files", tuple((str(name), str(path)) for name, path in self.files))
 

@@ -17,7 +17,7 @@ from .errors import ModelLoadError, UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
 from .sources import check_source, components, config_values, has_weights, local_folder, read_model_index
-from .specs import ProgressCallback
+from .specs import ProgressCallback, QuantizedWeights
 
 # model_index.json names the library of each component; importing anything else from a
 # shared workflow's model folder would let a JSON file choose which module runs.
@@ -111,6 +111,10 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
                              f"it has {', '.join(parts)}.")
     parts = {name: part for name, part in parts.items() if name not in left_out}
     dtype = getattr(torch, handle.resolved_dtype(device))
+    quantized = handle.load.quantized_weights.resolved(device.type)
+    if files and sharding and quantized.keeps_quantized and notes is not None:
+        notes.append("quantized weights: the tensor parallel denoisers are kept dequantized (sharding splits plain "
+                     "weights only); the other components as the File Loader says")
     total = len(parts)
     loaded = dict(left_out)  # None: the pipeline runs without them
     weights_cache: dict = {}  # one read of an all-in-one checkpoint serves all its components
@@ -118,9 +122,13 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
         if on_progress:
             on_progress(done, total, f"loading {name}")
         if name in files:
+            # under TP a denoiser is sharded after loading, which splits plain weights only: kept dequantized
+            sharded = sharding and name in family.denoisers
+            quantized_weights = QuantizedWeights.DEQUANTIZE if sharded else quantized
             loaded[name] = single_file.load_component(name, _component_class(name, library, cls), files[name],
-                                                      folder, dtype, weights_cache, [] if notes is None else notes)
-            if sharding and name in family.denoisers:  # a second expert (model_2) too
+                                                      folder, dtype, weights_cache, [] if notes is None else notes,
+                                                      quantized_weights)
+            if sharded:  # a second expert (model_2) too
                 _shard_loaded(loaded[name], sharding.load_kwargs(folder, name), device)
             if files[name] not in (files.get(later) for later in list(parts)[done + 1:]):
                 # no later component reads this file: its whole read goes now (on a TP rank, a two-expert model's

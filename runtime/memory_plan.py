@@ -86,6 +86,9 @@ class ModelSizes:
     vae_width: int  # channels of the decoder's full-resolution stage
     vae_patch: int  # a VAE that decodes at 1/patch resolution, then unpatchifies
     memory: MemoryModel
+    # {component: (parameters in layers kept quantized, their bytes as stored)}: a File Loader's int8/fp8 file with
+    # its layers kept quantized on the chip (runtime/resident_weights.py); other components are in the dtype
+    quantized: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,16 +168,23 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
     return sizes_from_configs(family, configs)
 
 
+def component_bytes(sizes: ModelSizes, layout: Layout, dtype_bytes: int = 2) -> dict[str, int]:
+    """{component: bytes of its weights on one chip}: a TP plan's weights 1/tp, layers kept quantized as stored
+    (not under tp: the sharded denoisers are loaded dequantized), the rest in the dtype."""
+    def on_chip(name: str) -> int:
+        planned = sizes.planned.get(name, 0)
+        quantized, stored = sizes.quantized.get(name, (0, 0)) if layout.tp == 1 or not planned else (0, 0)
+        return (sizes.params[name] - quantized - planned + planned // layout.tp) * dtype_bytes + stored
+
+    return {name: on_chip(name) for name in sizes.params}
+
+
 def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames: int, batch: int,
              dtype_bytes: int = 2) -> Estimate:
     """Bytes per chip for one run (the module docstring says what each term counts); frames 0: an image."""
-    def on_chip(name: str) -> int:
-        planned = sizes.planned.get(name, 0)
-        return (sizes.params[name] - planned + planned // layout.tp) * dtype_bytes
-
     memory = sizes.memory
     frames = max(frames, 1)
-    resident = {name: on_chip(name) for name in sizes.params}
+    resident = component_bytes(sizes, layout, dtype_bytes)
     latent_frames = (frames - 1) // sizes.vae_temporal + 1
     step = sizes.vae_spatial
     tokens = ((latent_frames // sizes.patch[0]) * (height // (step * sizes.patch[1]))
@@ -253,7 +263,10 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
     layout = Layout(Placement(handle.placement), replicas=replicas, tp=tp, cp=cp)
     kind = tpu_kind() if device.type == "tpu" else None
     where = f"a {kind} chip" if kind else ("this host" if device.type == "cpu" else f"one {device.type} chip")
-    message = refusal(family, sizes_of_folder(_configs_folder(handle), family), layout, request, budget, where,
+    sizes = sizes_of_folder(_configs_folder(handle), family)
+    if handle.files and handle.load.quantized_weights.resolved(device.type).keeps_quantized:
+        sizes = dataclasses.replace(sizes, quantized=quantized_sizes(handle, _configs_folder(handle)))
+    message = refusal(family, sizes, layout, request, budget, where,
                       shared_host=device.type == "cpu",
                       dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2,
                       world_sizes=launchable_world_sizes(kind) if kind else DEGREES)
@@ -265,6 +278,47 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
     note = f"memory plan: {message} Running anyway: TPU_DIFFUSERS_MEMORY_PLAN=warn."
     log.warning("TPU Diffusers: %s", note)
     return [note]
+
+
+def quantized_sizes(handle, folder: str) -> dict:
+    """ModelSizes.quantized of a handle's files, from their headers (the layers the loader keeps quantized)."""
+    from .single_file import check_file_for_slot
+    from .sources import config_values, read_model_index
+
+    settings = config_values(read_model_index(folder, is_folder=True))
+    return {component: stored_sizes(path, check_file_for_slot(path, component, handle.model_class, settings))
+            for component, path in handle.files}
+
+
+# bytes per element of the safetensors header's dtypes the quantized layers use
+HEADER_DTYPE_BYTES = {"I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "F32": 4}
+
+
+def stored_sizes(path: str, prefix: str = "") -> tuple[int, int]:
+    """(parameters, bytes as stored with their scales) of the file's layers under `prefix` that
+    resident_weights.apply keeps quantized, from the header only (for the memory plan, before loading). A layer
+    diffusers' converter rebuilds stays dequantized at load: the run info then says how many."""
+    from safetensors import safe_open
+
+    from .file_choice import quantized_layer_formats
+    from .resident_weights import ROW_FORMATS
+
+    params = stored = 0
+    layers = quantized_layer_formats(path)
+    with safe_open(path, "pt") as f:
+        keys = set(f.keys())
+        for key, (name, _) in layers.items():
+            weight = f.get_slice(key)
+            shape = weight.get_shape()
+            if not key.startswith(prefix) or name not in ROW_FORMATS or len(shape) != 2:
+                continue
+            params += shape[0] * shape[1]
+            stored += shape[0] * shape[1] * HEADER_DTYPE_BYTES[weight.get_dtype()]
+            scale_key = key[: -len("weight")] + "weight_scale"
+            if scale_key in keys:
+                scale = f.get_slice(scale_key)
+                stored += math.prod(scale.get_shape()) * HEADER_DTYPE_BYTES[scale.get_dtype()]
+    return params, stored
 
 
 def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: int, where: str,

@@ -21,6 +21,7 @@ from .errors import ModelLoadError, UserInputError
 from .families import (FAMILIES, FILE_KINDS, UNSUPPORTED_MODEL_TYPES, Family, FileKind, FileVariant, family_for,
                        supported)
 from .sources import check_hub_id, config_values, read_model_index
+from .specs import QuantizedWeights
 
 SUPPORTED_FORMATS = ("safetensors in bf16/fp16/fp32, or quantized as ComfyUI writes it (read through comfy-kitchen): "
                      "fp8 (e4m3fn/e5m2, scaled or not), int8 (also with ConvRot), nvfp4 (also AWQ), mxfp8, int4 "
@@ -435,11 +436,12 @@ def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None 
 
 
 def load_component(name: str, cls, path: str, config_folder: str, dtype, weights_cache: dict,
-                   notes: list[str]):
+                   notes: list[str], quantized_weights: QuantizedWeights = QuantizedWeights.DEQUANTIZE):
     """Load pipeline component `name` (class `cls`) with weights from the single file `path` and its config
     from `config_folder/<name>`. `weights_cache` ({path: state dict}) lets one read of an all-in-one
     checkpoint serve all its components; the caller drops it when the pipeline is built. What the run info
-    should say about the file is appended to `notes`."""
+    should say about the file is appended to `notes`. `quantized_weights` (resolved, not auto): whether the
+    file's int8/fp8 layers stay quantized in the model (runtime/resident_weights.py)."""
     import torch
 
     index = read_model_index(config_folder, is_folder=True)
@@ -486,7 +488,20 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
                      "models need a text encoder file with its vision part.")
     if isinstance(model, torch.nn.Module):
         model.eval().requires_grad_(False)
+        if quantized_weights.keeps_quantized:
+            _keep_quantized(name, model, path, prefix, weights, quantized_weights, notes)
     return model
+
+
+def _keep_quantized(name: str, model, path: str, prefix: str, weights: dict, choice: QuantizedWeights,
+                    notes: list[str]) -> None:
+    """The model's layers that are the file's int8/fp8 layers kept quantized; the run info says how many."""
+    from . import resident_weights
+    from .quant_formats import quantized_layers
+
+    quantized = {k[len(prefix):]: w for k, w in quantized_layers(path).items() if k.startswith(prefix)}
+    if quantized:
+        notes.append(resident_weights.apply(model, weights, quantized, choice).words(name))
 
 
 def _refuse_without_vision(name: str, file: str, model_class: str, family: Family, detail: str):

@@ -37,6 +37,27 @@ class Placement(Choice):
     MODEL_CPU_OFFLOAD = "model_cpu_offload"  # each model moves to the accelerator only while it runs
 
 
+class QuantizedWeights(Choice):
+    """What a File Loader does with a file's int8 and fp8 layers (runtime/resident_weights.py)."""
+
+    AUTO = "auto"  # kept quantized on tpu and cuda (chip memory is scarce), dequantized on load on cpu
+    KEEP_QUANTIZED = "keep quantized"  # int8/fp8 data in device memory, each layer dequantized when it runs
+    DEQUANTIZE = "dequantize on load"  # every weight dequantized to the dtype when read
+    INT8_MATMUL = "int8 matmul (W8A8)"  # kept quantized; int8 layers multiply int8 x int8 (runtime/int8_matmul.py)
+
+    def resolved(self, device_type: str) -> "QuantizedWeights":
+        """What auto is on a device: kept quantized on tpu and cuda, where chip memory decides what fits. On cpu,
+        dequantized on load: host memory is the budget there and is larger, and dequantizing every layer at
+        every step would cost CPU time for nothing saved on a chip."""
+        if self is not QuantizedWeights.AUTO:
+            return self
+        return QuantizedWeights.DEQUANTIZE if device_type == "cpu" else QuantizedWeights.KEEP_QUANTIZED
+
+    @property
+    def keeps_quantized(self) -> bool:
+        return self in (QuantizedWeights.KEEP_QUANTIZED, QuantizedWeights.INT8_MATMUL)
+
+
 class DType(Choice):
     AUTO = "auto"  # the device's default: bf16 on tpu/cuda, float32 on cpu
     BFLOAT16 = "bfloat16"

@@ -2,7 +2,9 @@
 // ours feeding its `pipeline` input what actually ran (device, mode, load and compile time),
 // so a user sees at a glance whether e.g. fused eager fell back or a compile was reused.
 // The facts come through ComfyUI's own channel: the Sampler's `ui` output (`tpu_run_info`),
-// which the page hands to the node's onExecuted, also for a Sampler inside a subgraph.
+// which the page hands to the node's onExecuted, also for a Sampler inside a subgraph; the File
+// Loader's (`tpu_file_status`: its files' quantized formats and whether they stay quantized) stays
+// under the run's lines.
 import { app } from "../../scripts/app.js";
 
 const CATEGORY = "TPU Diffusers";
@@ -57,7 +59,9 @@ function pipelineChain(sampler) {
 /** The status on the Sampler that ran and on every node of ours feeding it. */
 function showRunInfo(sampler, info) {
   const text = statusText(info);
-  for (const node of pipelineChain(sampler)) node.tpuStatus = text;
+  for (const node of pipelineChain(sampler)) {
+    node.tpuStatus = node.tpuFileStatus ? `${text}\n${node.tpuFileStatus}` : text;
+  }
   app.canvas.setDirty(true, true);
 }
 
@@ -89,8 +93,14 @@ app.registerExtension({
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (output, ...rest) {
       onExecuted?.call(this, output, ...rest);
-      const info = output?.tpu_run_info?.[0]; // only the Samplers have a ui output
+      const info = output?.tpu_run_info?.[0]; // the Samplers' run info
       if (info) showRunInfo(this, info);
+      const files = output?.tpu_file_status; // the File Loader's: each file's quantized formats
+      if (files) {
+        this.tpuFileStatus = files.join("\n");
+        this.tpuStatus = this.tpuFileStatus;
+        app.canvas.setDirty(true, true);
+      }
     };
     const onDrawForeground = nodeType.prototype.onDrawForeground;
     nodeType.prototype.onDrawForeground = function (ctx, ...rest) {

@@ -11,6 +11,14 @@ Before a layer's weights are first changed, they are copied to the CPU once; swi
 back (an exact restore, not unfuse arithmetic), so strength 0 or no LoRA gives the base image bit for bit.
 On any error the pipeline is left as the base.
 
+On a model with layers kept quantized (a File Loader's int8/fp8 file, runtime/resident_weights.py) LoRAs are not
+fused: fusing into int8/fp8 data would re-quantize it (the image would no longer be the dequantized weights plus the
+LoRA) and the next strength change would need the file read again. They stay peft's unfused side branches (diffusers'
+`load_lora_weights`, strength by `set_adapters`): every LoRA is loaded once, also at strength 0, so a strength change
+reads and reloads nothing; the image equals plain diffusers with the LoRA fused into the dequantized weights within
+float32 summation order (tests/test_resident_weights.py). The price: the side branch runs every step, and a compiled
+transformer can recompile when a strength changes (the scaling is a Python float a graph may guard on).
+
 A LoRA goes into the denoiser its `expert` names (the families' `lora_targets`): `transformer` (high_noise, the
 default, and the only one of one-transformer models), a second expert `transformer_2` (low_noise: diffusers'
 `load_into_transformer_2`), or both; the backups cover whichever expert's weights changed.
@@ -55,6 +63,7 @@ class LoraState:
     backups: dict[str, tuple[object, object]] = dataclasses.field(default_factory=dict)
     changed: set[str] = dataclasses.field(default_factory=set)  # the backups whose parameter now differs from it
     notes: tuple[str, ...] = ()  # for the run info of every run with these LoRAs
+    unfused_layers: tuple[int, ...] = ()  # per applied LoRA, its peft layers, when LoRAs stay unfused
 
 
 def check_lora_file(path: str) -> None:
@@ -114,6 +123,8 @@ def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:
     loras = tuple(loras)
     if loras == state.applied:
         return list(state.notes)
+    if _keeps_quantized(pipe):
+        return _apply_unfused(pipe, loras, state, on_progress)
     active = [(index, lora) for index, lora in enumerate(loras) if lora.strength != 0]
     for _, lora in active:
         check_lora_file(lora.path)  # before anything changes
@@ -140,10 +151,74 @@ def apply_loras(pipe, loras, state: LoraState, on_progress=None) -> list[str]:
     return notes
 
 
+def _keeps_quantized(pipe) -> bool:
+    """Whether a LoRA-loadable model keeps quantized layers (runtime/resident_weights.py): fusing would have to
+    re-quantize them, so LoRAs stay unfused there."""
+    import torch
+
+    from ..resident_weights import has_resident_layers
+
+    return any(isinstance(model, torch.nn.Module) and has_resident_layers(model)
+               for model in (getattr(pipe, c, None) for c in pipe._lora_loadable_modules))
+
+
+def _apply_unfused(pipe, loras, state: LoraState, on_progress) -> list[str]:
+    """LoRAs as peft's side branches (x @ A @ B x strength added to the layer's output), left in place: the
+    quantized layers are never changed. Every LoRA is loaded, also at strength 0, so that a strength change is
+    `set_adapters` only: nothing is read or reloaded. Other files (or experts) unload all and load again."""
+    files = [(lora.path, lora.expert) for lora in loras]
+    with _offload_removed(pipe):
+        if files != [(lora.path, lora.expert) for lora in state.applied]:
+            for lora in loras:
+                check_lora_file(lora.path)  # before anything changes
+            _unload(pipe)
+            state.applied, state.notes, state.unfused_layers = (), (), ()
+            try:
+                state.unfused_layers = tuple(len(injected) for _, _, injected
+                                             in _load_adapters(pipe, list(enumerate(loras)), on_progress))
+            except BaseException:
+                _unload(pipe)
+                raise
+        if loras:
+            pipe.set_adapters([f"{ADAPTER_PREFIX}{index}" for index in range(len(loras))],
+                              [lora.strength for lora in loras])
+    notes = [f"LoRA: {_name(lora)} @ {lora.strength:g} ({layers} layers, unfused: the base layers stay quantized)"
+             for lora, layers in zip(loras, state.unfused_layers)]
+    state.applied, state.notes = loras, tuple(notes)
+    log.info("TPU Diffusers: %s", "; ".join(notes) if notes else "LoRAs removed")
+    return notes
+
+
 def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
     import torch
 
     names, layers = [], {}
+    for index, adapter, injected in _load_adapters(pipe, active, on_progress):
+        _back_up(injected, state)
+        names.append(adapter)
+        layers[index] = len(injected)
+    if on_progress:
+        on_progress(len(active), len(active), "fusing LoRAs")
+    strengths = [lora.strength for _, lora in active]
+    loaded = [c for c in pipe._lora_loadable_modules
+              if isinstance(getattr(pipe, c, None), torch.nn.Module) and _has_adapters(getattr(pipe, c))]
+    pipe.set_adapters(names, strengths)
+    pipe.fuse_lora(components=loaded, lora_scale=1.0, adapter_names=names)
+    _unload(pipe)
+    notes = []
+    for index, lora in enumerate(loras):
+        if index in layers:
+            experts = " + ".join(EXPERT_COMPONENTS[lora.expert])
+            where = f", {lora.expert}: {experts}" if _second_expert(pipe) is not None else ""
+            notes.append(f"LoRA: {_name(lora)} @ {lora.strength:g} (fused, {layers[index]} layers{where})")
+        else:
+            notes.append(f"LoRA: {_name(lora)} @ 0 (strength 0: not applied)")
+    return notes
+
+
+def _load_adapters(pipe, active, on_progress):
+    """Each LoRA of `active` ((index, lora)) loaded by diffusers as adapter f"{ADAPTER_PREFIX}{index}" into the
+    expert(s) it names, checked to fit first; yields (index, adapter, its peft layers)."""
     for done, (index, lora) in enumerate(active):
         if on_progress:
             on_progress(done, len(active), f"LoRA {_name(lora)}")
@@ -167,26 +242,7 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
                 f"{type(pipe).__name__} ({len(expected) - len(missing)} of its {len(expected)} layers were applied"
                 f"{', not ' + missing[0] if missing else ''}); it is a LoRA for another model. "
                 "Pick one made for this model, or remove it.")
-        _back_up(injected, state)
-        names.append(adapter)
-        layers[index] = len(injected)
-    if on_progress:
-        on_progress(len(active), len(active), "fusing LoRAs")
-    strengths = [lora.strength for _, lora in active]
-    loaded = [c for c in pipe._lora_loadable_modules
-              if isinstance(getattr(pipe, c, None), torch.nn.Module) and _has_adapters(getattr(pipe, c))]
-    pipe.set_adapters(names, strengths)
-    pipe.fuse_lora(components=loaded, lora_scale=1.0, adapter_names=names)
-    _unload(pipe)
-    notes = []
-    for index, lora in enumerate(loras):
-        if index in layers:
-            experts = " + ".join(EXPERT_COMPONENTS[lora.expert])
-            where = f", {lora.expert}: {experts}" if _second_expert(pipe) is not None else ""
-            notes.append(f"LoRA: {_name(lora)} @ {lora.strength:g} (fused, {layers[index]} layers{where})")
-        else:
-            notes.append(f"LoRA: {_name(lora)} @ 0 (strength 0: not applied)")
-    return notes
+        yield index, adapter, injected
 
 
 def _check_fits(pipe, lora: LoraSpec) -> set[str]:
