@@ -174,13 +174,10 @@ def components_with_weights(folder: str) -> set[str]:
 
 def quantized_layer_formats(path: str) -> dict[str, tuple[str, str]]:
     """{weight key: (format name, in words)} of a file's ComfyUI per-layer quantized layers, from the header and
-    the small comfy_quant tensors (no weight data)."""
-    from .single_file import _convrot, _layer_configs, _open
+    the small comfy_quant tensors (no weight data; read once per file by quant_formats)."""
+    from .quant_formats import file_quantization
 
-    with _open(path) as f:
-        configs = _layer_configs(f, list(f.keys()))
-    return {f"{layer}.weight": (str(conf.get("format")), "int8 ConvRot" if _convrot(conf) else str(conf.get("format")))
-            for layer, conf in configs.items()}
+    return {key: (layer.format.name, layer.words) for key, layer in file_quantization(path).layers.items()}
 
 
 def file_status(files, choice: QuantizedWeights, device_type: str) -> list[str]:
