@@ -1,7 +1,6 @@
 """The Samplers' input checks exist once (runtime/input_checks.py): what a node refuses when the prompt is queued and
 what the runtime refuses when it runs are the same words, and the queue-time rules follow the families."""
 
-
 import numpy as np
 import pytest
 
