@@ -15,7 +15,8 @@ from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
-FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage"]
+FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage",
+                  "qwenimage21"]
 
 
 def request(**overrides):

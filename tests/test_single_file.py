@@ -715,7 +715,7 @@ def test_comfyuis_int8_is_read_exactly_as_int8_times_its_row_scales(sf_dir, tmp_
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("qwen-image-2.1", "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet, "),
+    ("qwen-image-2.1", "a Qwen-Image 2.1 diffusion model, "),  # named as its family, as Z-Image's below
     ("krea2", "a Krea 2 diffusion model, which TPU Diffusers does not run yet, "),
     ("z-image-turbo", "a Z-Image .*"),  # named as a family once TPU Diffusers has it, told from the header either way
     ("qwenimage", "a QwenImage diffusion model, "),  # its timestep embedder's 256 inputs are rotated

@@ -298,7 +298,7 @@ def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
     (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
       "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
     (("broken/qwen_image_2.1_int8_convrot.safetensors", "none", "none", "none", "none"), "model",
-     "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet, quantized as int8 with ConvRot"),
+     "a Qwen-Image 2.1 diffusion model, quantized as int8 with ConvRot"),
 ], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source",
         "int8-convrot"])
 def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):
