@@ -41,7 +41,7 @@ def reference(folder, cls, family, calls):
         if family.takes_negative_prompt:
             kwargs["negative_prompt"] = " "
         images.append(pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=4, output_type="pt",
-                           **kwargs).images.permute(0, 2, 3, 1))
+                           **kwargs).images[:, :3].permute(0, 2, 3, 1))  # RGB, as IMAGE (Qwen-Image 2.1's is RGBA)
     return torch.cat(images)
 
 
@@ -81,6 +81,9 @@ CASES = [  # (tiny model, diffusers class that runs, request inputs, the referen
     ("zimage", "ZImageInpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask(), denoise=0.85),
      lambda i: dict(image=Image.fromarray(PIXELS[0]).resize((64, 64), Image.LANCZOS),
                     mask_image=Image.fromarray(MASK, "L"), strength=0.85)),
+    # Qwen-Image 2.1's edit: the references as a list (each resized by diffusers to ~1 MP), the asked size
+    ("qwenimage21", "QwenImage21Pipeline", dict(images=(comfy_image(*PIXELS[:2]), comfy_image(PIXELS[2]))),
+     lambda i: dict(image=[Image.fromarray(PIXELS[i]), Image.fromarray(PIXELS[2])])),
 ]
 
 

@@ -27,11 +27,10 @@ FILE_KINDS: tuple[FileKind, ...] = (
     flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
     zimage.FAMILY.denoiser_kind,  # its files have no key of the kinds above, and no kind below has its key
     wan.FAMILY.denoiser_kind,  # as Z-Image's
-    # Wan 2.2's VAE has Wan 2.1's keys, UMT5 has T5's: each before the other
-    flux2.VAE, wan.WAN22_VAE, WAN_VAE, qwenimage21.VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL, QWEN3, flux2.MISTRAL3,
-    sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG,
-    # (Qwen-Image 2.1's VAE, before KL_VAE above, has the FLUX.1/SD3 VAE's diffusers key)
-    qwenimage21.FAMILY.denoiser_kind, QWEN3VL,
+    # Wan 2.2's VAE has Wan 2.1's keys, UMT5 has T5's: each before the other; Qwen-Image 2.1's VAE has Wan 2.2's and
+    # the FLUX.1/SD3 VAE's diffusers keys, Qwen3-VL Mistral 3's
+    flux2.VAE, qwenimage21.VAE, wan.WAN22_VAE, WAN_VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL, QWEN3, QWEN3VL,
+    flux2.MISTRAL3, sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG, qwenimage21.FAMILY.denoiser_kind,
 )
 
 # diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers

@@ -14,8 +14,8 @@ from .components import QWEN3VL, attention_shape, diffusers_detection_keys, imag
 
 TRANSFORMER = FileKind("qwenimage21_transformer", "a Qwen-Image 2.1 diffusion model",
                        lambda: diffusers_detection_keys("qwen-image-2.1"))
-# its VAE's residual blocks keep RMS-norm gammas where the FLUX.1/SD3 VAE's have GroupNorm weights (diffusers layout)
-VAE = FileKind("qwenimage21_vae", "a Qwen-Image 2.1 VAE", lambda: ("encoder.down_blocks.0.resnets.0.norm1.gamma",))
+# its VAE's decoder has a fifth stage (16x) of Wan-style residual blocks; Wan's VAEs have four (diffusers layout)
+VAE = FileKind("qwenimage21_vae", "a Qwen-Image 2.1 VAE", lambda: ("decoder.up_blocks.4.resnets.0.norm1.gamma",))
 
 
 def one_frame_latents(pipe, latents, height, width):
