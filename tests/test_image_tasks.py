@@ -118,6 +118,18 @@ def test_a_task_switch_on_a_loaded_model_loads_nothing_and_offload_follows_the_r
                for m in entry.pipe.components.values() if isinstance(m, torch.nn.Module))
 
 
+def test_qwen_image21_edits_with_the_text_to_image_pipeline_it_loaded(tiny):
+    """Qwen-Image 2.1's text to image and edit are one diffusers class: switching between them loads nothing."""
+    handle = PipelineHandle.of(source=tiny("qwenimage21"), model_class="QwenImage21Pipeline")
+    engine = Engine(distribute=False)
+    ran = [engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=1, **inputs)).info
+           for inputs in (dict(), dict(images=(comfy_image(PIXELS[0]),)), dict())]
+    assert [(info.task, info.pipeline, info.loaded) for info in ran] == [
+        ("text2image", "QwenImage21Pipeline", True), ("edit", "QwenImage21Pipeline", False),
+        ("text2image", "QwenImage21Pipeline", False)]
+    assert engine.cache.stats.loads == 1
+
+
 def test_size_zero_takes_the_image_size_rounded_to_the_family_multiple():
     family = family_for("FluxPipeline")
     pipeline = family.pipeline_for("FluxPipeline", "image2image")

@@ -33,6 +33,9 @@ FAMILIES = {
                                 "none", "none", "qwenimage/qwen_image_vae.safetensors")),
     "zimage": ("zimage", ("zimage/z_image_turbo_bf16.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none",
                           "zimage/ae.safetensors")),
+    "qwenimage21": ("qwenimage21", ("qwenimage21/qwen_image_2.1_bf16.safetensors",
+                                    "qwenimage21/qwen3vl_8b_bf16.safetensors", "none", "none",
+                                    "qwenimage21/qwen_image_2.1_vae_bf16.safetensors")),
 }
 
 
