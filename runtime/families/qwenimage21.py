@@ -48,4 +48,5 @@ FAMILY = Family(
     default_config_repo="Qwen/Qwen-Image-2.1",
     diffusers_model_types=("qwen-image-2.1",),
     memory=image_memory(attention_shape(3.0), wan_vae_shape),
+    untraceable_whole="diffusers' QwenImage21Rope reads the token mask with tolist() outside the blocks",
 )
