@@ -12,6 +12,9 @@ from .families import FAMILIES, Family
 
 MAX_SIZE = 8192  # the Samplers' width and height widgets go up to here
 IMAGE_INPUTS = ("image", "image_2", "image_3")
+# What a queued width or height must be a multiple of (the model is not known then; the Samplers' widgets step by
+# it): every family's size step divides it or is a multiple of it, and a coarser one is checked when the model runs.
+QUEUED_SIZE_MULTIPLE = 16
 
 
 def prompt_problem(prompt: str, model: str = "the model") -> str | None:
@@ -26,9 +29,8 @@ def nearest_sizes(value: int, multiple: int) -> tuple[int, int]:
 
 
 def size_problem(name: str, value: int, family: Family | None = None) -> str | None:
-    """What is wrong with a width or height of `family`'s (None: the model is not known yet, so what every supported
-    family takes: a multiple of all their size steps)."""
-    multiple = family.size_multiple if family else math.lcm(*(f.size_multiple for f in FAMILIES))
+    """What is wrong with a width or height of `family`'s (None: the model is not known yet: QUEUED_SIZE_MULTIPLE)."""
+    multiple = family.size_multiple if family else QUEUED_SIZE_MULTIPLE
     if value >= multiple and value % multiple == 0:
         return None
     below, above = nearest_sizes(value, multiple)

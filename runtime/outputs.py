@@ -54,7 +54,8 @@ class OutputKind:
 
 
 class DecodedImages(OutputKind):
-    """The pipeline's decoded images ([N, C, H, W], output_type="pt") as ComfyUI's IMAGE."""
+    """The pipeline's decoded images ([N, C, H, W], output_type="pt") as ComfyUI's IMAGE: RGB, so the alpha channel
+    of a pipeline that decodes RGBA is dropped."""
 
     name, field = IMAGES, "images"
 
@@ -65,7 +66,8 @@ class DecodedImages(OutputKind):
     def take(self, call: CallResult):
         import torch
 
-        return self.pixels(call.output).permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1)
+        rgb = self.pixels(call.output)[:, :3]
+        return rgb.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1)
 
 
 class VideoFrames(DecodedImages):

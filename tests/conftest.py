@@ -147,6 +147,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     tsf.qwen_edit_2511_configs(edit_2511)
     zimage = Path(shutil.copytree(tiny_dir / "tiny-zimage", root / "zimage"))
     tsf.bf16_valued_transformer(zimage)  # z_image_turbo_bf16.safetensors then holds exactly the folder's weights
+    qwenimage21 = Path(shutil.copytree(tiny_dir / "tiny-qwenimage21", root / "qwenimage21"))
+    tsf.bf16_valued_transformer(qwenimage21)  # as Z-Image's: qwen_image_2.1_bf16.safetensors
     wan_a14b = {}  # Wan 2.2 A14B's wan_2.1_vae: diffusers' converter needs Wan 2.1's block structure, as QwenImage's
     for name in ("wan22-t2v-a14b", "wan22-i2v-a14b"):
         wan_a14b[name] = Path(shutil.copytree(tiny_dir / f"tiny-{name}", root / name))
@@ -165,6 +167,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "flux2-klein-wide": (tsf.flux2_klein_wide(root / "flux2-klein-wide"), tsf.flux2_klein_files),
                "sdxl": (tiny_dir / "tiny-sdxl", tsf.sdxl_files),
                "zimage": (zimage, tsf.zimage_files),
+               "qwenimage21": (qwenimage21, tsf.qwenimage21_files),
                "wan22-t2v-a14b": (wan_a14b["wan22-t2v-a14b"], wan22_writer("t2v")),
                "wan22-i2v-a14b": (wan_a14b["wan22-i2v-a14b"], wan22_writer("i2v")),
                "wan22-ti2v-5b": (tiny_dir / "tiny-wan22-ti2v-5b", wan22_writer("ti2v"))}

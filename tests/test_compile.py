@@ -20,7 +20,7 @@ from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.handle import PipelineHandle
-from tpu_diffusers_runtime.specs import ExecutionMode, Placement
+from tpu_diffusers_runtime.specs import CompileScope, ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 # inductor reorders float32 reductions; images agree to a few 1e-4 on these tiny random models
@@ -80,7 +80,8 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
                                                   ("qwenimage", "QwenImagePipeline"),
                                                   ("sdxl", "StableDiffusionXLPipeline"),
                                                   ("flux2-klein", "Flux2KleinPipeline"),
-                                                  ("zimage", "ZImagePipeline")])
+                                                  ("zimage", "ZImagePipeline"),
+                                                  ("qwenimage21", "QwenImage21Pipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
     handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
@@ -201,6 +202,26 @@ def test_warmup_sizes_are_parsed_or_clearly_refused():
     assert parse_sizes("") == ()
     with pytest.raises(UserInputError, match="warmup size '1024' is not WIDTHxHEIGHT"):
         parse_sizes("1024")
+
+
+def test_a_denoiser_fullgraph_cannot_trace_whole_compiles_its_blocks_on_the_chip_and_refuses_whole(tiny):
+    """Qwen-Image 2.1 (its rotary embedding calls tolist() outside the blocks): scope auto compiles the repeated blocks
+    without offload too, and matches eager; scope whole with fullgraph is refused, saying what to use."""
+    source = tiny("qwenimage21")
+
+    def compiled(scope):
+        return PipelineHandle.of(source=source, model_class="QwenImage21Pipeline", mode=ExecutionMode.COMPILED,
+                                 compile=CompileSpec(scope=scope))
+
+    engine = Engine()
+    auto = compiled(CompileScope.AUTO)
+    result = engine.generate(auto, request())
+    assert engine.realise(auto)[0].states["compilation"].scope == "repeated_blocks" and result.info.compiled_now
+    eager = Engine().generate(PipelineHandle.of(source=source, model_class="QwenImage21Pipeline"), request())
+    torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+    with pytest.raises(UserInputError, match=r"QwenImage21Transformer2DModel cannot be compiled whole with fullgraph: "
+                                             r".*tolist\(\).* Use scope 'repeated_blocks' or 'auto'"):
+        Engine().generate(compiled(CompileScope.WHOLE), request())
 
 
 @pytest.mark.parametrize("name, pipeline_class", [("sd3", "StableDiffusion3Pipeline"), ("flux2", "Flux2Pipeline"),

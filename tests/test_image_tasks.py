@@ -41,7 +41,7 @@ def reference(folder, cls, family, calls):
         if family.takes_negative_prompt:
             kwargs["negative_prompt"] = " "
         images.append(pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=4, output_type="pt",
-                           **kwargs).images.permute(0, 2, 3, 1))
+                           **kwargs).images[:, :3].permute(0, 2, 3, 1))  # RGB, as IMAGE (Qwen-Image 2.1's is RGBA)
     return torch.cat(images)
 
 
@@ -81,6 +81,9 @@ CASES = [  # (tiny model, diffusers class that runs, request inputs, the referen
     ("zimage", "ZImageInpaintPipeline", dict(images=(comfy_image(PIXELS[0]),), mask=comfy_mask(), denoise=0.85),
      lambda i: dict(image=Image.fromarray(PIXELS[0]).resize((64, 64), Image.LANCZOS),
                     mask_image=Image.fromarray(MASK, "L"), strength=0.85)),
+    # Qwen-Image 2.1's edit: the references as a list (each resized by diffusers to ~1 MP), the asked size
+    ("qwenimage21", "QwenImage21Pipeline", dict(images=(comfy_image(*PIXELS[:2]), comfy_image(PIXELS[2]))),
+     lambda i: dict(image=[Image.fromarray(PIXELS[i]), Image.fromarray(PIXELS[2])])),
 ]
 
 
@@ -113,6 +116,18 @@ def test_a_task_switch_on_a_loaded_model_loads_nothing_and_offload_follows_the_r
     assert entry.hooked is entry.pipe  # the offload hooks went back with the text-to-image run
     assert all(not any(p.device.type != "cpu" for p in m.parameters())
                for m in entry.pipe.components.values() if isinstance(m, torch.nn.Module))
+
+
+def test_qwen_image21_edits_with_the_text_to_image_pipeline_it_loaded(tiny):
+    """Qwen-Image 2.1's text to image and edit are one diffusers class: switching between them loads nothing."""
+    handle = PipelineHandle.of(source=tiny("qwenimage21"), model_class="QwenImage21Pipeline")
+    engine = Engine(distribute=False)
+    ran = [engine.generate(handle, SampleRequest(prompt=PROMPT, width=64, height=64, steps=1, **inputs)).info
+           for inputs in (dict(), dict(images=(comfy_image(PIXELS[0]),)), dict())]
+    assert [(info.task, info.pipeline, info.loaded) for info in ran] == [
+        ("text2image", "QwenImage21Pipeline", True), ("edit", "QwenImage21Pipeline", False),
+        ("text2image", "QwenImage21Pipeline", False)]
+    assert engine.cache.stats.loads == 1
 
 
 def test_size_zero_takes_the_image_size_rounded_to_the_family_multiple():

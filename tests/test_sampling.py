@@ -15,7 +15,8 @@ from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
-FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage"]
+FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage",
+                  "qwenimage21"]
 
 
 def request(**overrides):
@@ -130,18 +131,21 @@ def test_progress_reports_every_step_and_cancel_stops_within_one_step(handle_for
     assert full == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(width=1000), r"width 1000 cannot be used with FLUX.1: it must be a multiple of 16. "
-                       r"Nearest valid widths: 992 or 1008"),
-    (dict(height=8), r"height 8 .* Nearest valid heights: 16 or 32"),
-    (dict(steps=0), r"steps is 0; at least 1"),
-    (dict(prompt="   "), r"FLUX.1 needs a prompt"),
-    (dict(batch_size=0), r"batch size is 0"),
+@pytest.mark.parametrize("name, overrides, message", [
+    ("flux1-schnell", dict(width=1000), r"width 1000 cannot be used with FLUX.1: it must be a multiple of 16. "
+                                        r"Nearest valid widths: 992 or 1008"),
+    ("flux1-schnell", dict(height=8), r"height 8 .* Nearest valid heights: 16 or 32"),
+    ("flux1-schnell", dict(steps=0), r"steps is 0; at least 1"),
+    ("flux1-schnell", dict(prompt="   "), r"FLUX.1 needs a prompt"),
+    ("flux1-schnell", dict(batch_size=0), r"batch size is 0"),
+    # a multiple of 16 (what a queued prompt is checked against), not of Qwen-Image 2.1's 32
+    ("qwenimage21", dict(width=80), r"width 80 cannot be used with Qwen-Image 2.1: it must be a multiple of 32. "
+                                    r"Nearest valid widths: 64 or 96"),
 ])
-def test_bad_requests_fail_before_loading_with_what_to_fix(handle_for, overrides, message):
+def test_bad_requests_fail_before_loading_with_what_to_fix(handle_for, name, overrides, message):
     engine = Engine()
     with pytest.raises(UserInputError, match=message):
-        engine.generate(handle_for("flux1-schnell"), request(**overrides))
+        engine.generate(handle_for(name), request(**overrides))
     assert engine.cache.stats.loads == 0
 
 
@@ -153,7 +157,8 @@ def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(
 def test_the_family_table_covers_every_supported_pipeline():
     assert {family.base_class for family in FAMILIES} == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline",
                                                           "QwenImagePipeline", "Flux2KleinPipeline",
-                                                          "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline"}
+                                                          "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline",
+                                                          "QwenImage21Pipeline"}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

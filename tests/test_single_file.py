@@ -586,6 +586,20 @@ def test_qwen_image_2512_files_load_as_qwen_image_with_2512s_configs(sf_dir, tmp
         assert all(torch.equal(got[k], want[k].to(torch.bfloat16).to(got[k].dtype)) for k in want)
 
 
+def test_qwen_image21_from_comfy_org_files_matches_the_folder(sf_dir):
+    """Qwen-Image 2.1: ComfyUI's diffusion model (fused gate_up, bf16), the Qwen3-VL text encoder, its VAE."""
+    source, f = folder(sf_dir, "qwenimage21"), files(sf_dir, "qwenimage21")
+    assert single_file.model_class_of(f["transformer"]) == "QwenImage21Pipeline"
+    assert single_file.default_config_repo(f["transformer"]) == "Qwen/Qwen-Image-2.1"
+
+    def sample(pipe):
+        return pipe(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).images
+
+    assert_same_pipeline(source, "QwenImage21Pipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])), sample)
+
+
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     with pytest.raises(UserInputError, match=r"clip_l.safetensors.*CLIP text encoder.*Supported: FLUX.1"):
         single_file.model_class_of(files(sf_dir, "sd3")["clip_l"])
@@ -608,6 +622,13 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
                                                                          r"text_encoder_2 of FLUX.1 needs a T5"),
     ("wan22-t2v-a14b", "transformer", "transformer", "FluxPipeline",
      r"is a Wan diffusion model, but transformer of FLUX"),
+    ("qwenimage21", "transformer", "transformer", "QwenImagePipeline",
+     r"is a Qwen-Image 2.1 diffusion model, but transformer of QwenImage needs a QwenImage diffusion model"),
+    ("qwenimage", "transformer", "transformer", "QwenImage21Pipeline",
+     r"is a QwenImage diffusion model, but transformer of Qwen-Image 2.1 needs a Qwen-Image 2.1 diffusion model"),
+    ("qwenimage21", "vae", "vae", "FluxPipeline", r"is a Qwen-Image 2.1 VAE, but vae of FLUX.1 needs a FLUX.1/SD3"),
+    ("qwenimage21", "text_encoder", "text_encoder", "QwenImagePipeline",
+     r"is a Qwen3-VL text encoder, .* needs a Qwen2.5-VL"),
 ])
 def test_a_file_in_the_wrong_slot_is_refused_from_its_header(sf_dir, family, file, component, pipeline_class, pattern):
     with pytest.raises(UserInputError, match=pattern):
@@ -714,7 +735,6 @@ def test_comfyuis_int8_is_read_exactly_as_comfy_kitchen_dequantizes_it(sf_dir, t
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("qwen-image-2.1", "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet"),
     ("krea2", "a Krea 2 diffusion model, which TPU Diffusers does not run yet"),
 ])
 def test_int8_convrot_files_of_models_tpu_diffusers_lacks_are_refused_when_queued_naming_the_model(tmp_path,

@@ -227,6 +227,22 @@ WORKFLOWS = {
          OFFLOAD,
          ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["z_image_turbo_files"])]),
+    "qwen_image_21_edit_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. ComfyUI's Qwen-Image 2.1 files: models/"
+        "diffusion_models/qwen_image_2.1_bf16.safetensors, models/text_encoders/qwen3vl_8b_bf16.safetensors (Qwen3-VL "
+        "with its vision tower, which reads the references), models/vae/qwen_image_2.1_vae_bf16.safetensors; configs: "
+        "a Qwen-Image-2.1 folder in models/diffusers or the hub cache. An edit from two reference images (image and "
+        "image_2; up to three, each resized by diffusers to about 1 MP) at 1024x1024 (multiples of 32); disconnect "
+        "both for text to image with the same loaded model. 40 steps, guidance 1: the model runs without CFG (true "
+        "CFG needs guidance above 1 and a negative prompt). Its RGBA output is saved as RGB. Model CPU offload: "
+        "~31 GB of bf16 weights. Designed, not run on a chip.",
+        [("TPUFileLoader", ["qwen_image_2.1_bf16.safetensors", "qwen3vl_8b_bf16.safetensors", "none", "none",
+                            "qwen_image_2.1_vae_bf16.safetensors", "auto", "auto", "auto", "none"]),
+         OFFLOAD,
+         ("TPUSampler", ["the woman from image 1 sits on the sofa from image 2, reading a book, soft window light",
+                         "", 1024, 1024, 40, 1.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["qwen_image_21_edit"])],
+        images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
     "wan22_ti2v_5b_text_to_video_files": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 48 GB of host RAM. ComfyUI's Wan 2.2 TI2V-5B files: models/"
         "diffusion_models/wan2.2_ti2v_5B_fp16.safetensors, models/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors "

@@ -42,7 +42,8 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "qwenimage-edit-plus": "QwenImageEditPlusPipeline", "flux2-klein": "Flux2KleinPipeline",
                  "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline",
                  "wan22-t2v-a14b": "WanPipeline", "wan22-i2v-a14b": "WanImageToVideoPipeline",
-                 "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline"}
+                 "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline",
+                 "qwenimage21": "QwenImage21Pipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -748,6 +749,73 @@ def wan21(size: str, task: str):
         image_encoder=image_encoder, image_processor=CLIPImageProcessor(size=28, crop_size=28), **parts), \
         {"tokenizer": raw}
 
+# Qwen3-VL's chat template as QwenImage21Pipeline reads it: messages whose content is a string or a list of text parts.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen3_vl_processor(tok):
+    """Qwen3VLProcessor from the tiny Qwen tokenizer and Qwen3-VL's image and video processors (16-px patches, 2x2
+    merged into one <|image_pad|> token, mean and std 0.5 as in Qwen3-VL's preprocessor_config.json)."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    settings = dict(QWEN_VL_IMAGE_PROCESSOR, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**settings, min_pixels=4096, max_pixels=16777216),
+                            video_processor=Qwen3VLVideoProcessor(**settings), tokenizer=tok,
+                            chat_template=QWEN3_VL_CHAT_TEMPLATE)
+
+
+def qwenimage21(size: str):
+    """Qwen-Image 2.1: a Qwen3-VL text encoder (its last decoder layer's output, before the final norm, is the
+    transformer's text input; the vision tower reads the edit's condition images), AutoencoderKLQwenImage21 (16x,
+    RGBA) and QwenImage21Transformer2DModel (one token per latent pixel). The tiny VAE has 16 latent channels for
+    the real model's 64; sizes are multiples of 32 as for the real one.
+    bench: the transformer has the real width (32 heads x 128 = 4096, text width 4096 as Qwen3-VL-8B's) with one
+    block; the text encoder has Qwen3-VL-8B's width but one layer."""
+    from diffusers import (AutoencoderKLQwenImage21, FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline,
+                           QwenImage21Transformer2DModel)
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    bench = size == "bench"
+    tok, _ = qwen_tokenizer()
+    ids = tok.convert_tokens_to_ids
+    # head_dim / 2 is split over the three mrope axes
+    hidden, layers, heads, kv_heads, head_dim, mrope = (4096, 1, 32, 8, 128, [24, 20, 20]) if bench else \
+        (16, 2, 2, 2, 8, [2, 1, 1])
+    cfg = Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 32, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
+                                "mrope_interleaved": True},
+            "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"), "pad_token_id": ids("<|endoftext|>"),
+        },
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "patch_size": 16,
+                       "out_hidden_size": hidden, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+    )
+    torch.manual_seed(0)
+    te = Qwen3VLForConditionalGeneration(cfg)
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage21(base_dim=8, decoder_base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1,
+                                   latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+    torch.manual_seed(0)
+    width, blocks, transformer_heads, rope = (128, 1, 32, (16, 56, 56)) if bench else (16, 2, 2, (4, 6, 6))
+    transformer = QwenImage21Transformer2DModel(in_channels=16, out_channels=16, num_layers=blocks,
+                                                attention_head_dim=width, num_attention_heads=transformer_heads,
+                                                context_in_dim=hidden, axes_dims_rope=rope)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    pipe = QwenImage21Pipeline(scheduler=scheduler, vae=vae, text_encoder=te, processor=qwen3_vl_processor(tok),
+                               transformer=transformer)
+    return pipe, {}
+
+
 
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
@@ -767,6 +835,7 @@ _BUILDERS = {
     "wan21-t2v": lambda size: wan21(size, "t2v"),
     "wan21-i2v": lambda size: wan21(size, "i2v"),
     "wan22-ti2v-5b": lambda size: wan22(size, "ti2v"),
+    "qwenimage21": qwenimage21,
 }
 
 

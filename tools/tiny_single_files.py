@@ -21,6 +21,8 @@ The files use the real layouts and the usual names, so the loader meets what use
                       qwen_3_4b.safetensors (Qwen3, "model.*"), flux2-vae.safetensors, of `flux2_klein_wide`'s folder
                       (the real context width, which tells klein from [dev])
   Qwen-Image-2512:    qwen_image_2512_fp8_e4m3fn.safetensors (plain fp8), qwen_image_2512_bf16.safetensors
+  Qwen-Image 2.1:     qwen_image_2.1_bf16.safetensors (ComfyUI's fused gate_up), qwen3vl_8b_bf16.safetensors,
+                      qwen_image_2.1_vae_bf16.safetensors (diffusers' layout)
   ComfyUI quantized:  `comfy_quantized`: every format of ComfyUI's comfy/quant_ops.py, quantized by comfy-kitchen,
                       `zimage_quantized_files`: Z-Image's files in each; `comfy_int8` (int8_tensorwise, per-row
                       scales, optionally ConvRot-rotated), and `int8_convrot_files`: qwen_image_2.1 / krea2 / z_image_turbo _int8_convrot.safetensors, tiny real
@@ -909,11 +911,13 @@ def qwen_edit_2511_configs(folder) -> None:
 
 def bf16_valued_transformer(folder) -> None:
     """Round a folder's transformer weights to bf16 values (kept float32), so that a bf16 file of it
-    (z_image_turbo_bf16.safetensors) holds exactly the folder's weights."""
-    from diffusers import ZImageTransformer2DModel
+    (z_image_turbo_bf16.safetensors, qwen_image_2.1_bf16.safetensors) holds exactly the folder's weights."""
+    import json
+
+    import diffusers
 
     path = Path(folder, "transformer")
-    model = ZImageTransformer2DModel.from_pretrained(path)
+    model = getattr(diffusers, json.loads((path / "config.json").read_text())["_class_name"]).from_pretrained(path)
     model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
     model.save_pretrained(path)
 
@@ -933,6 +937,20 @@ def zimage_files(folder, out) -> dict[str, Path]:
 
 
 
+def qwenimage21_files(folder, out) -> dict[str, Path]:
+    """The Qwen-Image 2.1 files of ComfyUI's templates: qwen_image_2.1_bf16.safetensors (ComfyUI's layout: the fused
+    SwiGLU `img_mlp.gate_up`, bf16; the folder needs `bf16_valued_transformer` for it to hold exactly the folder's
+    weights), qwen3vl_8b_bf16.safetensors (Qwen3-VL with its vision tower, as transformers saves it) and
+    qwen_image_2.1_vae_bf16.safetensors (diffusers' AutoencoderKLQwenImage21 layout); the text encoder and VAE in the
+    folder's dtype, so they too hold exactly its weights."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    transformer = {k: v.to(torch.bfloat16) for k, v in qwen_image21_layout(folder_weights(folder, "transformer")).items()}
+    return {
+        "transformer": _save(transformer, out / "qwen_image_2.1_bf16.safetensors"),
+        "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen3vl_8b_bf16.safetensors"),
+        "vae": _save(folder_weights(folder, "vae"), out / "qwen_image_2.1_vae_bf16.safetensors"),
+    }
 def zimage_quantized_files(folder, out, convrot_group: int = 16) -> dict[str, dict[str, Path]]:
     """Z-Image's diffusion model and Qwen3 text encoder in every ComfyUI quantized format (QUANT_KINDS), as
     ComfyUI's model folders hold them: {kind: {"transformer": models/diffusion_models/z_image_turbo_<kind>,

@@ -210,6 +210,10 @@ class Family:
     # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
     # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
     prepare_compile: Callable | None = None
+    # why torch.compile cannot trace its denoiser whole with fullgraph, for one whose forward breaks the graph outside
+    # its repeated blocks (Qwen-Image 2.1's rotary embedding reads the token mask with tolist()); "": it can. Scope
+    # auto then compiles its repeated blocks, and scope whole with fullgraph is refused before anything compiles.
+    untraceable_whole: str = ""
     # the __call__'s default negative prompt, used when the node's is empty (QwenImage runs true CFG only with
     # one, and " " is its own default; Wan's is "")
     default_negative_prompt: str = " "

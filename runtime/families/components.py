@@ -64,3 +64,5 @@ def image_memory(denoiser_shape, vae_shape=kl_vae_shape) -> MemoryModel:
     return MemoryModel(denoiser_shape=denoiser_shape, vae_shape=vae_shape)
 QWEN3 = FileKind("qwen3", "a Qwen3 text encoder", lambda: (  # q_norm/k_norm: Qwen3 has them, Qwen2.5 and Mistral not
     "model.layers.0.self_attn.q_norm.weight", "layers.0.self_attn.q_norm.weight"))
+QWEN3VL = FileKind("qwen3vl", "a Qwen3-VL text encoder", lambda: (  # its vision tower's deepstack mergers: Qwen3-VL's own
+    "model.visual.deepstack_merger_list.0.linear_fc1.weight", "visual.deepstack_merger_list.0.linear_fc1.weight"))

@@ -44,7 +44,7 @@ def asks_of(handle: PipelineHandle, family: Family, device: DeviceInfo,
         mesh=context_parallel_mesh, denoisers=family.denoisers)
     compiled = None if handle.mode is not ExecutionMode.COMPILED else compilation.CompileAsk(
         request=compilation.CompileRequest.of(spec, handle.placement, device), warmup_sizes=spec.warmup_sizes,
-        denoisers=family.denoisers, prepare=family.prepare_compile)
+        denoisers=family.denoisers, prepare=family.prepare_compile, untraceable_whole=family.untraceable_whole)
     return {context_parallel.NAME: split, offload.NAME: handle.placement, lora.NAME: handle.loras,
             compilation.NAME: compiled}
 

@@ -138,13 +138,20 @@ class CompileState:
         return self.request == request
 
 
-def compile_denoiser(denoisers: tuple, request: CompileRequest, prepare=None) -> CompileState:
+def compile_denoiser(denoisers: tuple, request: CompileRequest, prepare=None,
+                     untraceable_whole: str = "") -> CompileState:
     """Mark the denoisers (a pipeline's transformer or unet; both experts of a two-expert model) for compilation (torch
-    compiles lazily, on the first call per shape), each after its family's `prepare_compile` (if any)."""
+    compiles lazily, on the first call per shape), each after its family's `prepare_compile` (if any).
+    `untraceable_whole`: the family's reason its denoiser cannot be traced whole with fullgraph, or ""."""
     scope = request.resolved_scope()
     blocks = getattr(denoisers[0], "_repeated_blocks", None)
     if request.scope is CompileScope.AUTO and not blocks:
         scope = CompileScope.WHOLE  # a model that declares no repeated blocks: the whole model is all there is
+    if untraceable_whole and request.fullgraph and scope is CompileScope.WHOLE:
+        if request.scope is not CompileScope.AUTO or not blocks:
+            raise UserInputError(f"{type(denoisers[0]).__name__} cannot be compiled whole with fullgraph: "
+                                 f"{untraceable_whole}. Use scope 'repeated_blocks' or 'auto', or turn fullgraph off.")
+        scope = CompileScope.REPEATED_BLOCKS
     if scope is not CompileScope.WHOLE and not blocks:
         raise UserInputError(f"{type(denoisers[0]).__name__} declares no repeated blocks; use scope 'whole'.")
     options = dict(backend=request.backend, fullgraph=request.fullgraph, dynamic=False)
@@ -175,6 +182,7 @@ class CompileAsk:
     warmup_sizes: tuple[tuple[int, ...], ...]
     denoisers: tuple[str, ...]  # the pipeline's denoiser components (a two-expert model: both)
     prepare: Callable | None = None  # the family's prepare_compile
+    untraceable_whole: str = ""  # the family's
 
 
 def apply(entry, ask: CompileAsk | None, state: CompileState | None,
@@ -188,7 +196,8 @@ def apply(entry, ask: CompileAsk | None, state: CompileState | None,
         return None
     if state is None:
         models = (getattr(entry.pipe, name, None) for name in ask.denoisers)
-        state = compile_denoiser(tuple(model for model in models if model is not None), ask.request, ask.prepare)
+        state = compile_denoiser(tuple(model for model in models if model is not None), ask.request, ask.prepare,
+                                 ask.untraceable_whole)
     state.warmup_sizes = ask.warmup_sizes
     return state
 

@@ -36,6 +36,9 @@ FAMILIES = {
                                 "none", "none", "qwenimage/qwen_image_vae.safetensors")),
     "zimage": ("zimage", ("zimage/z_image_turbo_bf16.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none",
                           "zimage/ae.safetensors")),
+    "qwenimage21": ("qwenimage21", ("qwenimage21/qwen_image_2.1_bf16.safetensors",
+                                    "qwenimage21/qwen3vl_8b_bf16.safetensors", "none", "none",
+                                    "qwenimage21/qwen_image_2.1_vae_bf16.safetensors")),
 }
 
 
@@ -312,8 +315,8 @@ def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
       "none", "flux1-wide/ae.safetensors"), "text_encoder", "text_encoder"),
     (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
       "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
-    (("broken/qwen_image_2.1_int8_convrot.safetensors", "none", "none", "none", "none"), "model",
-     "it is a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet"),
+    (("broken/krea2_int8_convrot.safetensors", "none", "none", "none", "none"), "model",
+     "it is a Krea 2 diffusion model, which TPU Diffusers does not run yet"),
 ], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source",
         "int8-convrot"])
 def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):

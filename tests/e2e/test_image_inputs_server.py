@@ -98,7 +98,8 @@ def plain_diffusers(tiny, model: str, cls: str, calls: list[dict], **common) -> 
     arrays = []
     for kwargs in calls:
         images = pipe(prompt=PROMPT, output_type="pt", **common, **kwargs).images  # [1, C, H, W] in 0..1
-        arrays += list(np.clip(255.0 * images.permute(0, 2, 3, 1).float().numpy(), 0, 255).astype(np.uint8))
+        rgb = images[:, :3]  # as IMAGE (Qwen-Image 2.1 decodes RGBA)
+        arrays += list(np.clip(255.0 * rgb.permute(0, 2, 3, 1).float().numpy(), 0, 255).astype(np.uint8))
     return arrays
 
 
@@ -153,6 +154,9 @@ CASES = [
      lambda px, i: dict(image=px[LOAD_A], true_cfg_scale=1.0, negative_prompt=NEGATIVE)),
     ("qwenimage-edit-plus-two-images", "tiny-qwenimage-edit-plus", dict(images=(LOAD_A, LOAD_B)),
      dict(guidance=1.0, negative_prompt=NEGATIVE, steps=1), "edit", "QwenImageEditPlusPipeline",
+     lambda px, i: dict(image=[px[LOAD_A], px[LOAD_B]], true_cfg_scale=1.0, negative_prompt=NEGATIVE)),
+    ("qwenimage21-edit-two-references", "tiny-qwenimage21", dict(images=(LOAD_A, LOAD_B)),
+     dict(guidance=1.0, negative_prompt=NEGATIVE, steps=1), "edit", "QwenImage21Pipeline",
      lambda px, i: dict(image=[px[LOAD_A], px[LOAD_B]], true_cfg_scale=1.0, negative_prompt=NEGATIVE)),
     # Z-Image's pipelines take the image at the output size (plain diffusers crashes on another): the pack resizes
     # the 75x45 picture to 64x64 with Lanczos first, so plain diffusers gets it resized so

@@ -89,21 +89,28 @@ def test_each_family_runs_through_the_server(server, workflow, model, negative):
         assert image.size == (96, 64)
 
 
-def test_z_image_turbo_through_the_server_saves_plain_diffusers_image_for_the_seed(server, workflow, tiny):
-    """Z-Image as Turbo runs (8 steps, guidance 0: diffusers then runs no CFG, the negative prompt is unused):
-    the saved PNG is plain diffusers' image for the same seed, quantised as Save Image does."""
+@pytest.mark.parametrize("model, cls, sampler, call", [
+    # Z-Image as Turbo runs (8 steps, guidance 0: diffusers then runs no CFG, the negative prompt is unused)
+    ("zimage", "ZImagePipeline", dict(steps=8, guidance=0.0), dict(num_inference_steps=8, guidance_scale=0.0)),
+    # Qwen-Image 2.1 with true CFG (guidance above 1 and a negative prompt); its RGBA output saved as RGB
+    ("qwenimage21", "QwenImage21Pipeline", dict(steps=2, guidance=2.0, negative_prompt="blurry"),
+     dict(num_inference_steps=2, true_cfg_scale=2.0, negative_prompt="blurry")),
+])
+def test_a_family_through_the_server_saves_plain_diffusers_image_for_the_seed(server, workflow, tiny, model, cls,
+                                                                             sampler, call):
+    """The saved PNG is plain diffusers' image for the same seed, quantised as Save Image does."""
     import diffusers
     import numpy as np
     import torch
 
     prompt = workflow()
-    prompt["1"]["inputs"]["model"] = "tiny-zimage"
-    prompt["3"]["inputs"].update(width=96, height=64, steps=8, guidance=0.0, seed=5)
+    prompt["1"]["inputs"]["model"] = f"tiny-{model}"
+    prompt["3"]["inputs"].update(width=96, height=64, seed=5, **sampler)
     [png] = server.output_images(run_ok(server, prompt))
-    pipe = diffusers.ZImagePipeline.from_pretrained(tiny("zimage"), local_files_only=True)
-    expected = pipe(prompt=prompt["3"]["inputs"]["prompt"], width=96, height=64, num_inference_steps=8,
-                    guidance_scale=0.0, generator=torch.Generator("cpu").manual_seed(5), output_type="pt").images
-    expected = np.clip(255.0 * expected[0].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
+    pipe = getattr(diffusers, cls).from_pretrained(tiny(model), local_files_only=True)
+    expected = pipe(prompt=prompt["3"]["inputs"]["prompt"], width=96, height=64, **call,
+                    generator=torch.Generator("cpu").manual_seed(5), output_type="pt").images
+    expected = np.clip(255.0 * expected[0, :3].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
     with Image.open(png) as image:
         assert np.array_equal(np.asarray(image.convert("RGB")), expected)
 

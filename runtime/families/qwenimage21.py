@@ -1,0 +1,52 @@
+"""Qwen-Image 2.1 (Alibaba Qwen): text to image, and edit from one to three reference images (the Sampler's image,
+image_2 and image_3) with the same pipeline class, QwenImage21Pipeline, through its `image=` list.
+
+Not Qwen-Image's architecture: a single-stream block-causal transformer fed by a Qwen3-VL text encoder (which also
+reads the edit's images), a 16x VAE with 64 latent channels that decodes RGBA, one token per latent pixel. Sizes
+are multiples of 32 (diffusers rounds other sizes down). CFG ("true CFG") runs only with true_cfg_scale > 1 and a
+negative prompt; the model is made to run without (1). The references are resized to about 1 MP at their own
+aspect ratio (diffusers' output_resolution 1024), whatever the output size. The alpha channel of its output is
+dropped (IMAGE is RGB).
+"""
+
+from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .components import QWEN3VL, attention_shape, diffusers_detection_keys, image_memory, wan_vae_shape
+
+TRANSFORMER = FileKind("qwenimage21_transformer", "a Qwen-Image 2.1 diffusion model",
+                       lambda: diffusers_detection_keys("qwen-image-2.1"))
+# its VAE's decoder has a fifth stage (16x) of Wan-style residual blocks; Wan's VAEs have four (diffusers layout)
+VAE = FileKind("qwenimage21_vae", "a Qwen-Image 2.1 VAE", lambda: ("decoder.up_blocks.4.resnets.0.norm1.gamma",))
+
+
+def one_frame_latents(pipe, latents, height, width):
+    """The loop's (B, h x w, C) tokens as the (B, C, h, w) latent image, by QwenImage21Pipeline's own unpacking."""
+    from diffusers import QwenImage21Pipeline
+
+    return QwenImage21Pipeline._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
+
+
+FAMILY = Family(
+    name="Qwen-Image 2.1",
+    model_classes={"QwenImage21Pipeline": {
+        TEXT2IMAGE: TaskPipeline("QwenImage21Pipeline"),
+        EDIT: TaskPipeline("QwenImage21Pipeline", images=3, image_list=True),
+    }},
+    takes_negative_prompt=True,
+    guidance_kwarg="true_cfg_scale",
+    guidance_hint="the true-CFG scale, used above 1 with a negative prompt (made for 1)",
+    size_multiple=32,
+    default_steps=40,
+    latent_grid=one_frame_latents,
+    comfy_latent_format="",  # ComfyUI's latent_formats has no class for its 64-channel VAE: no previews
+    comfy_latent=None,  # nor a ComfyUI LATENT layout to give it in
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=("qwen_image_2.1_bf16.safetensors", "qwen_image_2.1_int8_convrot.safetensors"),
+    file_slots=(
+        FileSlot("text_encoder", QWEN3VL, "qwen3vl_8b_bf16.safetensors"),
+        FileSlot("vae", VAE, "qwen_image_2.1_vae_bf16.safetensors"),
+    ),
+    default_config_repo="Qwen/Qwen-Image-2.1",
+    diffusers_model_types=("qwen-image-2.1",),
+    memory=image_memory(attention_shape(3.0), wan_vae_shape),
+    untraceable_whole="diffusers' QwenImage21Rope reads the token mask with tolist() outside the blocks",
+)
