@@ -32,7 +32,7 @@ import torch  # this module is imported where a model loads, not at queue time
 from .quant_formats import QuantizedWeight
 from .specs import QuantizedWeights
 
-FINGERPRINT = 8  # leading values of a row that find where a Linear's rows start in a file layer
+FINGERPRINT = 8  # leading values of a row hashed to find where a Linear's rows start in a file layer
 # The formats kept quantized: one scale per tensor (fp8, int8) or per output row (int8, also with ConvRot, whose
 # rotation mixes input channels only), so a block of rows is the same block of the data and of the scales.
 ROW_FORMATS = ("int8_tensorwise", "float8_e4m3fn", "float8_e5m2")
@@ -121,24 +121,39 @@ def apply(model, weights: dict, quantized: dict, choice: QuantizedWeights) -> Re
 
     `weights`: the file's dequantized tensors the model was loaded from, {file key: tensor}; `quantized`:
     {file key: QuantizedWeight} of its quantized layers (quant_formats.quantized_layers). Call after the model
-    has its dtype: a later `.to(dtype)` would cast the fp8 data and the float32 scales too."""
-    by_width: dict = {}  # (input width, dtype) -> [(file key, dequantized tensor, its rows' first values, weight)]
+    has its dtype: a later `.to(dtype)` would cast the fp8 data and the float32 scales too.
+
+    Each Linear's first row is hashed (`_row_hashes`); each file layer's rows are hashed in one vectorised pass and
+    looked up with `torch.isin`, so the search is linear in the file's rows (a 22B model maps in seconds), and every
+    hit is confirmed by comparing the whole block."""
+    linears = {name: module for name, module in model.named_modules() if type(module) is torch.nn.Linear}
+    wanted: dict = {}  # (input width, dtype) -> {hash of a Linear's first row: [its names]}
+    for name, module in linears.items():
+        by_hash = wanted.setdefault((module.in_features, module.weight.dtype), {})
+        by_hash.setdefault(int(_row_hashes(module.weight[:1])[0]), []).append(name)
+    resident, used = {}, set()
     for key, weight in quantized.items():
         tensor = weights.get(key)
-        if tensor is not None and tensor.dim() == 2 and weight.format in ROW_FORMATS and _plain(weight):
-            by_width.setdefault((tensor.shape[1], tensor.dtype), []).append(
-                (key, tensor, tensor[:, :FINGERPRINT], weight))
-    resident, used = {}, set()
-    for name, module in list(model.named_modules()):
-        if type(module) is not torch.nn.Linear:
+        if tensor is None or tensor.dim() != 2 or weight.format not in ROW_FORMATS or not _plain(weight):
             continue
-        found = _find(module.weight, by_width.get((module.in_features, module.weight.dtype), ()))
-        if found is None:
+        by_hash = wanted.get((tensor.shape[1], tensor.dtype))
+        if not by_hash:
             continue
-        key, part = found
-        model.set_submodule(name, ResidentLinear(module, part, choice))
-        resident[part.format] = resident.get(part.format, 0) + 1
-        used.add(key)
+        hashes = _row_hashes(tensor)
+        hits = torch.isin(hashes, torch.tensor(list(by_hash), dtype=hashes.dtype)).nonzero().flatten().tolist()
+        for start in hits:
+            for name in list(by_hash.get(int(hashes[start]), ())):
+                module = linears[name]
+                stop = start + module.out_features
+                if type(model.get_submodule(name)) is not torch.nn.Linear or stop > tensor.shape[0] \
+                        or not torch.equal(tensor[start:stop], module.weight):
+                    continue
+                part = weight if (start, stop) == (0, tensor.shape[0]) else rows(weight, start, stop)
+                if part is None:
+                    continue
+                model.set_submodule(name, ResidentLinear(module, part, choice))
+                resident[part.format] = resident.get(part.format, 0) + 1
+                used.add(key)
     return Residency(resident, len(quantized) - len(used))
 
 
@@ -149,23 +164,13 @@ def _plain(weight: QuantizedWeight) -> bool:
                if field.name not in ("format", "layout", "qdata", "params"))
 
 
-def _find(param, candidates) -> tuple[str, QuantizedWeight] | None:
-    """(file key, the quantized weight of `param`): the file layer whose rows [start, start + rows of `param`)
-    equal `param` exactly (the whole layer, or a converter's chunk or split of it); rows are found by their
-    first FINGERPRINT values, then compared whole. None when no file layer holds it."""
-    rows_wanted = param.shape[0]
-    for key, tensor, fingerprints, weight in candidates:
-        if tensor.shape[0] < rows_wanted:
-            continue
-        starts = (fingerprints[: tensor.shape[0] - rows_wanted + 1] == param[0, :FINGERPRINT]).all(dim=1)
-        for start in starts.nonzero().flatten().tolist():
-            if torch.equal(tensor[start:start + rows_wanted], param):
-                if rows_wanted == tensor.shape[0]:
-                    return key, weight
-                part = rows(weight, start, start + rows_wanted)
-                if part is not None:
-                    return key, part
-    return None
+def _row_hashes(tensor) -> torch.Tensor:
+    """One int64 per row from the bits of its first FINGERPRINT values: equal rows hash equal (a lookup key; each
+    hit is then compared whole)."""
+    head = tensor[:, :FINGERPRINT].contiguous()
+    bits = head.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[head.element_size()])
+    weights = torch.arange(1, bits.shape[1] + 1, dtype=torch.int64) * 1_000_003
+    return (bits.to(torch.int64) * weights).sum(dim=1)
 
 
 def has_resident_layers(model) -> bool:
