@@ -15,7 +15,7 @@ from tpu_diffusers_runtime.specs import ExecutionMode, Placement
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
-FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage"]
+FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage", "krea2"]
 
 
 def request(**overrides):
@@ -153,7 +153,8 @@ def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(
 def test_the_family_table_covers_every_supported_pipeline():
     assert {family.base_class for family in FAMILIES} == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline",
                                                           "QwenImagePipeline", "Flux2KleinPipeline",
-                                                          "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline"}
+                                                          "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline",
+                                                          "Krea2Pipeline"}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
