@@ -163,6 +163,18 @@ def test_zimage_from_comfy_org_files_matches_the_folder(sf_dir):
     assert single_file.default_config_repo(f["transformer"]) == "Tongyi-MAI/Z-Image-Turbo"
     assert_same_pipeline(folder(sf_dir, "zimage"), "ZImagePipeline", (
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+def test_krea2_from_comfy_org_files_matches_the_folder(sf_dir):
+    """krea2_turbo_fp8_scaled in Krea's original layout and qwen3vl_4b_fp8_scaled in ComfyUI's Qwen3-VL layout
+    ("model." language model beside "visual."), both ComfyUI's newer scaled fp8, into the folder's Krea2Transformer2DModel
+    and Qwen3VLModel, and Qwen-Image's VAE; "turbo" in the name takes Krea 2 Turbo's configs."""
+    f = files(sf_dir, "krea2")
+    assert "txtfusion.projector.weight" in single_file.HeaderView(f["transformer"]).keys()
+    assert single_file.model_class_of(f["transformer"]) == "Krea2Pipeline"
+    assert single_file.default_config_repo(f["transformer"]) == "krea/Krea-2-Turbo"
+    assert_same_pipeline(folder(sf_dir, "krea2"), "Krea2Pipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+
+
 # ------------------------------------------------------------------------------------------ Wan 2.2 video
 WAN = {  # the single_files fixture's Wan 2.2 models: (pipeline class, components from files, configs repo of auto)
     "wan22-t2v-a14b": ("WanPipeline", ("transformer", "transformer_2", "text_encoder", "vae"),
@@ -603,6 +615,9 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     ("flux2", "text_encoder", "text_encoder", "Flux2KleinPipeline", r"Mistral 3 .* FLUX.2 \[klein\] needs a Qwen3"),
     ("zimage", "text_encoder", "text_encoder", "QwenImagePipeline", r"is a Qwen3 text encoder, .* needs a Qwen2.5-VL"),
     ("zimage", "transformer", "transformer", "FluxPipeline", r"is a Z-Image diffusion model, but transformer of FLUX"),
+    ("krea2", "text_encoder", "text_encoder", "ZImagePipeline", r"is a Qwen3-VL text encoder, .* needs a Qwen3 "),
+    ("zimage", "text_encoder", "text_encoder", "Krea2Pipeline", r"is a Qwen3 text encoder, .* needs a Qwen3-VL"),
+    ("krea2", "transformer", "transformer", "QwenImagePipeline", r"is a Krea 2 diffusion model, but transformer of Qw"),
     ("wan22-ti2v-5b", "vae", "vae", "WanPipeline", r"is a Wan 2.2 VAE \(TI2V-5B\), but vae of Wan 2.2 needs a Wan 2.1"),
     ("wan22-t2v-a14b", "text_encoder", "text_encoder_2", "FluxPipeline", r"is a UMT5 text encoder \(Wan\), but "
                                                                          r"text_encoder_2 of FLUX.1 needs a T5"),
@@ -716,7 +731,7 @@ def test_comfyuis_int8_is_read_exactly_as_int8_times_its_row_scales(sf_dir, tmp_
 
 @pytest.mark.parametrize("model_type, words", [
     ("qwen-image-2.1", "a Qwen-Image 2.1 diffusion model, which TPU Diffusers does not run yet, "),
-    ("krea2", "a Krea 2 diffusion model, which TPU Diffusers does not run yet, "),
+    ("krea2", "a Krea 2 diffusion model, "),  # named as a family since TPU Diffusers has it
     ("z-image-turbo", "a Z-Image .*"),  # named as a family once TPU Diffusers has it, told from the header either way
     ("qwenimage", "a QwenImage diffusion model, "),  # its timestep embedder's 256 inputs are rotated
 ])

@@ -28,6 +28,9 @@ The files use the real layouts and the usual names, so the loader meets what use
                       OpenCLIP's layout), sdxl_vae.safetensors
   Z-Image (Comfy-Org): z_image_turbo_bf16.safetensors (ComfyUI's Lumina 2 / NextDiT layout), qwen_3_4b.safetensors
                       (Qwen3 named "model.layers...", no lm_head, as ComfyUI's Qwen3_4B), ae.safetensors (LDM VAE)
+  Krea 2 (Comfy-Org): krea2_turbo_fp8_scaled.safetensors (Krea's original layout), qwen3vl_4b_fp8_scaled.safetensors
+                      (ComfyUI's Qwen3-VL layout), both ComfyUI's newer scaled fp8 (the folder needs `krea2_fp8_folder`
+                      first), qwen_image_vae.safetensors
   Wan 2.2 (Comfy-Org): wan2.2_{t2v,i2v}_{high,low}_noise_14B_{fp16,fp8_scaled}.safetensors and
                       wan2.2_ti2v_5B_fp16.safetensors (Wan's original layout, ComfyUI's older scaled fp8),
                       umt5_xxl_fp16.safetensors / umt5_xxl_fp8_e4m3fn_scaled.safetensors (HF T5 names plus the
@@ -407,17 +410,39 @@ def scaled_fp8(sd: dict, new_format: bool = False) -> dict:
 
     out = {} if new_format else {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
     for key, value in sd.items():
-        if key.endswith(".weight") and value.dim() == 2 and value.is_floating_point():
+        if _fp8_scaled(key, value):
             layer = key[: -len(".weight")]
-            scale = value.float().abs().max().clamp(min=1e-12) / 448.0
-            out[key] = (value.float() / scale).to(torch.float8_e4m3fn)
-            out[f"{layer}.weight_scale" if new_format else f"{layer}.scale_weight"] = scale.reshape(())
+            out[key], scale = _to_scaled_fp8(value)
+            out[f"{layer}.weight_scale" if new_format else f"{layer}.scale_weight"] = scale
             if new_format:
                 out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).encode()),
                                                            dtype=torch.uint8)
         else:
             out[key] = value
     return out
+
+
+def _fp8_scaled(key: str, value) -> bool:
+    """What `scaled_fp8` stores as fp8: every 2-D weight."""
+    return key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()
+
+
+def _to_scaled_fp8(value):
+    """(stored float8_e4m3fn, scale): stored = weight / scale, one scale per tensor (its largest value -> 448)."""
+    scale = value.float().abs().max().clamp(min=1e-12) / 448.0
+    return (value.float() / scale).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+def fp8_valued(sd: dict) -> dict:
+    """The weights as `scaled_fp8` of them holds them (stored x scale, float32), in any key layout: a folder with
+    these weights is exactly the model its scaled fp8 files load as."""
+    def value_of(key, value):
+        if not _fp8_scaled(key, value):
+            return value
+        stored, scale = _to_scaled_fp8(value)
+        return stored.to(torch.float32) * scale
+
+    return {key: value_of(key, value) for key, value in sd.items()}
 
 
 def plain_fp8(sd: dict) -> dict:
@@ -847,6 +872,40 @@ def bf16_valued_transformer(folder) -> None:
     model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
     model.save_pretrained(path)
 
+
+
+def qwen3vl_file_layout(sd: dict) -> dict:
+    """ComfyUI's Qwen3-VL files (its Qwen3VL module): the language model as "model." beside "visual."; transformers'
+    Qwen3VLModel names it "language_model."."""
+    return {"model." + k.removeprefix("language_model.") if k.startswith("language_model.") else k: v
+            for k, v in sd.items()}
+
+
+def krea2_fp8_folder(folder) -> None:
+    """Make a Krea 2 folder's transformer and text encoder hold the weights their scaled fp8 files (`krea2_files`)
+    hold, so those files load exactly the folder's model; its VAE Wan 2.1's block structure (`wan_sized_vae`)."""
+    from diffusers import Krea2Transformer2DModel
+    from transformers import Qwen3VLModel
+
+    wan_sized_vae(folder)
+    for component, cls in (("transformer", Krea2Transformer2DModel), ("text_encoder", Qwen3VLModel)):
+        model = cls.from_pretrained(Path(folder, component))
+        model.load_state_dict(fp8_valued(model.state_dict()))
+        model.save_pretrained(Path(folder, component))
+
+
+def krea2_files(folder, out) -> dict[str, Path]:
+    """Comfy-Org's Krea 2 files: krea2_turbo_fp8_scaled (Krea's original layout), qwen3vl_4b_fp8_scaled (ComfyUI's
+    Qwen3-VL layout, vision tower included), both ComfyUI's newer scaled fp8, and qwen_image_vae (Wan 2.1 layout)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "transformer": _save(scaled_fp8(krea2_layout(folder_weights(folder, "transformer")), new_format=True),
+                             out / "krea2_turbo_fp8_scaled.safetensors"),
+        "text_encoder": _save(scaled_fp8(qwen3vl_file_layout(folder_weights(folder, "text_encoder")), new_format=True),
+                              out / "qwen3vl_4b_fp8_scaled.safetensors"),
+        "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
+    }
 
 
 def zimage_files(folder, out) -> dict[str, Path]:
