@@ -33,6 +33,8 @@ FAMILIES = {
                                 "none", "none", "qwenimage/qwen_image_vae.safetensors")),
     "zimage": ("zimage", ("zimage/z_image_turbo_bf16.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none",
                           "zimage/ae.safetensors")),
+    "krea2": ("krea2", ("krea2/krea2_turbo_fp8_scaled.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none",
+                        "none", "krea2/qwen_image_vae.safetensors")),
 }
 
 
@@ -307,6 +309,18 @@ def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, 
     picks, configs = (picks[:5], picks[5]) if len(picks) == 6 else (picks, "flux1-wide")
     how, node, text, _ = outcome(files_server, files_prompt(configs, picks))
     assert how in ("rejected", "failed") and node == LOADER and message in text, (how, node, text)
+
+
+@pytest.mark.parametrize("picks, message", [
+    (("krea2/krea2_turbo_fp8_scaled.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none",
+      "krea2/qwen_image_vae.safetensors"), "is a Qwen3 text encoder, but text_encoder of Krea 2 needs a Qwen3-VL"),
+    (("zimage/z_image_turbo_bf16.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
+      "krea2/qwen_image_vae.safetensors"), "Z-Image"),
+], ids=["qwen3-text-encoder", "z-image-model"])
+def test_a_file_of_another_family_is_refused_on_the_file_loader_when_queued(files_server, picks, message):
+    """Krea 2's configs with a Z-Image file: refused from the headers when the prompt is queued."""
+    details = refused_on(files_server, files_prompt("krea2", picks), LOADER)
+    assert message in details, details
 
 
 def test_configs_of_another_family_are_refused_on_the_file_loader(files_server):
