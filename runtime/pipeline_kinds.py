@@ -104,7 +104,7 @@ def init_options(pipeline_cls, index: dict | None = None) -> dict:
     """The pipeline's settings beside its components: what model_index.json records for its __init__ (e.g.
     force_zeros_for_empty_prompt, is_distilled, as from_pretrained passes them), and no invisible watermark (a
     pipeline that takes `add_watermarker` adds one whenever the invisible-watermark package is installed; ComfyUI
-    never watermarks). A setting may be a list of numbers (Krea 2's text_encoder_select_layers)."""
+    never watermarks). A setting may be a list of numbers (e.g. which text encoder layers a pipeline reads)."""
     takes = inspect.signature(pipeline_cls).parameters
     options = {name: value for name, value in config_values(index or {}).items() if name in takes}
     options.update({name: value for name, value in (index or {}).items() if name in takes and isinstance(value, list)
