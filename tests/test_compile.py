@@ -207,7 +207,8 @@ def test_warmup_sizes_are_parsed_or_clearly_refused():
                                                   ("qwenimage", "QwenImagePipeline"),
                                                   ("flux2-klein", "Flux2KleinPipeline"),
                                                   ("zimage", "ZImagePipeline"),  # a fresh load: prepare_compile
-                                                  ("sdxl", "StableDiffusionXLPipeline")])
+                                                  ("sdxl", "StableDiffusionXLPipeline"),
+                                                  ("krea2", "Krea2Pipeline")])
 def test_the_other_families_compile_whole_and_match_eager(tiny, name, pipeline_class):
     compiled = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
                               compile=CompileSpec())
