@@ -80,7 +80,7 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
                                                   ("qwenimage", "QwenImagePipeline"),
                                                   ("sdxl", "StableDiffusionXLPipeline"),
                                                   ("flux2-klein", "Flux2KleinPipeline"),
-                                                  ("zimage", "ZImagePipeline")])
+                                                  ("zimage", "ZImagePipeline"), ("krea2", "Krea2Pipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
     handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
