@@ -134,7 +134,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     (together ~7 s more than FLUX.1-dev's ~18 s). The Qwen-Image-Edit-2509/2511 folders are the tiny
     qwenimage-edit-plus one (2511: zero_cond_t). FLUX.2 [klein]'s folder has the real context width (7680), which
     tells its files from FLUX.2 [dev]'s. Z-Image's folder has bf16-valued transformer weights (its file is
-    bf16), Krea 2's fp8-valued ones (its files are scaled fp8). Wan 2.2 A14B's folders have a VAE of Wan 2.1's block structure (diffusers' converter needs it)."""
+    bf16), Krea 2's is Turbo with fp8-valued ones (its files are scaled fp8). Wan 2.2 A14B's folders have a VAE of Wan 2.1's block structure (diffusers' converter needs it)."""
     import tiny_single_files as tsf
 
     root = tmp_path_factory.mktemp("single_files")
@@ -148,7 +148,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     zimage = Path(shutil.copytree(tiny_dir / "tiny-zimage", root / "zimage"))
     tsf.bf16_valued_transformer(zimage)  # z_image_turbo_bf16.safetensors then holds exactly the folder's weights
     krea2 = Path(shutil.copytree(tiny_dir / "tiny-krea2", root / "krea2"))
-    tsf.krea2_fp8_folder(krea2)  # its scaled fp8 files then hold exactly the folder's weights
+    tsf.krea2_turbo_folder(krea2)  # Turbo; its scaled fp8 files then hold exactly the folder's weights
     wan_a14b = {}  # Wan 2.2 A14B's wan_2.1_vae: diffusers' converter needs Wan 2.1's block structure, as QwenImage's
     for name in ("wan22-t2v-a14b", "wan22-i2v-a14b"):
         wan_a14b[name] = Path(shutil.copytree(tiny_dir / f"tiny-{name}", root / name))

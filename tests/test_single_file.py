@@ -163,11 +163,18 @@ def test_zimage_from_comfy_org_files_matches_the_folder(sf_dir):
     assert single_file.default_config_repo(f["transformer"]) == "Tongyi-MAI/Z-Image-Turbo"
     assert_same_pipeline(folder(sf_dir, "zimage"), "ZImagePipeline", (
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
-def test_krea2_from_comfy_org_files_matches_the_folder(sf_dir):
+def test_krea2_from_comfy_org_files_matches_the_folder(sf_dir, tiny):
     """krea2_turbo_fp8_scaled in Krea's original layout and qwen3vl_4b_fp8_scaled in ComfyUI's Qwen3-VL layout
     ("model." language model beside "visual."), both ComfyUI's newer scaled fp8, into the folder's Krea2Transformer2DModel
-    and Qwen3VLModel, and Qwen-Image's VAE; "turbo" in the name takes Krea 2 Turbo's configs."""
+    and Qwen3VLModel, and Qwen-Image's VAE; "turbo" in the name takes Krea 2 Turbo's configs (is_distilled), and Raw's
+    are refused for it."""
+    from tpu_diffusers_runtime.file_choice import check_configs_class
+
     f = files(sf_dir, "krea2")
+    with pytest.raises(UserInputError, match="'tiny-krea2' holds a Krea2Pipeline without is_distilled, but "
+                                             "'krea2_turbo_fp8_scaled.safetensors' is one with it"):
+        check_configs_class(tiny("krea2"), "Krea2Pipeline", os.path.basename(f["transformer"]),
+                            single_file.settings_of(f["transformer"]))
     assert "txtfusion.projector.weight" in single_file.HeaderView(f["transformer"]).keys()
     assert single_file.model_class_of(f["transformer"]) == "Krea2Pipeline"
     assert single_file.default_config_repo(f["transformer"]) == "krea/Krea-2-Turbo"

@@ -29,7 +29,7 @@ The files use the real layouts and the usual names, so the loader meets what use
   Z-Image (Comfy-Org): z_image_turbo_bf16.safetensors (ComfyUI's Lumina 2 / NextDiT layout), qwen_3_4b.safetensors
                       (Qwen3 named "model.layers...", no lm_head, as ComfyUI's Qwen3_4B), ae.safetensors (LDM VAE)
   Krea 2 (Comfy-Org): krea2_turbo_fp8_scaled.safetensors (Krea's original layout), qwen3vl_4b_fp8_scaled.safetensors
-                      (ComfyUI's Qwen3-VL layout), both ComfyUI's newer scaled fp8 (the folder needs `krea2_fp8_folder`
+                      (ComfyUI's Qwen3-VL layout), both ComfyUI's newer scaled fp8 (the folder needs `krea2_turbo_folder`
                       first), qwen_image_vae.safetensors
   Wan 2.2 (Comfy-Org): wan2.2_{t2v,i2v}_{high,low}_noise_14B_{fp16,fp8_scaled}.safetensors and
                       wan2.2_ti2v_5B_fp16.safetensors (Wan's original layout, ComfyUI's older scaled fp8),
@@ -881,12 +881,18 @@ def qwen3vl_file_layout(sd: dict) -> dict:
             for k, v in sd.items()}
 
 
-def krea2_fp8_folder(folder) -> None:
-    """Make a Krea 2 folder's transformer and text encoder hold the weights their scaled fp8 files (`krea2_files`)
-    hold, so those files load exactly the folder's model; its VAE Wan 2.1's block structure (`wan_sized_vae`)."""
+def krea2_turbo_folder(folder) -> None:
+    """Make a Krea 2 folder the Turbo model its Comfy-Org files (`krea2_files`) are: is_distilled, a transformer and
+    text encoder holding the weights their scaled fp8 files hold (so those load exactly the folder's model), and a
+    VAE of Wan 2.1's block structure (`wan_sized_vae`)."""
+    import json
+
     from diffusers import Krea2Transformer2DModel
     from transformers import Qwen3VLModel
 
+    index = Path(folder, "model_index.json")
+    index.write_text(json.dumps({**json.loads(index.read_text()), "is_distilled": True}, indent=2, sort_keys=True)
+                     + "\n")
     wan_sized_vae(folder)
     for component, cls in (("transformer", Krea2Transformer2DModel), ("text_encoder", Qwen3VLModel)):
         model = cls.from_pretrained(Path(folder, component))
