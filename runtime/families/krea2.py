@@ -3,9 +3,9 @@
 A single-stream MMDiT fed by a Qwen3-VL text encoder: the hidden states of several of its layers are stacked per
 token, the prompt padded to 512 tokens. Its guidance_scale is cond + g x (cond - uncond), so g = 0 turns CFG off
 (Turbo, distilled: 8 steps at 0; Raw: 28 steps at 4.5). Turbo has Raw's classes and keys, only the model_index
-setting `is_distilled` (a fixed timestep shift) differs: a file variant told by its name, whose configs must have it. Its VAE and latents are Qwen-Image's (Wan 2.1's
-VAE, packed 2x2), which ComfyUI previews with the Wan21 latent format. diffusers has no tensor-parallel plan for its
-transformer: several chips run it as replicas.
+setting `is_distilled` (a fixed timestep shift) differs: a file variant told by its name, whose configs must have
+it. Its VAE and latents are Qwen-Image's (Wan 2.1's VAE, packed 2x2), which ComfyUI previews with the Wan21 latent
+format. diffusers has no tensor-parallel plan for its transformer: several chips run it as replicas.
 """
 
 from .base import TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant, TaskPipeline
