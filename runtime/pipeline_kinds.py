@@ -104,9 +104,11 @@ def init_options(pipeline_cls, index: dict | None = None) -> dict:
     """The pipeline's settings beside its components: what model_index.json records for its __init__ (e.g.
     force_zeros_for_empty_prompt, is_distilled, as from_pretrained passes them), and no invisible watermark (a
     pipeline that takes `add_watermarker` adds one whenever the invisible-watermark package is installed; ComfyUI
-    never watermarks)."""
+    never watermarks). A setting may be a list of numbers (e.g. which text encoder layers a pipeline reads)."""
     takes = inspect.signature(pipeline_cls).parameters
     options = {name: value for name, value in config_values(index or {}).items() if name in takes}
+    options.update({name: value for name, value in (index or {}).items() if name in takes and isinstance(value, list)
+                    and all(isinstance(part, (int, float)) for part in value)})
     if "add_watermarker" in takes:
         options["add_watermarker"] = False
     return options

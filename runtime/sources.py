@@ -62,10 +62,12 @@ def read_model_index(source: str, is_folder: bool) -> dict:
 
 
 def components(index: dict) -> dict[str, tuple[str, str]]:
-    """{component name: (library, class)} for the components a pipeline folder provides."""
+    """{component name: (library, class)} for the components a pipeline folder provides: the [library, class] pairs of
+    names (a setting may be a list too, of numbers: e.g. which text encoder layers a pipeline reads)."""
     out = {}
     for name, value in index.items():
-        if name.startswith("_") or not isinstance(value, list) or len(value) != 2 or None in value:
+        if (name.startswith("_") or not isinstance(value, list) or len(value) != 2
+                or not all(isinstance(part, str) for part in value)):
             continue
         out[name] = (value[0], value[1])
     return out

@@ -72,11 +72,12 @@ VAES = {
     "flux2": (flux2_vae, lambda sd: tsf.vae_to_ldm(sd, 4)),
     "flux2-klein": (flux2_vae, lambda sd: tsf.vae_to_ldm(sd, 4)),
     "qwenimage": (qwen_vae, tsf.vae_to_wan),
+    "krea2": (qwen_vae, tsf.vae_to_wan),
 }
 # the text-to-image and image-to-image model class of each
 CLASSES = {"flux1-schnell": "FluxPipeline", "zimage": "ZImagePipeline", "sd3": "StableDiffusion3Pipeline",
            "sdxl": "StableDiffusionXLPipeline", "flux2": "Flux2Pipeline", "flux2-klein": "Flux2KleinPipeline",
-           "qwenimage": "QwenImagePipeline"}
+           "qwenimage": "QwenImagePipeline", "krea2": "Krea2Pipeline"}
 
 
 @pytest.fixture(scope="module")

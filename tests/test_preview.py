@@ -15,7 +15,8 @@ from tpu_diffusers_runtime.tasks import SampleRequest
 from tpu_diffusers_runtime.specs import MeshSpec
 
 # The latent channels ComfyUI's factors are for (the tiny models have the real VAEs' channel counts).
-CHANNELS = {"flux1-schnell": 16, "sd3": 16, "flux2": 32, "qwenimage": 16, "flux2-klein": 32, "zimage": 16, "sdxl": 4}
+CHANNELS = {"flux1-schnell": 16, "sd3": 16, "flux2": 32, "qwenimage": 16, "flux2-klein": 32, "zimage": 16, "sdxl": 4,
+            "krea2": 16}
 
 
 def spec(channels: int, seed: int = 0) -> PreviewSpec:

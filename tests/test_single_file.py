@@ -163,6 +163,25 @@ def test_zimage_from_comfy_org_files_matches_the_folder(sf_dir):
     assert single_file.default_config_repo(f["transformer"]) == "Tongyi-MAI/Z-Image-Turbo"
     assert_same_pipeline(folder(sf_dir, "zimage"), "ZImagePipeline", (
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+def test_krea2_from_comfy_org_files_matches_the_folder(sf_dir, tiny):
+    """krea2_turbo_fp8_scaled in Krea's original layout and qwen3vl_4b_fp8_scaled in ComfyUI's Qwen3-VL layout
+    ("model." language model beside "visual."), both ComfyUI's newer scaled fp8, into the folder's Krea2Transformer2DModel
+    and Qwen3VLModel, and Qwen-Image's VAE; "turbo" in the name takes Krea 2 Turbo's configs (is_distilled), and Raw's
+    are refused for it."""
+    from tpu_diffusers_runtime.file_choice import check_configs_class
+
+    f = files(sf_dir, "krea2")
+    with pytest.raises(UserInputError, match="'tiny-krea2' holds a Krea2Pipeline without is_distilled, but "
+                                             "'krea2_turbo_fp8_scaled.safetensors' is one with it"):
+        check_configs_class(tiny("krea2"), "Krea2Pipeline", os.path.basename(f["transformer"]),
+                            single_file.settings_of(f["transformer"]))
+    assert "txtfusion.projector.weight" in single_file.HeaderView(f["transformer"]).keys()
+    assert single_file.model_class_of(f["transformer"]) == "Krea2Pipeline"
+    assert single_file.default_config_repo(f["transformer"]) == "krea/Krea-2-Turbo"
+    assert_same_pipeline(folder(sf_dir, "krea2"), "Krea2Pipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])))
+
+
 # ------------------------------------------------------------------------------------------ Wan 2.2 video
 WAN = {  # the single_files fixture's Wan 2.2 models: (pipeline class, components from files, configs repo of auto)
     "wan22-t2v-a14b": ("WanPipeline", ("transformer", "transformer_2", "text_encoder", "vae"),
@@ -617,6 +636,9 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     ("flux2", "text_encoder", "text_encoder", "Flux2KleinPipeline", r"Mistral 3 .* FLUX.2 \[klein\] needs a Qwen3"),
     ("zimage", "text_encoder", "text_encoder", "QwenImagePipeline", r"is a Qwen3 text encoder, .* needs a Qwen2.5-VL"),
     ("zimage", "transformer", "transformer", "FluxPipeline", r"is a Z-Image diffusion model, but transformer of FLUX"),
+    ("krea2", "text_encoder", "text_encoder", "ZImagePipeline", r"is a Qwen3-VL text encoder, .* needs a Qwen3 "),
+    ("zimage", "text_encoder", "text_encoder", "Krea2Pipeline", r"is a Qwen3 text encoder, .* needs a Qwen3-VL"),
+    ("krea2", "transformer", "transformer", "QwenImagePipeline", r"is a Krea 2 diffusion model, but transformer of Qw"),
     ("wan22-ti2v-5b", "vae", "vae", "WanPipeline", r"is a Wan 2.2 VAE \(TI2V-5B\), but vae of Wan 2.2 needs a Wan 2.1"),
     ("wan22-t2v-a14b", "text_encoder", "text_encoder_2", "FluxPipeline", r"is a UMT5 text encoder \(Wan\), but "
                                                                          r"text_encoder_2 of FLUX.1 needs a T5"),
@@ -735,20 +757,19 @@ def test_comfyuis_int8_is_read_exactly_as_comfy_kitchen_dequantizes_it(sf_dir, t
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("krea2", "a Krea 2 diffusion model, which TPU Diffusers does not run yet"),
+    ("flux3", r"a FLUX 3 \[klein\] diffusion model"),
+    ("ltx2", "an LTX-2 video model"),
+    ("minimax-h3", "a MiniMax H3 video model"),
 ])
 def test_int8_convrot_files_of_models_tpu_diffusers_lacks_are_refused_when_queued_naming_the_model(tmp_path,
                                                                                                   model_type, words):
     """ComfyUI's int8 ConvRot files are read, but a model TPU Diffusers does not run is refused from the header
-    (the File Loader's plan), naming the model as diffusers tells it from the real layout."""
-    from diffusers.loaders.single_file_utils import infer_diffusers_model_type
-    from safetensors.torch import load_file
+    (the File Loader's plan), naming the model as diffusers tells it."""
     from tpu_diffusers_runtime.file_choice import plan
 
-    path = str(tsf.int8_convrot_files(tmp_path)[model_type])
-    assert infer_diffusers_model_type(load_file(path)) == model_type  # the real layout, as diffusers tells it
+    path = str(tsf.unsupported_model_file(model_type, tmp_path / f"{model_type}_int8_convrot.safetensors"))
     with pytest.raises(UserInputError, match=f"'{os.path.basename(path)}' is not a diffusion model of a supported "
-                                             rf"family \(it is {words}\). Supported: FLUX.1 \(FluxPipeline"):
+                                             rf"family \(it is {words}, which TPU Diffusers does not run yet\)"):
         plan(path, {}, "auto", [])
 
 

@@ -243,6 +243,19 @@ WORKFLOWS = {
                          "", 1024, 1024, 40, 1.0, 42, "fixed", 1, 1.0]),
          ("SaveImage", ["qwen_image_21_edit"])],
         images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
+    "krea2_turbo_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Krea 2 Turbo files: models/"
+        "diffusion_models/krea2_turbo_fp8_scaled.safetensors and models/text_encoders/qwen3vl_4b_fp8_scaled.safetensors "
+        "(both upcast to bf16), models/vae/qwen_image_vae.safetensors; configs: a Krea-2-Turbo folder in "
+        "models/diffusers or the hub cache (\"turbo\" in the file name picks it). Turbo is distilled: 8 steps at "
+        "guidance 0 (Krea 2's guidance is cond + g x (cond - uncond): 0 turns CFG off; Raw: 28 steps at 4.5). Model "
+        "CPU offload. diffusers has no TP plan for its transformer: several chips run it as replicas (TP Mesh with "
+        "shard_transformer off).",
+        [("TPUFileLoader", ["krea2_turbo_fp8_scaled.safetensors", "qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
+                            "qwen_image_vae.safetensors", "auto", "auto", "auto", "none"]),
+         OFFLOAD,
+         ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0]),
+         ("SaveImage", ["krea2_turbo_files"])]),
     "wan22_ti2v_5b_text_to_video_files": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 48 GB of host RAM. ComfyUI's Wan 2.2 TI2V-5B files: models/"
         "diffusion_models/wan2.2_ti2v_5B_fp16.safetensors, models/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors "

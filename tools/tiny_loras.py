@@ -35,6 +35,8 @@ that is not 1, so its handling shows). diffusers' `_convert_non_diffusers_wan_lo
 `comfyui` for Z-Image is the layout ComfyUI users hold for it (ai-toolkit's, the common trainer): diffusers'
 layer names under `diffusion_model.` with `lora_A`/`lora_B` and an `.alpha` per layer, e.g.
 `diffusion_model.layers.0.attention.to_q.lora_A.weight`; diffusers' Z-Image loader converts it.
+`comfyui` for Krea 2 is the layout of its LoRAs for ComfyUI (Krea's module names under `diffusion_model.`, `lora_A`/
+`lora_B`, no alpha: `diffusion_model.blocks.0.attn.wq.lora_A.weight`); diffusers' Krea 2 loader converts it.
 """
 from __future__ import annotations
 
@@ -239,6 +241,27 @@ def zimage_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: in
     return out_file
 
 
+# diffusers' Krea 2 module names -> Krea's (diffusers' _convert_non_diffusers_krea2_lora_to_diffusers, inverted)
+KREA2_NAMES = {"transformer.": "diffusion_model.", "transformer_blocks.": "blocks.", "text_fusion.": "txtfusion.",
+               ".attn.to_q.": ".attn.wq.", ".attn.to_k.": ".attn.wk.", ".attn.to_v.": ".attn.wv.",
+               ".attn.to_out.0.": ".attn.wo."}
+
+
+def krea2_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4) -> Path:
+    """The diffusers LoRA renamed to the layout of Krea 2's LoRAs for ComfyUI (Krea's reference trainer): Krea's module
+    names under `diffusion_model.`, `lora_A`/`lora_B` and no alpha, e.g. `diffusion_model.blocks.0.attn.wq.lora_A.weight`
+    (and the text fusion blocks' `txtfusion.refiner_blocks.0.attn.wq`); diffusers' Krea 2 loader converts it."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    for key, value in load_file(diffusers_lora(model_dir, out_file, seed, rank)).items():
+        for new, old in KREA2_NAMES.items():
+            key = key.replace(new, old)
+        tensors[key] = value
+    save_file(tensors, str(out_file))
+    return out_file
+
+
 def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4,
           expert: str = "transformer") -> Path:
     """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path.
@@ -252,6 +275,8 @@ def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int 
         return sdxl_kohya_lora(model_dir, out_file, seed, rank)
     if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "ZImagePipeline":
         return zimage_comfyui_lora(model_dir, out_file, seed, rank)
+    if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "Krea2Pipeline":
+        return krea2_comfyui_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
         return bfl_lora(model_dir, out_file, fmt, seed, rank)
     if fmt == "lightx2v":

@@ -43,7 +43,7 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline",
                  "wan22-t2v-a14b": "WanPipeline", "wan22-i2v-a14b": "WanImageToVideoPipeline",
                  "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline",
-                 "qwenimage21": "QwenImage21Pipeline"}
+                 "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -817,6 +817,56 @@ def qwenimage21(size: str):
 
 
 
+def krea2(size: str):
+    """Krea 2 (raw; the turbo model is the same classes with is_distilled): a Qwen3-VL text encoder (Qwen3VLModel)
+    whose hidden states of several layers are stacked per token (`text_encoder_select_layers`), Qwen-Image's VAE and
+    Krea2Transformer2DModel; the prompt is padded to 512 tokens. The Qwen tokenizer encodes Krea 2's template prefix
+    (QwenImage's) to the 34 tokens the pipeline drops.
+    bench: the real width (48 heads x 128 = 6144, 12 KV heads, FFN 16384, text width 2560) with one block; the text
+    encoder has Qwen3-VL-4B's width but two layers."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, Krea2Pipeline,
+                           Krea2Transformer2DModel)
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    bench = size == "bench"
+    tok, _ = qwen_tokenizer()
+    ids = tok.convert_tokens_to_ids
+    hidden, heads, kv_heads, head_dim, mrope = (2560, 32, 8, 128, [24, 20, 20]) if bench else (32, 2, 1, 16, [2, 3, 3])
+    cfg = Qwen3VLConfig(
+        text_config={"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
+                     "pad_token_id": ids("<|endoftext|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": hidden,
+                       "deepstack_visual_indexes": [0]},
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+    )
+    torch.manual_seed(0)
+    text_encoder = Qwen3VLModel(cfg)
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 2, 2], num_res_blocks=1,
+                                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
+                                 latents_std=[1.0] * 16)
+    torch.manual_seed(0)
+    if bench:
+        transformer = Krea2Transformer2DModel(num_layers=1, text_hidden_dim=hidden, num_text_layers=2,
+                                              num_layerwise_text_blocks=1, num_refiner_text_blocks=1)
+    else:
+        transformer = Krea2Transformer2DModel(
+            in_channels=64, num_layers=2, attention_head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=32, timestep_embed_dim=32, text_hidden_dim=hidden, num_text_layers=2,
+            text_num_attention_heads=2, text_num_key_value_heads=2, text_intermediate_size=32,
+            num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(4, 6, 6))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=6400,
+                                                time_shift_type="exponential")
+    return Krea2Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tok,
+                         transformer=transformer, text_encoder_select_layers=(1, 2)), {}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
@@ -836,6 +886,7 @@ _BUILDERS = {
     "wan21-i2v": lambda size: wan21(size, "i2v"),
     "wan22-ti2v-5b": lambda size: wan22(size, "ti2v"),
     "qwenimage21": qwenimage21,
+    "krea2": krea2,
 }
 
 

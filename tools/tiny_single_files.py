@@ -25,12 +25,15 @@ The files use the real layouts and the usual names, so the loader meets what use
                       qwen_image_2.1_vae_bf16.safetensors (diffusers' layout)
   ComfyUI quantized:  `comfy_quantized`: every format of ComfyUI's comfy/quant_ops.py, quantized by comfy-kitchen,
                       `zimage_quantized_files`: Z-Image's files in each; `comfy_int8` (int8_tensorwise, per-row
-                      scales, optionally ConvRot-rotated), and `int8_convrot_files`: qwen_image_2.1 / krea2 / z_image_turbo _int8_convrot.safetensors, tiny real
-                      models of families TPU Diffusers does not run, in their original layouts
+                      scales, optionally ConvRot-rotated), and `unsupported_model_file`: an int8 ConvRot file of a model
+                      TPU Diffusers does not run (diffusers' identifying keys only)
   SDXL (Stability):   sd_xl_base_1.0.safetensors (all-in-one: SGM UNet, LDM VAE, CLIP-L, OpenCLIP ViT-bigG in
                       OpenCLIP's layout), sdxl_vae.safetensors
   Z-Image (Comfy-Org): z_image_turbo_bf16.safetensors (ComfyUI's Lumina 2 / NextDiT layout), qwen_3_4b.safetensors
                       (Qwen3 named "model.layers...", no lm_head, as ComfyUI's Qwen3_4B), ae.safetensors (LDM VAE)
+  Krea 2 (Comfy-Org): krea2_turbo_fp8_scaled.safetensors (Krea's original layout), qwen3vl_4b_fp8_scaled.safetensors
+                      (ComfyUI's Qwen3-VL layout), both ComfyUI's newer scaled fp8 (the folder needs `krea2_turbo_folder`
+                      first), qwen_image_vae.safetensors
   Wan 2.2 (Comfy-Org): wan2.2_{t2v,i2v}_{high,low}_noise_14B_{fp16,fp8_scaled}.safetensors and
                       wan2.2_ti2v_5B_fp16.safetensors (Wan's original layout, ComfyUI's older scaled fp8),
                       umt5_xxl_fp16.safetensors / umt5_xxl_fp8_e4m3fn_scaled.safetensors (HF T5 names plus the
@@ -411,17 +414,39 @@ def scaled_fp8(sd: dict, new_format: bool = False) -> dict:
 
     out = {} if new_format else {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
     for key, value in sd.items():
-        if key.endswith(".weight") and value.dim() == 2 and value.is_floating_point():
+        if _fp8_scaled(key, value):
             layer = key[: -len(".weight")]
-            scale = value.float().abs().max().clamp(min=1e-12) / 448.0
-            out[key] = (value.float() / scale).to(torch.float8_e4m3fn)
-            out[f"{layer}.weight_scale" if new_format else f"{layer}.scale_weight"] = scale.reshape(())
+            out[key], scale = _to_scaled_fp8(value)
+            out[f"{layer}.weight_scale" if new_format else f"{layer}.scale_weight"] = scale
             if new_format:
                 out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).encode()),
                                                            dtype=torch.uint8)
         else:
             out[key] = value
     return out
+
+
+def _fp8_scaled(key: str, value) -> bool:
+    """What `scaled_fp8` stores as fp8: every 2-D weight."""
+    return key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()
+
+
+def _to_scaled_fp8(value):
+    """(stored float8_e4m3fn, scale): stored = weight / scale, one scale per tensor (its largest value -> 448)."""
+    scale = value.float().abs().max().clamp(min=1e-12) / 448.0
+    return (value.float() / scale).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+def fp8_valued(sd: dict) -> dict:
+    """The weights as `scaled_fp8` of them holds them (stored x scale, float32), in any key layout: a folder with
+    these weights is exactly the model its scaled fp8 files load as."""
+    def value_of(key, value):
+        if not _fp8_scaled(key, value):
+            return value
+        stored, scale = _to_scaled_fp8(value)
+        return stored.to(torch.float32) * scale
+
+    return {key: value_of(key, value) for key, value in sd.items()}
 
 
 def plain_fp8(sd: dict) -> dict:
@@ -576,52 +601,17 @@ def krea2_layout(sd: dict) -> dict:
     return out
 
 
-Z_IMAGE_NAMES = {"all_final_layer.2-1.": "final_layer.", "all_x_embedder.2-1.": "x_embedder.",
-                 ".attention.to_out.0.": ".attention.out.", ".attention.norm_k.weight": ".attention.k_norm.weight",
-                 ".attention.norm_q.weight": ".attention.q_norm.weight"}
+def unsupported_model_file(model_type: str, path) -> Path:
+    """A ComfyUI int8 ConvRot file of a model TPU Diffusers does not run (a diffusers model type of
+    families.UNSUPPORTED_MODEL_TYPES): diffusers' identifying keys of it (CHECKPOINT_KEY_NAMES) beside one int8
+    ConvRot layer, all the header checks read."""
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
 
-
-def z_image_layout(sd: dict) -> dict:
-    """Z-Image's original layout (ComfyUI's files): attention q, k and v fused into `attention.qkv`, the names
-    diffusers' z-image converter maps back."""
-    out = {}
-    for key, value in sd.items():
-        if ".attention.to_k." in key or ".attention.to_v." in key:
-            continue
-        if ".attention.to_q." in key:
-            value = torch.cat([value, sd[key.replace("to_q", "to_k")], sd[key.replace("to_q", "to_v")]])
-            key = key.replace("to_q", "qkv")
-        for new, old in Z_IMAGE_NAMES.items():
-            key = key.replace(new, old)
-        out[key] = value
-    return out
-
-
-def int8_convrot_files(out) -> dict[str, Path]:
-    """ComfyUI int8 ConvRot diffusion models of families TPU Diffusers does not run (Qwen-Image 2.1, Krea 2,
-    Z-Image), from tiny real diffusers models with a width of 256 (so ConvRot rotates their layers), in their
-    original layouts: {model type: path}."""
-    from diffusers import Krea2Transformer2DModel, QwenImage21Transformer2DModel, ZImageTransformer2DModel
-
+    names = CHECKPOINT_KEY_NAMES[model_type]
+    sd = {name: torch.zeros(4) for name in ([names] if isinstance(names, str) else names)}
     torch.manual_seed(0)
-    models = {
-        "qwen-image-2.1": ("qwen_image_2.1_int8_convrot.safetensors", qwen_image21_layout,
-                           QwenImage21Transformer2DModel(num_layers=1, attention_head_dim=128, num_attention_heads=2,
-                                                         context_in_dim=32, in_channels=16, out_channels=16, mlp_ratio=1,
-                                                         axes_dims_rope=(32, 48, 48))),
-        "krea2": ("krea2_int8_convrot.safetensors", krea2_layout, Krea2Transformer2DModel(
-            in_channels=16, num_layers=1, attention_head_dim=128, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=256, timestep_embed_dim=32, text_hidden_dim=32, num_text_layers=1,
-            text_num_attention_heads=2, text_num_key_value_heads=2, text_intermediate_size=64,
-            num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(32, 48, 48))),
-        "z-image-turbo": ("z_image_turbo_int8_convrot.safetensors", z_image_layout, ZImageTransformer2DModel(
-            dim=256, n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=[32, 48, 48],
-            axes_lens=[64, 32, 32])),
-    }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return {model_type: _save(comfy_int8(layout(model.state_dict()), convrot=True), out / name)
-            for model_type, (name, layout, model) in models.items()}
+    sd.update(comfy_quantized({"blocks.0.proj.weight": torch.randn(32, 32)}, "int8_convrot", 16))
+    return _save(sd, Path(path))
 
 # ------------------------------------------------------------------------------------------ Wan 2.2
 WAN_NAMES = (  # diffusers key part -> Wan's original (diffusers' convert_wan_transformer_to_diffusers, inverted)
@@ -921,6 +911,46 @@ def bf16_valued_transformer(folder) -> None:
     model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
     model.save_pretrained(path)
 
+
+
+def qwen3vl_file_layout(sd: dict) -> dict:
+    """ComfyUI's Qwen3-VL files (its Qwen3VL module): the language model as "model." beside "visual."; transformers'
+    Qwen3VLModel names it "language_model."."""
+    return {"model." + k.removeprefix("language_model.") if k.startswith("language_model.") else k: v
+            for k, v in sd.items()}
+
+
+def krea2_turbo_folder(folder) -> None:
+    """Make a Krea 2 folder the Turbo model its Comfy-Org files (`krea2_files`) are: is_distilled, a transformer and
+    text encoder holding the weights their scaled fp8 files hold (so those load exactly the folder's model), and a
+    VAE of Wan 2.1's block structure (`wan_sized_vae`)."""
+    import json
+
+    from diffusers import Krea2Transformer2DModel
+    from transformers import Qwen3VLModel
+
+    index = Path(folder, "model_index.json")
+    index.write_text(json.dumps({**json.loads(index.read_text()), "is_distilled": True}, indent=2, sort_keys=True)
+                     + "\n")
+    wan_sized_vae(folder)
+    for component, cls in (("transformer", Krea2Transformer2DModel), ("text_encoder", Qwen3VLModel)):
+        model = cls.from_pretrained(Path(folder, component))
+        model.load_state_dict(fp8_valued(model.state_dict()))
+        model.save_pretrained(Path(folder, component))
+
+
+def krea2_files(folder, out) -> dict[str, Path]:
+    """Comfy-Org's Krea 2 files: krea2_turbo_fp8_scaled (Krea's original layout), qwen3vl_4b_fp8_scaled (ComfyUI's
+    Qwen3-VL layout, vision tower included), both ComfyUI's newer scaled fp8, and qwen_image_vae (Wan 2.1 layout)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "transformer": _save(scaled_fp8(krea2_layout(folder_weights(folder, "transformer")), new_format=True),
+                             out / "krea2_turbo_fp8_scaled.safetensors"),
+        "text_encoder": _save(scaled_fp8(qwen3vl_file_layout(folder_weights(folder, "text_encoder")), new_format=True),
+                              out / "qwen3vl_4b_fp8_scaled.safetensors"),
+        "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
+    }
 
 
 def zimage_files(folder, out) -> dict[str, Path]:

@@ -64,5 +64,8 @@ def image_memory(denoiser_shape, vae_shape=kl_vae_shape) -> MemoryModel:
     return MemoryModel(denoiser_shape=denoiser_shape, vae_shape=vae_shape)
 QWEN3 = FileKind("qwen3", "a Qwen3 text encoder", lambda: (  # q_norm/k_norm: Qwen3 has them, Qwen2.5 and Mistral not
     "model.layers.0.self_attn.q_norm.weight", "layers.0.self_attn.q_norm.weight"))
-QWEN3VL = FileKind("qwen3vl", "a Qwen3-VL text encoder", lambda: (  # its vision tower's deepstack mergers: Qwen3-VL's own
-    "model.visual.deepstack_merger_list.0.linear_fc1.weight", "visual.deepstack_merger_list.0.linear_fc1.weight"))
+# Qwen3-VL (the text encoder of Krea 2 and Qwen-Image 2.1): its text model has Qwen3's q_norm, so it is told by the vision tower's DeepStack
+# mergers, which Qwen3 has not (ComfyUI's files: "model." language model beside "visual."; transformers': "model.visual.")
+QWEN3VL = FileKind("qwen3vl", "a Qwen3-VL text encoder", lambda: (
+    "visual.deepstack_merger_list.0.linear_fc1.weight", "model.visual.deepstack_merger_list.0.linear_fc1.weight"),
+    text_only_prefix=("model.", "language_model."))

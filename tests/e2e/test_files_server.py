@@ -39,6 +39,8 @@ FAMILIES = {
     "qwenimage21": ("qwenimage21", ("qwenimage21/qwen_image_2.1_bf16.safetensors",
                                     "qwenimage21/qwen3vl_8b_bf16.safetensors", "none", "none",
                                     "qwenimage21/qwen_image_2.1_vae_bf16.safetensors")),
+    "krea2": ("krea2", ("krea2/krea2_turbo_fp8_scaled.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none",
+                        "none", "krea2/qwen_image_vae.safetensors")),
 }
 
 
@@ -64,7 +66,7 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     (broken / "flux1-dev-Q4_K_S.gguf").write_bytes(b"GGUF" + bytes(64))
     cut = single_files["flux2"][1]["transformer"]
     (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
-    tiny_single_files.int8_convrot_files(broken)  # ComfyUI int8 ConvRot files of Qwen-Image 2.1, Krea 2, Z-Image
+    tiny_single_files.unsupported_model_file("ltx2", broken / "ltx-2.3-22b-dev-int8_convrot.safetensors")
     quantized = tiny_single_files.zimage_quantized_files(single_files["zimage"][0], base / "models")
     unknown_format(quantized["int8"]["transformer"], broken / UNKNOWN_FORMAT_FILE)
     wrong_slot = base / "models" / "vae" / "broken"
@@ -315,8 +317,8 @@ def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
       "none", "flux1-wide/ae.safetensors"), "text_encoder", "text_encoder"),
     (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
       "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
-    (("broken/krea2_int8_convrot.safetensors", "none", "none", "none", "none"), "model",
-     "it is a Krea 2 diffusion model, which TPU Diffusers does not run yet"),
+    (("broken/ltx-2.3-22b-dev-int8_convrot.safetensors", "none", "none", "none", "none"), "model",
+     "it is an LTX-2 video model, which TPU Diffusers does not run yet"),
 ], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source",
         "int8-convrot"])
 def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):
@@ -325,6 +327,18 @@ def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, 
     picks, configs = (picks[:5], picks[5]) if len(picks) == 6 else (picks, "flux1-wide")
     how, node, text, _ = outcome(files_server, files_prompt(configs, picks))
     assert how in ("rejected", "failed") and node == LOADER and message in text, (how, node, text)
+
+
+@pytest.mark.parametrize("picks, message", [
+    (("krea2/krea2_turbo_fp8_scaled.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none",
+      "krea2/qwen_image_vae.safetensors"), "is a Qwen3 text encoder, but text_encoder of Krea 2 needs a Qwen3-VL"),
+    (("zimage/z_image_turbo_bf16.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
+      "krea2/qwen_image_vae.safetensors"), "Z-Image"),
+], ids=["qwen3-text-encoder", "z-image-model"])
+def test_a_file_of_another_family_is_refused_on_the_file_loader_when_queued(files_server, picks, message):
+    """Krea 2's configs with a Z-Image file: refused from the headers when the prompt is queued."""
+    details = refused_on(files_server, files_prompt("krea2", picks), LOADER)
+    assert message in details, details
 
 
 def test_configs_of_another_family_are_refused_on_the_file_loader(files_server):

@@ -6,7 +6,7 @@ import time
 import pytest
 from PIL import Image
 
-from comfy_host import ROOT, execution_error
+from comfy_host import ROOT, PromptRejected, execution_error
 
 OUR_NODES = ("TPULoader", "TPUModeSelector", "TPUSampler")
 
@@ -113,6 +113,31 @@ def test_a_family_through_the_server_saves_plain_diffusers_image_for_the_seed(se
     expected = np.clip(255.0 * expected[0, :3].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
     with Image.open(png) as image:
         assert np.array_equal(np.asarray(image.convert("RGB")), expected)
+
+
+def test_krea2_through_the_server_saves_plain_diffusers_image_and_a_size_it_cannot_make_is_refused(server, workflow,
+                                                                                                   tiny):
+    """Krea 2 with CFG (guidance 2: cond + 2 x (cond - uncond), the negative prompt as uncond): the saved PNG is plain
+    diffusers' image for the same seed; a width that is no multiple of 16 is refused when queued."""
+    import diffusers
+    import numpy as np
+    import torch
+
+    prompt = workflow()
+    prompt["1"]["inputs"]["model"] = "tiny-krea2"
+    prompt["3"]["inputs"].update(width=96, height=64, steps=3, guidance=2.0, negative_prompt="blurry", seed=5)
+    [png] = server.output_images(run_ok(server, prompt))
+    pipe = diffusers.Krea2Pipeline.from_pretrained(tiny("krea2"), local_files_only=True)
+    expected = pipe(prompt=prompt["3"]["inputs"]["prompt"], negative_prompt="blurry", width=96, height=64,
+                    num_inference_steps=3, guidance_scale=2.0, generator=torch.Generator("cpu").manual_seed(5),
+                    output_type="pt").images
+    expected = np.clip(255.0 * expected[0].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
+    with Image.open(png) as image:
+        assert np.array_equal(np.asarray(image.convert("RGB")), expected)
+    prompt["3"]["inputs"]["width"] = 88
+    with pytest.raises(PromptRejected) as rejected:
+        server.queue(prompt)
+    assert rejected.value.status == 400 and "width 88 cannot be used" in json.dumps(rejected.value.body)
 
 
 def test_second_run_loads_nothing_and_unload_models_releases_the_pipeline(server, workflow):
