@@ -476,13 +476,22 @@ def flux2_klein(size: str, text_width: int | None = None):
     return pipe, {}
 
 
+def qwen_image_vae():
+    """The tiny Qwen-Image VAE (16 latent channels, 8x), which Krea 2 uses too."""
+    from diffusers import AutoencoderKLQwenImage
+
+    return AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 2, 2], num_res_blocks=1,
+                                  temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
+                                  latents_std=[1.0] * 16)
+
+
 def qwenimage(size: str):
     """Qwen-Image: Qwen2.5-VL text encoder (its last hidden state is the transformer's text input),
     AutoencoderKLQwenImage, QwenImageTransformer2DModel.
     bench: the real width (24 heads x 128 = 3072, text width 3584) with one block (~380M parameters,
     1.5 GB; a second block would add 340M); the text encoder has Qwen2.5-VL-7B's attention shape
     (28 heads x 128, 4 KV heads) but one layer with a tiny MLP."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+    from diffusers import (FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
                            QwenImageTransformer2DModel)
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -509,9 +518,7 @@ def qwenimage(size: str):
     torch.manual_seed(0)
     te = Qwen2_5_VLForConditionalGeneration(cfg)
     torch.manual_seed(0)
-    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 2, 2], num_res_blocks=1,
-                                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
-                                 latents_std=[1.0] * 16)
+    vae = qwen_image_vae()
     torch.manual_seed(0)
     if bench:
         transformer = QwenImageTransformer2DModel(
@@ -824,7 +831,7 @@ def krea2(size: str):
     (QwenImage's) to the 34 tokens the pipeline drops.
     bench: the real width (48 heads x 128 = 6144, 12 KV heads, FFN 16384, text width 2560) with one block; the text
     encoder has Qwen3-VL-4B's width but two layers."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, Krea2Pipeline,
+    from diffusers import (FlowMatchEulerDiscreteScheduler, Krea2Pipeline,
                            Krea2Transformer2DModel)
     from transformers import Qwen3VLConfig, Qwen3VLModel
 
@@ -847,9 +854,7 @@ def krea2(size: str):
     torch.manual_seed(0)
     text_encoder = Qwen3VLModel(cfg)
     torch.manual_seed(0)
-    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 2, 2], num_res_blocks=1,
-                                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 16,
-                                 latents_std=[1.0] * 16)
+    vae = qwen_image_vae()
     torch.manual_seed(0)
     if bench:
         transformer = Krea2Transformer2DModel(num_layers=1, text_hidden_dim=hidden, num_text_layers=2,
