@@ -29,13 +29,14 @@ import dataclasses
 
 import torch  # this module is imported where a model loads, not at queue time
 
-from .quant_formats import QuantizedWeight
+from .quant_formats import SCALED_FP8_MARKER, QuantizedWeight
 from .specs import QuantizedWeights
 
 FINGERPRINT = 8  # leading values of a row hashed to find where a Linear's rows start in a file layer
-# The formats kept quantized: one scale per tensor (fp8, int8) or per output row (int8, also with ConvRot, whose
-# rotation mixes input channels only), so a block of rows is the same block of the data and of the scales.
-ROW_FORMATS = ("int8_tensorwise", "float8_e4m3fn", "float8_e5m2")
+# The formats kept quantized: one scale per tensor (fp8, also the older scaled fp8 of the Wan, T5 and Kontext files;
+# int8) or per output row (int8, also with ConvRot, whose rotation mixes input channels only), so a block of rows is
+# the same block of the data and of the scales.
+ROW_FORMATS = ("int8_tensorwise", "float8_e4m3fn", "float8_e5m2", SCALED_FP8_MARKER)
 INT8_FORMAT = "int8_tensorwise"
 
 
