@@ -33,7 +33,7 @@ from .quant_formats import SCALED_FP8_MARKER, QuantizedWeight
 from .specs import QuantizedWeights
 
 FINGERPRINT = 8  # leading values of a row hashed to find where a Linear's rows start in a file layer
-# The formats kept quantized: one scale per tensor (fp8, also the older scaled fp8 of the Wan, T5 and Kontext files;
+# The formats kept quantized: one scale per tensor (fp8, also the older scaled fp8 files with a `scaled_fp8` marker;
 # int8) or per output row (int8, also with ConvRot, whose rotation mixes input channels only), so a block of rows is
 # the same block of the data and of the scales.
 ROW_FORMATS = ("int8_tensorwise", "float8_e4m3fn", "float8_e5m2", SCALED_FP8_MARKER)

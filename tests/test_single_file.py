@@ -45,6 +45,12 @@ def image(pipe):
                 generator=torch.Generator().manual_seed(0), max_sequence_length=16).images
 
 
+def image_at_default_text_length(pipe):
+    """`image` for pipelines without max_sequence_length (Qwen-Image 2.1)."""
+    return pipe(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, output_type="np",
+                generator=torch.Generator().manual_seed(0)).images
+
+
 def assert_same_pipeline(source, pipeline_class, picked, sample=image):
     """Same weights (exactly) and the same image (or what `sample` makes: video frames) as the diffusers folder."""
     from_folder = load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class), CPU)
@@ -610,13 +616,44 @@ def test_qwen_image21_from_comfy_org_files_matches_the_folder(sf_dir):
     source, f = folder(sf_dir, "qwenimage21"), files(sf_dir, "qwenimage21")
     assert single_file.model_class_of(f["transformer"]) == "QwenImage21Pipeline"
     assert single_file.default_config_repo(f["transformer"]) == "Qwen/Qwen-Image-2.1"
-
-    def sample(pipe):
-        return pipe(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, output_type="np",
-                    generator=torch.Generator().manual_seed(0)).images
-
     assert_same_pipeline(source, "QwenImage21Pipeline", (
-        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])), sample)
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])),
+        image_at_default_text_length)
+
+
+@pytest.mark.parametrize("family, pipeline_class, configs_repo", [
+    ("krea2", "Krea2Pipeline", "krea/Krea-2-Turbo"), ("qwenimage21", "QwenImage21Pipeline", "Qwen/Qwen-Image-2.1")])
+def test_an_int8_convrot_diffusion_model_gives_the_folders_image_on_its_dequantized_weights(sf_dir, tmp_path, family,
+                                                                                           pipeline_class,
+                                                                                           configs_repo):
+    """ComfyUI's int8 ConvRot file of the diffusion model (Krea's original layout / Qwen-Image 2.1's fused gate_up)
+    with the family's other files: the image of the folder whose transformer holds comfy-kitchen's dequantization
+    of the same int8 weights, quantized in diffusers' layout (rows and layers quantize independently, so the
+    layouts hold the same int8 data). Kept quantized (resident layers), the image is the same bit for bit."""
+    from tpu_diffusers_runtime.resident_weights import ResidentLinear
+    from tpu_diffusers_runtime.specs import QuantizedWeights
+
+    source, f = folder(sf_dir, family), files(sf_dir, family)
+    path = f["transformer_int8_convrot"]
+    assert single_file.model_class_of(path) == pipeline_class
+    assert single_file.default_config_repo(path) == configs_repo
+    picked = (("transformer", path), ("text_encoder", f["text_encoder"]), ("vae", f["vae"]))
+    pipes = {choice: load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class, files=picked,
+                                                     quantized_weights=choice), CPU)
+             for choice in (QuantizedWeights.DEQUANTIZE, QuantizedWeights.KEEP_QUANTIZED)}
+    reference = load_pipeline(PipelineHandle.of(source=source, model_class=pipeline_class), CPU)
+    in_diffusers_layout = tmp_path / "transformer_int8_convrot.safetensors"
+    save_file(tsf.comfy_quantized(tsf.folder_weights(source, "transformer"), "int8_convrot", 16),
+              str(in_diffusers_layout))
+    reference.transformer.load_state_dict(single_file.read_weights(str(in_diffusers_layout),
+                                                                   reference.transformer.dtype))
+    got, want = pipes[QuantizedWeights.DEQUANTIZE].transformer.state_dict(), reference.transformer.state_dict()
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    dequantized = image_at_default_text_length(pipes[QuantizedWeights.DEQUANTIZE])
+    assert (image_at_default_text_length(reference) == dequantized).all()  # measured: not an ulp apart
+    layers = [m for m in pipes[QuantizedWeights.KEEP_QUANTIZED].transformer.modules() if isinstance(m, ResidentLinear)]
+    assert layers and any(m.params.convrot for m in layers)
+    assert (image_at_default_text_length(pipes[QuantizedWeights.KEEP_QUANTIZED]) == dequantized).all()
 
 
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):

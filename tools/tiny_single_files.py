@@ -22,7 +22,7 @@ The files use the real layouts and the usual names, so the loader meets what use
                       (the real context width, which tells klein from [dev])
   Qwen-Image-2512:    qwen_image_2512_fp8_e4m3fn.safetensors (plain fp8), qwen_image_2512_bf16.safetensors
   Qwen-Image 2.1:     qwen_image_2.1_bf16.safetensors (ComfyUI's fused gate_up), qwen3vl_8b_bf16.safetensors,
-                      qwen_image_2.1_vae_bf16.safetensors (diffusers' layout)
+                      qwen_image_2.1_vae_bf16.safetensors (diffusers' layout), qwen_image_2.1_int8_convrot.safetensors
   ComfyUI quantized:  `comfy_quantized`: every format of ComfyUI's comfy/quant_ops.py, quantized by comfy-kitchen,
                       `zimage_quantized_files`: Z-Image's files in each; `comfy_int8` (int8_tensorwise, per-row
                       scales, optionally ConvRot-rotated), and `unsupported_model_file`: an int8 ConvRot file of a model
@@ -33,7 +33,7 @@ The files use the real layouts and the usual names, so the loader meets what use
                       (Qwen3 named "model.layers...", no lm_head, as ComfyUI's Qwen3_4B), ae.safetensors (LDM VAE)
   Krea 2 (Comfy-Org): krea2_turbo_fp8_scaled.safetensors (Krea's original layout), qwen3vl_4b_fp8_scaled.safetensors
                       (ComfyUI's Qwen3-VL layout), both ComfyUI's newer scaled fp8 (the folder needs `krea2_turbo_folder`
-                      first), qwen_image_vae.safetensors
+                      first), qwen_image_vae.safetensors, krea2_turbo_int8_convrot.safetensors (Krea's layout)
   Wan 2.2 (Comfy-Org): wan2.2_{t2v,i2v}_{high,low}_noise_14B_{fp16,fp8_scaled}.safetensors and
                       wan2.2_ti2v_5B_fp16.safetensors (Wan's original layout, ComfyUI's older scaled fp8),
                       umt5_xxl_fp16.safetensors / umt5_xxl_fp8_e4m3fn_scaled.safetensors (HF T5 names plus the
@@ -941,12 +941,15 @@ def krea2_turbo_folder(folder) -> None:
 
 def krea2_files(folder, out) -> dict[str, Path]:
     """Comfy-Org's Krea 2 files: krea2_turbo_fp8_scaled (Krea's original layout), qwen3vl_4b_fp8_scaled (ComfyUI's
-    Qwen3-VL layout, vision tower included), both ComfyUI's newer scaled fp8, and qwen_image_vae (Wan 2.1 layout)."""
+    Qwen3-VL layout, vision tower included), both ComfyUI's newer scaled fp8, and qwen_image_vae (Wan 2.1 layout);
+    also the diffusion model as ComfyUI's int8 ConvRot file (groups of 16: the tiny model is 32 wide)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    transformer = krea2_layout(folder_weights(folder, "transformer"))
     return {
-        "transformer": _save(scaled_fp8(krea2_layout(folder_weights(folder, "transformer")), new_format=True),
-                             out / "krea2_turbo_fp8_scaled.safetensors"),
+        "transformer": _save(scaled_fp8(transformer, new_format=True), out / "krea2_turbo_fp8_scaled.safetensors"),
+        "transformer_int8_convrot": _save(comfy_quantized(transformer, "int8_convrot", 16),
+                                          out / "krea2_turbo_int8_convrot.safetensors"),
         "text_encoder": _save(scaled_fp8(qwen3vl_file_layout(folder_weights(folder, "text_encoder")), new_format=True),
                               out / "qwen3vl_4b_fp8_scaled.safetensors"),
         "vae": _save(vae_to_wan(folder_weights(folder, "vae")), out / "qwen_image_vae.safetensors"),
@@ -972,12 +975,16 @@ def qwenimage21_files(folder, out) -> dict[str, Path]:
     SwiGLU `img_mlp.gate_up`, bf16; the folder needs `bf16_valued_transformer` for it to hold exactly the folder's
     weights), qwen3vl_8b_bf16.safetensors (Qwen3-VL with its vision tower, as transformers saves it) and
     qwen_image_2.1_vae_bf16.safetensors (diffusers' AutoencoderKLQwenImage21 layout); the text encoder and VAE in the
-    folder's dtype, so they too hold exactly its weights."""
+    folder's dtype, so they too hold exactly its weights. Also the diffusion model as ComfyUI's int8 ConvRot file
+    (groups of 16: the tiny model is 32 wide)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    transformer = {k: v.to(torch.bfloat16) for k, v in qwen_image21_layout(folder_weights(folder, "transformer")).items()}
+    transformer = qwen_image21_layout(folder_weights(folder, "transformer"))
     return {
-        "transformer": _save(transformer, out / "qwen_image_2.1_bf16.safetensors"),
+        "transformer": _save({k: v.to(torch.bfloat16) for k, v in transformer.items()},
+                             out / "qwen_image_2.1_bf16.safetensors"),
+        "transformer_int8_convrot": _save(comfy_quantized(transformer, "int8_convrot", 16),
+                                          out / "qwen_image_2.1_int8_convrot.safetensors"),
         "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen3vl_8b_bf16.safetensors"),
         "vae": _save(folder_weights(folder, "vae"), out / "qwen_image_2.1_vae_bf16.safetensors"),
     }
