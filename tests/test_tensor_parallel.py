@@ -75,7 +75,7 @@ def test_a_local_group_listens_on_loopback_only(tiny, engine):
     assert not any(open_to_the_network.values()), open_to_the_network
 
 
-@pytest.mark.parametrize("name", ["flux1-schnell", "flux2", "qwenimage", "flux2-klein"])
+@pytest.mark.parametrize("name", ["flux1-schnell", "flux2", "qwenimage", "flux2-klein", "qwenimage21"])
 def test_two_ranks_give_the_single_process_image_and_each_holds_half_the_transformer(tiny, engine, name):
     single_engine = Engine()
     single = single_engine.generate(handle_for(tiny, name), request())
