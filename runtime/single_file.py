@@ -111,8 +111,9 @@ def _model_words(keys) -> str:
     return ""
 
 
-def read_weights(path: str, dtype) -> dict:
-    """All tensors of a .safetensors file as `dtype`, read tensor by tensor.
+def read_weights(path: str, dtype, quantized: dict | None = None) -> dict:
+    """All tensors of a .safetensors file as `dtype`, read tensor by tensor; `quantized`, when given, is filled
+    with the file's quantized layers as stored ({key: QuantizedWeight}), so keeping them needs no second read.
 
     fp8 tensors are upcast. Every quantized layer ComfyUI writes (a `<layer>.comfy_quant` config or the
     `_quantization_metadata` header entry: fp8 with `weight_scale`, int8 with or without ConvRot, nvfp4, mxfp8,
@@ -131,6 +132,8 @@ def read_weights(path: str, dtype) -> dict:
         out = {}
         try:
             layers = quant_formats.quantized_layers(path)
+            if quantized is not None:
+                quantized.update(layers)
             for k in keys:
                 if k in dropped or k.split(".")[-1] == quant_formats.SCALED_FP8_MARKER:
                     continue  # also a checkpoint's "model.diffusion_model.scaled_fp8"
@@ -438,8 +441,8 @@ def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None 
 def load_component(name: str, cls, path: str, config_folder: str, dtype, weights_cache: dict,
                    notes: list[str], quantized_weights: QuantizedWeights = QuantizedWeights.DEQUANTIZE):
     """Load pipeline component `name` (class `cls`) with weights from the single file `path` and its config
-    from `config_folder/<name>`. `weights_cache` ({path: state dict}) lets one read of an all-in-one
-    checkpoint serve all its components; the caller drops it when the pipeline is built. What the run info
+    from `config_folder/<name>`. `weights_cache` ({path: (state dict, quantized layers kept)}) lets one read of
+    an all-in-one checkpoint serve all its components; the caller drops it when the pipeline is built. What the run info
     should say about the file is appended to `notes`. `quantized_weights` (resolved, not auto): whether the
     file's int8/fp8 layers stay quantized in the model (runtime/resident_weights.py)."""
     import torch
@@ -456,9 +459,11 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
         if not any(k[len(prefix):].removeprefix("model.").startswith(VISION_PARTS)
                    for k in header if k.startswith(prefix)):
             _refuse_without_vision(name, file, model_class, family, "")
-    if path not in weights_cache:
-        weights_cache[path] = read_weights(path, dtype)
-    weights = weights_cache[path]
+    if path not in weights_cache:  # (its tensors in dtype, its quantized layers as stored when they are kept)
+        quantized = {}
+        weights_cache[path] = (read_weights(path, dtype, quantized),
+                               quantized if quantized_weights.keeps_quantized else {})
+    weights, quantized = weights_cache[path]
     if prefix:
         weights = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
     kind = slot_kind(family, name)
@@ -489,17 +494,16 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     if isinstance(model, torch.nn.Module):
         model.eval().requires_grad_(False)
         if quantized_weights.keeps_quantized:
-            _keep_quantized(name, model, path, prefix, weights, quantized_weights, notes)
+            _keep_quantized(name, model, prefix, weights, quantized, quantized_weights, notes)
     return model
 
 
-def _keep_quantized(name: str, model, path: str, prefix: str, weights: dict, choice: QuantizedWeights,
+def _keep_quantized(name: str, model, prefix: str, weights: dict, quantized: dict, choice: QuantizedWeights,
                     notes: list[str]) -> None:
     """The model's layers that are the file's int8/fp8 layers kept quantized; the run info says how many."""
     from . import resident_weights
-    from .quant_formats import quantized_layers
 
-    quantized = {k[len(prefix):]: w for k, w in quantized_layers(path).items() if k.startswith(prefix)}
+    quantized = {k[len(prefix):]: w for k, w in quantized.items() if k.startswith(prefix)}
     if quantized:
         notes.append(resident_weights.apply(model, weights, quantized, choice).words(name))
 

@@ -497,7 +497,7 @@ def test_flux1_kontext_file_is_flux1_devs_transformer_in_comfyuis_older_scaled_f
 def test_one_read_of_a_checkpoint_serves_all_its_components(sf_dir, monkeypatch):
     reads = []
     read_weights = single_file.read_weights
-    monkeypatch.setattr(single_file, "read_weights", lambda path, dtype: reads.append(path) or read_weights(path, dtype))
+    monkeypatch.setattr(single_file, "read_weights", lambda path, *args: reads.append(path) or read_weights(path, *args))
     ckpt = files(sf_dir, "sd3")["checkpoint"]
     load_pipeline(PipelineHandle.of(source=folder(sf_dir, "sd3"), model_class=SD3,
                                  files=[(n, ckpt) for n in ("transformer", "vae", "text_encoder")]), CPU)
