@@ -12,6 +12,7 @@ from .comfy_progress import ComfyProgress, preview_spec
 from .types import CATEGORY, TPUPipeline, link_problem
 
 IMAGE_FAMILIES = [family for family in FAMILIES if not family.makes_video]
+ALPHA_FAMILIES = listed(family for family in IMAGE_FAMILIES if family.decodes_alpha)
 EDIT_FAMILIES = [family for family in IMAGE_FAMILIES if any(EDIT in tasks for tasks in family.model_classes.values())]
 # the families whose image to image starts from a LATENT (`ComfyLatent.to_pipeline`)
 LATENT_IN_FAMILIES = listed(family for family in IMAGE_FAMILIES if family.comfy_latent and family.comfy_latent.to_pipeline)
@@ -104,6 +105,12 @@ class TPUSampler(io.ComfyNode):
                                  tooltip="The images' latents in ComfyUI's format for the model (not for video), so "
                                          "ComfyUI's VAE Decode with the same VAE file gives these images, and latent "
                                          "nodes (Latent Upscale, a KSampler second pass) can follow."),
+                # appended after the others, so the links of workflows saved before it keep their output indices
+                io.Mask.Output(display_name="mask",
+                               tooltip=f"The images' alpha for models that make one ({ALPHA_FAMILIES}), as ComfyUI's "
+                                       "masks are: 1 - alpha, 1 = transparent (background), as Load Image gives a "
+                                       "PNG's alpha; Join Image with Alpha of images and mask is the transparent "
+                                       "image. Other models make opaque images: an all-0 mask."),
             ],
         )
 
@@ -137,5 +144,17 @@ class TPUSampler(io.ComfyNode):
         info = generation.info
         # ComfyUI sends the ui dict to the page (`executed`, where web/tpu_diffusers.js shows it on
         # our nodes) and keeps it in the prompt's history, where API clients read it.
-        return io.NodeOutput(generation.images, info.summary(), generation.latent,
+        return io.NodeOutput(generation.images, info.summary(), generation.latent, alpha_mask(generation),
                              ui={"tpu_run_info": [info.as_dict()]})
+
+
+def alpha_mask(generation):
+    """The MASK output: the decoded alpha as ComfyUI's mask (1 - alpha), or for a model that decodes none an all-0
+    mask of the images' size: its images are opaque, which is what the zero mask says (Load Image gives a PNG without
+    alpha a zero mask too). Chosen over ComfyUI's ExecutionBlocker, which would fail every node fed by it: a workflow
+    that joins images with this mask then works the same for every model."""
+    import torch
+
+    if generation.mask is not None:
+        return generation.mask
+    return torch.zeros(generation.images.shape[:3], dtype=torch.float32)

@@ -101,7 +101,7 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
                    compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
                    frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
     log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
-    return Generation(images=output.images, info=info, latent=output.latent)
+    return Generation(images=output.images, info=info, latent=output.latent, mask=output.mask)
 
 
 def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,

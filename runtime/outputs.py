@@ -1,8 +1,8 @@
 """What a run gives back, as ComfyUI's types: each output kind adapts one pipeline call's output (and the
 denoising loop's final latents) into its part of the result, and joins the calls' parts in batch order.
 
-Kinds: decoded images (IMAGE), video frames (IMAGE, frame after frame, video after video) and LATENT (the
-family's `ComfyLatent`: what ComfyUI's own VAE Decode takes). A task's images are what plain diffusers returns
+Kinds: decoded images (IMAGE), video frames (IMAGE, frame after frame, video after video), the alpha channel of a
+family that decodes RGBA (MASK) and LATENT (the family's `ComfyLatent`: what ComfyUI's own VAE Decode takes). A task's images are what plain diffusers returns
 with output_type="pt"; the LATENT is taken beside them from the last step's callback latents, so asking for it
 changes nothing in the images. Audio (ComfyUI's AUDIO, {"waveform": [B, C, T], "sample_rate": int}) has a place
 in `Outputs` for the families that make sound with their video; none of the supported ones does yet.
@@ -14,6 +14,7 @@ import dataclasses
 
 IMAGES = "images"
 FRAMES = "frames"
+MASK = "mask"
 LATENT = "latent"
 
 
@@ -23,6 +24,7 @@ class Outputs:
 
     images: object  # IMAGE: float32 CPU [B, H, W, C] in 0..1 (a video's frames, video after video)
     latent: dict | None = None  # LATENT: {"samples": float32 CPU tensor} in the family's ComfyUI format
+    mask: object = None  # MASK: float32 CPU [B, H, W], 1 - the decoded alpha (`AlphaMask`); None: no alpha decoded
     audio: dict | None = None  # AUDIO, for video with sound: {"waveform": [B, C, T], "sample_rate": int}
 
 
@@ -54,8 +56,8 @@ class OutputKind:
 
 
 class DecodedImages(OutputKind):
-    """The pipeline's decoded images ([N, C, H, W], output_type="pt") as ComfyUI's IMAGE: RGB, so the alpha channel
-    of a pipeline that decodes RGBA is dropped."""
+    """The pipeline's decoded images ([N, C, H, W], output_type="pt") as ComfyUI's IMAGE: RGB (the alpha channel of a
+    pipeline that decodes RGBA is the MASK, `AlphaMask`)."""
 
     name, field = IMAGES, "images"
 
@@ -68,6 +70,22 @@ class DecodedImages(OutputKind):
 
         rgb = self.pixels(call.output)[:, :3]
         return rgb.permute(0, 2, 3, 1).to(device="cpu", dtype=torch.float32).clamp(0, 1)
+
+
+class AlphaMask(DecodedImages):
+    """The alpha channel of a pipeline that decodes RGBA (`Family.decodes_alpha`) as ComfyUI's MASK, float32 [N, H, W],
+    in ComfyUI's convention: 1 - alpha, as Load Image makes a mask from a PNG's alpha and as Join Image with Alpha
+    reads one (its alpha is 1 - mask). So 1 marks what is transparent (the background a background-removal prompt
+    drops), Join Image with Alpha of the images and this mask is the pipeline's RGBA image, and the mask can go
+    straight into an inpaint or composite node as Load Image's would."""
+
+    name, field = MASK, "mask"
+
+    def take(self, call: CallResult):
+        import torch
+
+        alpha = self.pixels(call.output)[:, 3]
+        return (1 - alpha.to(device="cpu", dtype=torch.float32)).clamp(0, 1)
 
 
 class VideoFrames(DecodedImages):
@@ -99,7 +117,7 @@ class ComfyLatents(OutputKind):
         return {"samples": super().join(parts)}
 
 
-KINDS = {kind.name: kind for kind in (DecodedImages(), VideoFrames(), ComfyLatents())}
+KINDS = {kind.name: kind for kind in (DecodedImages(), VideoFrames(), AlphaMask(), ComfyLatents())}
 
 
 def joined(parts: dict) -> Outputs:

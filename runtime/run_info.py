@@ -83,6 +83,7 @@ class Generation:
     images: object  # torch.Tensor [B, H, W, C] float32 in 0..1
     info: RunInfo
     latent: dict | None = None  # ComfyUI's LATENT of the images (outputs.Outputs.latent); None for video
+    mask: object = None  # ComfyUI's MASK of the images' alpha (outputs.Outputs.mask); None: the model decodes no alpha
 
 
 def _as_type(value, annotation):

@@ -343,6 +343,8 @@ class RankWorker:
                         mine["images"] = np.ascontiguousarray(generation.images.numpy())
                         if generation.latent is not None:
                             mine["latent"] = np.ascontiguousarray(generation.latent["samples"].numpy())
+                        if generation.mask is not None:
+                            mine["mask"] = np.ascontiguousarray(generation.mask.numpy())
             finally:
                 if dist.get_rank() == run.leader:
                     self.store.set(run.done_key(replica), "1")
@@ -369,16 +371,16 @@ class RankWorker:
 
     @staticmethod
     def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int):
-        """Rank 0's reply: the images (and their LATENT, for a family that has one) in batch order, and run info
+        """Rank 0's reply: the images (and their LATENT and MASK, for a family that has them) in batch order, and run info
         for the whole mesh (each entry's "steps": the denoising steps its rank ran, every pipeline call's). A
         replica's ranks (TP or CP) all make its whole images; only its first rank sends them."""
         import numpy as np
 
         leaders = gathered[::cp * tp]  # one entry per replica, in replica order
         ran = [entry for entry in leaders if "images" in entry]
-        images, latent = (ran[0].get(name) if len(ran) == 1 else
-                          None if name not in ran[0] else np.concatenate([entry[name] for entry in ran])
-                          for name in ("images", "latent"))
+        images, latent, mask = (ran[0].get(name) if len(ran) == 1 else
+                                None if name not in ran[0] else np.concatenate([entry[name] for entry in ran])
+                                for name in ("images", "latent", "mask"))
         counts = [count for _, count in slices]
         seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
                              for name in ("sample_seconds", "compile_seconds"))
@@ -405,9 +407,10 @@ class RankWorker:
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],
                     notes=[*notes, *info["notes"]])
-        arrays = [images, *(() if latent is None else (latent,))]
+        arrays = [array for array in (images, latent, mask) if array is not None]
         return ({"op": "result", "info": info, "shape": list(images.shape),
-                 "latent_shape": None if latent is None else list(latent.shape)},
+                 "latent_shape": None if latent is None else list(latent.shape),
+                 "mask_shape": None if mask is None else list(mask.shape)},
                 [memoryview(array).cast("B") for array in arrays])
 
 

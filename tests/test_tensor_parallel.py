@@ -83,6 +83,9 @@ def test_two_ranks_give_the_single_process_image_and_each_holds_half_the_transfo
 
     result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2)), request())
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
+    assert (result.mask is None) == (single.mask is None) == (name != "qwenimage21")  # its RGBA's alpha comes back
+    if single.mask is not None:
+        torch.testing.assert_close(result.mask, single.mask, atol=TP_VS_SINGLE_ATOL, rtol=0)
     per_rank = result.info.transformer_bytes_per_rank
     assert result.info.world_size == 2 and per_rank[0] == per_rank[1]
     assert result.info.image_bytes_per_rank == (result.images.numpy().nbytes, 0)  # rank 1's copy stays there

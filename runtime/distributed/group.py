@@ -95,10 +95,11 @@ def launch_env(key: str) -> dict:
 
 
 def reply_bytes(request) -> int:
-    """The most a run's result brings back: its images, and a LATENT of at most half a float32 per pixel (the
-    widest latent, 128 channels per 16 x 16 pixels; others have fewer), 1/6 of the images' bytes."""
+    """The most a run's result brings back: its images, a LATENT of at most half a float32 per pixel (the
+    widest latent, 128 channels per 16 x 16 pixels; others have fewer), 1/6 of the images' bytes, and a MASK of one
+    float32 per pixel, 1/3 of them."""
     images = request.output_bytes()
-    return images + images // 6
+    return images + images // 6 + images // 3
 
 
 class WorkerGroup:
@@ -185,7 +186,8 @@ class WorkerGroup:
 
     def generate(self, handle, plan: dict, request, on_progress=None, preview=None):
         """Run one prompt on every rank, as `plan` (the request's plan, in its wire form) says; returns (images
-        [B,H,W,C] float32 tensor, rank 0's info dict, the images' LATENT or None for a family without one). With
+        [B,H,W,C] float32 tensor, rank 0's info dict, the images' LATENT and MASK, each None for a family without
+        one). With
         a PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
 
         ComfyUI's Cancel (`on_progress` raising) is checked also while the workers send nothing (a long load,
@@ -224,9 +226,11 @@ class WorkerGroup:
                 raise WorkerGroupError("the workers cancelled the run")
             elif op == "result":
                 images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])  # no copy
-                latent = message.get("latent_shape") and {"samples": torch.from_numpy(
-                    np.frombuffer(payloads[1], dtype=np.float32).reshape(message["latent_shape"]))}
-                return torch.from_numpy(images), message["info"], latent
+                rest = iter(payloads[1:])  # the LATENT, then the MASK, each where the run made one
+                latent, mask = (message.get(shape) and torch.from_numpy(
+                    np.frombuffer(next(rest), dtype=np.float32).reshape(message[shape]))
+                    for shape in ("latent_shape", "mask_shape"))
+                return torch.from_numpy(images), message["info"], latent and {"samples": latent}, mask
 
     def _cancel(self) -> None:
         self.cancelled_at = time.monotonic()

@@ -242,6 +242,8 @@ class Family:
     extra_denoiser_words: str = ""
     # the Samplers' guidance for it, for their tooltips ("0 for schnell", "the true-CFG scale")
     guidance_hint: str = ""
+    # its VAE decodes RGBA (Qwen-Image 2.1): the alpha is the Sampler's MASK (outputs.AlphaMask), the IMAGE stays RGB
+    decodes_alpha: bool = False
 
     @property
     def makes_video(self) -> bool:

@@ -5,8 +5,8 @@ Not Qwen-Image's architecture: a single-stream block-causal transformer fed by a
 reads the edit's images), a 16x VAE with 64 latent channels that decodes RGBA, one token per latent pixel. Sizes
 are multiples of 32 (diffusers rounds other sizes down). CFG ("true CFG") runs only with true_cfg_scale > 1 and a
 negative prompt; the model is made to run without (1). The references are resized to about 1 MP at their own
-aspect ratio (diffusers' output_resolution 1024), whatever the output size. The alpha channel of its output is
-dropped (IMAGE is RGB).
+aspect ratio (diffusers' output_resolution 1024), whatever the output size. Its IMAGE is the RGB of its RGBA output,
+and the alpha is the Sampler's MASK (1 - alpha, ComfyUI's convention; its background-removal template uses it).
 """
 
 from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
@@ -48,5 +48,6 @@ FAMILY = Family(
     default_config_repo="Qwen/Qwen-Image-2.1",
     diffusers_model_types=("qwen-image-2.1",),
     memory=image_memory(attention_shape(3.0), wan_vae_shape),
+    decodes_alpha=True,
     untraceable_whole="diffusers' QwenImage21Rope reads the token mask with tolist() outside the blocks",
 )

@@ -18,7 +18,7 @@ from ..families import Family, TaskPipeline
 from ..input_checks import frames_problem, prompt_problem, size_problem
 from ..preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
-from ..outputs import IMAGES, KINDS, LATENT, CallResult, OutputKind, Outputs, joined
+from ..outputs import IMAGES, KINDS, LATENT, MASK, CallResult, OutputKind, Outputs, joined
 from . import images
 
 # on_step(done, total[, preview]): called after each denoising step; it may raise to cancel the run.
@@ -154,8 +154,10 @@ class Task:
         return {}
 
     def output_kinds(self, family: Family) -> tuple[OutputKind, ...]:
-        """What a run returns: the decoded images, and the LATENT where the family has ComfyUI's format for it."""
-        return (KINDS[IMAGES], *((KINDS[LATENT],) if family.comfy_latent else ()))
+        """What a run returns: the decoded images, their alpha as a MASK where the family decodes one, and the LATENT
+        where the family has ComfyUI's format for it."""
+        return (KINDS[IMAGES], *((KINDS[MASK],) if family.decodes_alpha else ()),
+                *((KINDS[LATENT],) if family.comfy_latent else ()))
 
     def call_batch(self, request: SampleRequest) -> int:
         """Images one pipeline call makes (what a compiled denoiser's input shape sees)."""

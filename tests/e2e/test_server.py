@@ -38,7 +38,8 @@ def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
         for name, spec in inputs.items():
             assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
     assert "tiny-flux1-schnell" in info["TPULoader"]["input"]["required"]["model"][1]["options"]
-    assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT"]  # LATENT appended: saved links hold
+    # LATENT, then MASK appended: saved links hold
+    assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT", "MASK"]
 
 
 def test_the_ui_workflow_matches_the_api_workflow(server, workflow):
@@ -98,7 +99,9 @@ def test_each_family_runs_through_the_server(server, workflow, model, negative):
 ])
 def test_a_family_through_the_server_saves_plain_diffusers_image_for_the_seed(server, workflow, tiny, model, cls,
                                                                              sampler, call):
-    """The saved PNG is plain diffusers' image for the same seed, quantised as Save Image does."""
+    """The saved PNG is plain diffusers' image for the same seed, quantised as Save Image does; joined with the
+    Sampler's MASK by ComfyUI's Join Image with Alpha, it is plain diffusers' RGBA image (Qwen-Image 2.1), or opaque
+    for a model that decodes no alpha (Z-Image)."""
     import diffusers
     import numpy as np
     import torch
@@ -106,13 +109,24 @@ def test_a_family_through_the_server_saves_plain_diffusers_image_for_the_seed(se
     prompt = workflow()
     prompt["1"]["inputs"]["model"] = f"tiny-{model}"
     prompt["3"]["inputs"].update(width=96, height=64, seed=5, **sampler)
-    [png] = server.output_images(run_ok(server, prompt))
+    prompt["6"] = {"class_type": "JoinImageWithAlpha", "inputs": {"image": ["3", 0], "alpha": ["3", 3]}}
+    prompt["7"] = {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "rgba"}}
+    entry = run_ok(server, prompt)
+    [png], [rgba] = ([server.output_dir / image["filename"] for image in entry["outputs"][node]["images"]]
+                     for node in ("4", "7"))
     pipe = getattr(diffusers, cls).from_pretrained(tiny(model), local_files_only=True)
     expected = pipe(prompt=prompt["3"]["inputs"]["prompt"], width=96, height=64, **call,
                     generator=torch.Generator("cpu").manual_seed(5), output_type="pt").images
-    expected = np.clip(255.0 * expected[0, :3].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
+    eight_bit = np.clip(255.0 * expected[0].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
     with Image.open(png) as image:
-        assert np.array_equal(np.asarray(image.convert("RGB")), expected)
+        assert np.array_equal(np.asarray(image.convert("RGB")), eight_bit[..., :3])
+    alpha = eight_bit[..., 3] if expected.shape[1] == 4 else np.full((64, 96), 255, np.uint8)
+    with Image.open(rgba) as image:
+        assert image.mode == "RGBA"
+        saved = np.asarray(image).astype(int)
+        assert np.array_equal(saved[..., :3], eight_bit[..., :3])
+        # 1 - (1 - alpha) rounds in float32: within one 8-bit level of diffusers' alpha
+        assert np.abs(saved[..., 3] - alpha).max() <= 1 and (np.std(alpha) > 1 or model == "zimage")
 
 
 def test_krea2_through_the_server_saves_plain_diffusers_image_and_a_size_it_cannot_make_is_refused(server, workflow,
