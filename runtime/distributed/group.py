@@ -230,7 +230,8 @@ class WorkerGroup:
                 latent, mask = (message.get(shape) and torch.from_numpy(
                     np.frombuffer(next(rest), dtype=np.float32).reshape(message[shape]))
                     for shape in ("latent_shape", "mask_shape"))
-                return torch.from_numpy(images), message["info"], latent and {"samples": latent}, mask
+                return (torch.from_numpy(images), message["info"], None if latent is None else {"samples": latent},
+                        mask)
 
     def _cancel(self) -> None:
         self.cancelled_at = time.monotonic()
