@@ -37,7 +37,7 @@ from tpu_diffusers_runtime.tasks import TASKS, SampleRequest
 
 # Latent channels per ComfyUI latent format: the cost depends on the shape of the factors, not on their values
 # (the real ones are ComfyUI's, which this benchmark does not import).
-CHANNELS = {"Flux": 16, "SD3": 16, "Flux2": 32, "Wan21": 16}
+CHANNELS = {"Flux": 16, "SD3": 16, "Flux2": 32, "Wan21": 16, "QwenImage21": 64}
 PREVIEW_SIZE = 512  # ComfyUI's default --preview-size
 
 

@@ -203,3 +203,27 @@ def test_a_latent_travels_to_workers_with_the_images_and_mask():
     assert np.array_equal(received.latent, latent.numpy()) and np.array_equal(received.mask, sent.mask)
     assert np.array_equal(received.images[0], image) and received == sent
     assert SampleRequest.from_wire(*request().to_wire()).latent is None
+
+
+def test_qwen_image_21s_latent_decodes_with_its_vae_to_the_image_and_alpha(tiny):
+    """Qwen-Image 2.1's LATENT is in ComfyUI's QwenImage21 format (64 channels, 4-D, raw: the sampled latents x std +
+    mean). The vendored ComfyUI 0.3.75 has no Qwen-Image 2.1 VAE to decode it, so diffusers' own VAE does, as
+    QwenImage21Pipeline decodes (the frame axis added back): it gives the images and their MASK (1 - alpha)."""
+    from diffusers import QwenImage21Pipeline
+
+    pipe = QwenImage21Pipeline.from_pretrained(tiny("qwenimage21"), torch_dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    channels = pipe.vae.config.z_dim
+    pipe.vae.register_to_config(latents_mean=torch.randn(channels, generator=generator).tolist(),
+                                latents_std=torch.rand(channels, generator=generator).add(0.5).tolist())
+    family = family_for("QwenImage21Pipeline")
+    made = run_pipeline(pipe, family, request(batch_size=2))
+    samples = made.latent["samples"]
+    assert tuple(samples.shape) == family.comfy_latent.shape(2, SIZE, SIZE) == (2, 64, SIZE // 16, SIZE // 16)
+    with torch.no_grad():
+        decoded = pipe.image_processor.postprocess(pipe.vae.decode(samples[:, :, None]).sample[:, :, 0],
+                                                   output_type="pt")
+    rgba = torch.cat([made.images, 1 - made.mask[..., None]], dim=-1)
+    difference = np.abs(eight_bit(decoded.permute(0, 2, 3, 1)) - eight_bit(rgba))
+    assert difference.max() <= 1, f"{difference.max()} levels apart"
+    assert np.std(eight_bit(made.images)) > 1 and np.std(eight_bit(made.mask)) > 1

@@ -16,7 +16,8 @@ from tpu_diffusers_runtime.specs import MeshSpec
 
 # The latent channels ComfyUI's factors are for (the tiny models have the real VAEs' channel counts).
 CHANNELS = {"flux1-schnell": 16, "sd3": 16, "flux2": 32, "qwenimage": 16, "flux2-klein": 32, "zimage": 16, "sdxl": 4,
-            "krea2": 16}
+            "krea2": 16, "qwenimage21": 64}
+FACTORS = {"qwenimage21": 16}  # pixels per latent pixel where not 8 (its 16x VAE)
 
 
 def spec(channels: int, seed: int = 0) -> PreviewSpec:
@@ -41,7 +42,8 @@ def test_each_family_sends_a_preview_per_step_at_latent_resolution(tiny, name):
     assert [done for done, *_ in steps] == [1, 2, 3]
     images = [image for _, _, image in steps]
     for image in images:
-        assert image.dtype == np.uint8 and image.shape == (64 // 8, 96 // 8, 3)  # H/8 x W/8, as ComfyUI's
+        factor = FACTORS.get(name, 8)  # H/8 x W/8, as ComfyUI's (Qwen-Image 2.1: /16)
+        assert image.dtype == np.uint8 and image.shape == (64 // factor, 96 // factor, 3)
     assert images[0].std() > 0  # an image, not a constant
     assert not np.array_equal(images[0], images[-1])  # it follows the denoising
 

@@ -779,8 +779,9 @@ def qwen3_vl_processor(tok):
 def qwenimage21(size: str):
     """Qwen-Image 2.1: a Qwen3-VL text encoder (its last decoder layer's output, before the final norm, is the
     transformer's text input; the vision tower reads the edit's condition images), AutoencoderKLQwenImage21 (16x,
-    RGBA) and QwenImage21Transformer2DModel (one token per latent pixel). The tiny VAE has 16 latent channels for
-    the real model's 64; sizes are multiples of 32 as for the real one.
+    RGBA) and QwenImage21Transformer2DModel (one token per latent pixel). The tiny VAE has the real model's 64 latent
+    channels (ComfyUI's QwenImage21 latent format and preview factors are for 64); sizes are multiples of 32 as for
+    the real one.
     bench: the transformer has the real width (32 heads x 128 = 4096, text width 4096 as Qwen3-VL-8B's) with one
     block; the text encoder has Qwen3-VL-8B's width but one layer."""
     from diffusers import (AutoencoderKLQwenImage21, FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline,
@@ -809,11 +810,11 @@ def qwenimage21(size: str):
     torch.manual_seed(0)
     te = Qwen3VLForConditionalGeneration(cfg)
     torch.manual_seed(0)
-    vae = AutoencoderKLQwenImage21(base_dim=8, decoder_base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1,
-                                   latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+    vae = AutoencoderKLQwenImage21(base_dim=8, decoder_base_dim=8, z_dim=64, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1,
+                                   latents_mean=[0.0] * 64, latents_std=[1.0] * 64)
     torch.manual_seed(0)
     width, blocks, transformer_heads, rope = (128, 1, 32, (16, 56, 56)) if bench else (16, 2, 2, (4, 6, 6))
-    transformer = QwenImage21Transformer2DModel(in_channels=16, out_channels=16, num_layers=blocks,
+    transformer = QwenImage21Transformer2DModel(in_channels=64, out_channels=64, num_layers=blocks,
                                                 attention_head_dim=width, num_attention_heads=transformer_heads,
                                                 context_in_dim=hidden, axes_dims_rope=rope)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,

@@ -9,7 +9,7 @@ aspect ratio (diffusers' output_resolution 1024), whatever the output size. Its 
 and the alpha is the Sampler's MASK (1 - alpha, ComfyUI's convention; its background-removal template uses it).
 """
 
-from .base import EDIT, TEXT2IMAGE, Family, FileKind, FileSlot, TaskPipeline
+from .base import EDIT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
 from .components import QWEN3VL, attention_shape, diffusers_detection_keys, image_memory, wan_vae_shape
 
 TRANSFORMER = FileKind("qwenimage21_transformer", "a Qwen-Image 2.1 diffusion model",
@@ -25,6 +25,17 @@ def one_frame_latents(pipe, latents, height, width):
     return QwenImage21Pipeline._unpack_latents(latents, height, width, pipe.vae_scale_factor)[:, :, 0]
 
 
+def comfy_latents(pipe, latents, height, width):
+    """The (B, 64, h, w) latent image x std + mean: what QwenImage21Pipeline hands its VAE (less the frame axis),
+    ComfyUI's QwenImage21 LATENT (4-D, raw: its latent format's process_out is x std + mean too)."""
+    import torch
+
+    config = pipe.vae.config
+    mean, std = (torch.tensor(values, dtype=torch.float32).view(1, config.z_dim, 1, 1)
+                 for values in (config.latents_mean, config.latents_std))
+    return one_frame_latents(pipe, latents, height, width) * std + mean
+
+
 FAMILY = Family(
     name="Qwen-Image 2.1",
     model_classes={"QwenImage21Pipeline": {
@@ -37,8 +48,10 @@ FAMILY = Family(
     size_multiple=32,
     default_steps=40,
     latent_grid=one_frame_latents,
-    comfy_latent_format="",  # ComfyUI's latent_formats has no class for its 64-channel VAE: no previews
-    comfy_latent=None,  # nor a ComfyUI LATENT layout to give it in
+    # ComfyUI's supported_models.QwenImage21 (newer than the vendored 0.3.75, which has no previews for it)
+    comfy_latent_format="QwenImage21",
+    # no LATENT input: QwenImage21Pipeline has no image to image (its images are references)
+    comfy_latent=ComfyLatent(channels=64, factor=16, frame_axis=False, to_comfy=comfy_latents),
     denoiser_kind=TRANSFORMER,
     denoiser_files=("qwen_image_2.1_bf16.safetensors", "qwen_image_2.1_int8_convrot.safetensors"),
     file_slots=(
