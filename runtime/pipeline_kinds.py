@@ -104,11 +104,9 @@ def init_options(pipeline_cls, index: dict | None = None) -> dict:
     """The pipeline's settings beside its components: what model_index.json records for its __init__ (e.g.
     force_zeros_for_empty_prompt, is_distilled, as from_pretrained passes them), and no invisible watermark (a
     pipeline that takes `add_watermarker` adds one whenever the invisible-watermark package is installed; ComfyUI
-    never watermarks). A setting may be a list of numbers (e.g. which text encoder layers a pipeline reads)."""
+    never watermarks)."""
     takes = inspect.signature(pipeline_cls).parameters
     options = {name: value for name, value in config_values(index or {}).items() if name in takes}
-    options.update({name: value for name, value in (index or {}).items() if name in takes and isinstance(value, list)
-                    and all(isinstance(part, (int, float)) for part in value)})
     if "add_watermarker" in takes:
         options["add_watermarker"] = False
     return options
@@ -160,9 +158,11 @@ class ModularKind:
     @staticmethod
     def call(pipe, family: Family, kwargs: dict, on_step):
         kwargs = dict(kwargs)
-        guider = modular_kind_of(pipe).blocks.guider
-        if guider is not None:  # these blocks guide through their guider component, not a call input
-            pipe.update_components(guider=pipe.guider.new(**guider(kwargs.pop(family.guidance_kwarg))))
+        blocks = modular_kind_of(pipe).blocks
+        if blocks.unguided:  # distilled blocks that take no guidance (the classic pipeline runs them without CFG)
+            kwargs.pop(family.guidance_kwarg)
+        elif blocks.guider is not None:  # these blocks guide through their guider component, not a call input
+            pipe.update_components(guider=pipe.guider.new(**blocks.guider(kwargs.pop(family.guidance_kwarg))))
         unknown = sorted(set(kwargs) - set(pipe.default_call_parameters))
         if unknown:
             raise UserInputError(f"{family.name}'s modular pipeline ({type(pipe).__name__}) takes no "
@@ -186,7 +186,7 @@ def modular_kind_of(pipe) -> "ModularKind":
     """The kind that made the modular pipeline `pipe`: each family's blocks run in a ModularPipeline class of their
     own, which tells them apart."""
     return next(ModularKind(family, blocks) for family in FAMILIES
-                for blocks in family.modular.values() if blocks.pipeline == type(pipe).__name__)
+                for blocks in family.every_modular if blocks.pipeline == type(pipe).__name__)
 
 
 def _observe_steps(blocks) -> None:

@@ -33,8 +33,8 @@ class PreviewSpec:
 
 
 class Previewer:
-    """Turns one step's latents into an RGB uint8 array (h, w, 3) at latent resolution (1/8 of the image, Qwen-Image
-    2.1's 1/16); the first image of a batch, as ComfyUI previews."""
+    """Turns one step's latents into an RGB uint8 array (h, w, 3) at latent resolution (1/8 of the image, 1/16 for a
+    16x VAE); the first image of a batch, as ComfyUI previews."""
 
     def __init__(self, spec: PreviewSpec, pipe, family: Family, height: int, width: int):
         import torch

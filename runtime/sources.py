@@ -75,9 +75,11 @@ def components(index: dict) -> dict[str, tuple[str, str]]:
 
 def config_values(index: dict) -> dict:
     """{name: value} of the plain settings a model_index.json gives the pipeline's __init__ beside its components
-    (e.g. is_distilled: whether CFG runs), as diffusers' from_pretrained passes them."""
+    (e.g. is_distilled: whether CFG runs), as diffusers' from_pretrained passes them. A setting may be a list of
+    numbers (which text encoder layers a pipeline reads, a distilled model's fixed `sample_sigmas`)."""
     return {name: value for name, value in index.items()
-            if not name.startswith("_") and isinstance(value, (bool, int, float, str))}
+            if not name.startswith("_") and (isinstance(value, (bool, int, float, str)) or isinstance(value, list) and all(
+                isinstance(part, (int, float)) for part in value))}
 
 
 def model_settings(source: str) -> dict | None:

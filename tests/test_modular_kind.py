@@ -139,3 +139,48 @@ def test_what_the_modular_kind_does_not_do_yet_is_refused_by_name(tiny, monkeypa
                             mask=np.ones((1, 64, 64), np.float32))
     with pytest.raises(UserInputError, match="has no workflow for inpaint; it runs text2image, image2image"):
         run(tiny, "flux1-schnell", "modular", monkeypatch, inpaint)
+
+
+@pytest.mark.parametrize("edit", [False, True], ids=["text2image", "edit"])
+def test_qwen_image_21_turbo_runs_diffusers_turbo_blocks_as_a_diffusers_user_sets_them_up(tiny, monkeypatch, edit):
+    """Qwen-Image 2.1 Turbo (its model_index.json's `sample_sigmas`) runs diffusers' QwenImage21TurboAutoBlocks:
+    the image of those blocks set up from the folder as diffusers documents (`init_pipeline`, `load_components`),
+    text to image and edit (the workflow `image_conditioned`), for the same seed. Its fixed grid (3 sigmas) sets the
+    steps whatever is asked; the guidance and negative prompt are not passed (the blocks take none), and the classic
+    pipeline, which reads the same setting, gives the same images."""
+    from diffusers import QwenImage21TurboAutoBlocks
+    from PIL import Image
+
+    reference = Image.fromarray((IMAGE[0] * 255).round().astype(np.uint8))  # as the Sampler's IMAGE becomes PIL
+    request = SampleRequest(prompt=PROMPT, negative_prompt="blurry", width=96, height=64, steps=5, guidance=3.0,
+                            seed=7, images=(IMAGE,) if edit else ())
+    modular, steps, pipe = run(tiny, "qwenimage21-turbo", "modular", monkeypatch, request)
+    assert type(pipe).__name__ == "QwenImage21TurboModularPipeline"
+    assert [step[:2] for step in steps] == [(1, 3), (2, 3), (3, 3)]
+    user = QwenImage21TurboAutoBlocks().init_pipeline(tiny("qwenimage21-turbo"))
+    user.load_components(torch_dtype=torch.float32)
+    expected = user(prompt=PROMPT, width=96, height=64, generator=torch.Generator("cpu").manual_seed(7),
+                    output_type="pt", **({"image": [reference]} if edit else {})).images
+    assert torch.equal(modular, expected[:, :3].permute(0, 2, 3, 1))
+    assert torch.equal(run(tiny, "qwenimage21-turbo", "classic", monkeypatch, request)[0], modular)
+
+
+def test_qwen_image_21_turbo_is_told_by_its_sample_sigmas_and_its_files_by_their_name(monkeypatch):
+    """The setting, not a class, makes a Qwen-Image 2.1 model Turbo (as diffusers' modular loader picks the Turbo
+    blocks for such a folder); ComfyUI's Turbo files (qwen_image_2.1_turbo_bf16) take the Turbo repo's configs."""
+    from tpu_diffusers_runtime.families import family_for
+    from tpu_diffusers_runtime.pipeline_kinds import CLASSIC, MODULAR, kind_for
+
+    base, turbo = (family_for("QwenImage21Pipeline", settings=settings)
+                   for settings in ({}, {"sample_sigmas": [1.0, 0.9, 0.6]}))
+    assert (base.default_steps, base.takes_negative_prompt, dict(base.modular)) == (40, True, {})
+    assert (turbo.default_steps, turbo.takes_negative_prompt) == (8, False)
+    assert turbo.modular["QwenImage21Pipeline"].blocks == "QwenImage21TurboAutoBlocks"
+    for setting, kind in (("classic", CLASSIC), ("modular", MODULAR)):
+        monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", setting)
+        assert (kind_for(turbo, "QwenImage21Pipeline").name, kind_for(base, "QwenImage21Pipeline").name) == (
+            kind, CLASSIC)
+    variant = base.variant_of_file("qwen_image_2.1_turbo_bf16.safetensors", "qwen-image-2.1")
+    assert variant.config_repo == "Qwen/Qwen-Image-2.1-Turbo" and family_for(
+        "QwenImage21Pipeline", settings=variant.settings).default_steps == 8
+    assert base.variant_of_file("qwen_image_2.1_int8_convrot.safetensors", "qwen-image-2.1") is None

@@ -43,7 +43,8 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "sdxl": "StableDiffusionXLPipeline", "zimage": "ZImagePipeline",
                  "wan22-t2v-a14b": "WanPipeline", "wan22-i2v-a14b": "WanImageToVideoPipeline",
                  "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline",
-                 "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline"}
+                 "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline",
+                 "qwenimage21-turbo": "QwenImage21Pipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -824,6 +825,17 @@ def qwenimage21(size: str):
     return pipe, {}
 
 
+def qwenimage21_turbo(size: str):
+    """Qwen-Image 2.1 Turbo: Qwen-Image 2.1's classes with the distilled checkpoint's fixed sampling grid,
+    `sample_sigmas` in model_index.json (3 steps here), and a scheduler that keeps it unshifted (diffusers'
+    documented settings for a fixed grid)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
+
+    base, tokenizer_files = qwenimage21(size)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False, shift_terminal=None)
+    return QwenImage21Pipeline(**{**base.components, "scheduler": scheduler},
+                               sample_sigmas=[1.0, 0.9, 0.6]), tokenizer_files
+
 
 def krea2(size: str):
     """Krea 2 (raw; the turbo model is the same classes with is_distilled): a Qwen3-VL text encoder (Qwen3VLModel)
@@ -893,6 +905,7 @@ _BUILDERS = {
     "wan22-ti2v-5b": lambda size: wan22(size, "ti2v"),
     "qwenimage21": qwenimage21,
     "krea2": krea2,
+    "qwenimage21-turbo": qwenimage21_turbo,
 }
 
 

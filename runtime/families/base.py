@@ -45,6 +45,8 @@ class ModularBlocks:
     # (the Sampler's guidance) -> the config of the blocks' `guider` component for it, for blocks that guide through
     # a guider (Z-Image, Qwen-Image, SDXL) instead of the call input `Family.guidance_kwarg` (None: FLUX.1)
     guider: Callable | None = None
+    # distilled blocks that take no guidance at all (Qwen-Image 2.1 Turbo's): the Sampler's guidance is not passed
+    unguided: bool = False
 
 
 def classifier_free_guider(guidance: float) -> dict:
@@ -260,6 +262,12 @@ class Family:
             if settings.get(name):
                 family = dataclasses.replace(family, **changes)
         return family
+
+    @property
+    def every_modular(self) -> tuple[ModularBlocks, ...]:
+        """Its modular blocks, with those a model setting picks instead (`setting_changes`: Qwen-Image 2.1 Turbo's)."""
+        picked = (changes.get("modular", {}) for _, changes in self.setting_changes)
+        return tuple(blocks for by_class in (self.modular, *picked) for blocks in by_class.values())
 
     @property
     def base_class(self) -> str:

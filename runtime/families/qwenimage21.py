@@ -9,7 +9,7 @@ aspect ratio (diffusers' output_resolution 1024), whatever the output size. Its 
 and the alpha is the Sampler's MASK (1 - alpha, ComfyUI's convention; its background-removal template uses it).
 """
 
-from .base import EDIT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, TaskPipeline
+from .base import EDIT, TEXT2IMAGE, ComfyLatent, Family, FileKind, FileSlot, FileVariant, ModularBlocks, TaskPipeline
 from .components import QWEN3VL, attention_shape, diffusers_detection_keys, image_memory, wan_vae_shape
 
 TRANSFORMER = FileKind("qwenimage21_transformer", "a Qwen-Image 2.1 diffusion model",
@@ -36,6 +36,14 @@ def comfy_latents(pipe, latents, height, width):
     return one_frame_latents(pipe, latents, height, width) * std + mean
 
 
+# Qwen-Image 2.1 Turbo: the same classes, distilled to a fixed sampling grid that its model_index.json records
+# (`sample_sigmas`: they set the step count, whatever is asked) and run without guidance. The classic pipeline runs it
+# from that setting; diffusers' modular Turbo blocks (TPU_DIFFUSERS_PIPELINE_KIND=modular) take no guidance and no
+# negative prompt at all, and give the classic run's images.
+TURBO_BLOCKS = ModularBlocks("QwenImage21TurboAutoBlocks", "QwenImage21TurboModularPipeline",
+                             {TEXT2IMAGE: "text2image", EDIT: "image_conditioned"}, unguided=True)
+TURBO = {"default_steps": 8, "takes_negative_prompt": False, "modular": {"QwenImage21Pipeline": TURBO_BLOCKS}}
+
 FAMILY = Family(
     name="Qwen-Image 2.1",
     model_classes={"QwenImage21Pipeline": {
@@ -44,7 +52,7 @@ FAMILY = Family(
     }},
     takes_negative_prompt=True,
     guidance_kwarg="true_cfg_scale",
-    guidance_hint="the true-CFG scale, used above 1 with a negative prompt (made for 1)",
+    guidance_hint="the true-CFG scale, used above 1 with a negative prompt (made for 1; Turbo: none)",
     size_multiple=32,
     default_steps=40,
     latent_grid=one_frame_latents,
@@ -62,5 +70,9 @@ FAMILY = Family(
     diffusers_model_types=("qwen-image-2.1",),
     memory=image_memory(attention_shape(3.0), wan_vae_shape),
     decodes_alpha=True,
+    setting_changes=(("sample_sigmas", TURBO),),
+    # ComfyUI's names: qwen_image_2.1_turbo_bf16, qwen_image_2.1_turbo_int8_convrot
+    file_variants=(FileVariant("QwenImage21Pipeline", "Qwen/Qwen-Image-2.1-Turbo", name_contains=("turbo",),
+                               settings={"sample_sigmas": True}),),
     untraceable_whole="diffusers' QwenImage21Rope reads the token mask with tolist() outside the blocks",
 )

@@ -129,6 +129,29 @@ def test_a_family_through_the_server_saves_plain_diffusers_image_for_the_seed(se
         assert np.abs(saved[..., 3] - alpha).max() <= 1 and (np.std(alpha) > 1 or model == "zimage")
 
 
+def test_qwen_image_21_turbo_through_the_server_saves_the_image_of_diffusers_turbo_blocks(server, workflow, tiny):
+    """Qwen-Image 2.1 Turbo (`sample_sigmas` in its model_index.json: 3 here) through the server saves the image that
+    diffusers' QwenImage21TurboAutoBlocks give when set up from the folder as diffusers documents; the grid sets the
+    steps, and the guidance and negative prompt are not used (the blocks take none)."""
+    import numpy as np
+    import torch
+    from diffusers import QwenImage21TurboAutoBlocks
+
+    prompt = workflow()
+    prompt["1"]["inputs"]["model"] = "tiny-qwenimage21-turbo"
+    prompt["3"]["inputs"].update(width=96, height=64, steps=8, guidance=3.0, negative_prompt="blurry", seed=5)
+    entry = run_ok(server, prompt)
+    [png] = server.output_images(entry)
+    assert "negative prompt ignored" in "\n".join(run_info(entry)["notes"])
+    pipe = QwenImage21TurboAutoBlocks().init_pipeline(tiny("qwenimage21-turbo"))
+    pipe.load_components(torch_dtype=torch.float32)
+    expected = pipe(prompt=prompt["3"]["inputs"]["prompt"], width=96, height=64,
+                    generator=torch.Generator("cpu").manual_seed(5), output_type="pt").images
+    expected = np.clip(255.0 * expected[0, :3].permute(1, 2, 0).numpy(), 0, 255).astype(np.uint8)
+    with Image.open(png) as image:
+        assert np.array_equal(np.asarray(image.convert("RGB")), expected)
+
+
 def test_krea2_through_the_server_saves_plain_diffusers_image_and_a_size_it_cannot_make_is_refused(server, workflow,
                                                                                                    tiny):
     """Krea 2 with CFG (guidance 2: cond + 2 x (cond - uncond), the negative prompt as uncond): the saved PNG is plain
