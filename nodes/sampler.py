@@ -12,6 +12,7 @@ from .comfy_progress import ComfyProgress, preview_spec
 from .types import CATEGORY, TPUPipeline, link_problem
 
 IMAGE_FAMILIES = [family for family in FAMILIES if not family.makes_video]
+UPSAMPLER_FAMILIES = [family for family in IMAGE_FAMILIES if any(b.prompt_upsampler for b in family.modular.values())]
 ALPHA_FAMILIES = listed(family for family in IMAGE_FAMILIES if family.decodes_alpha)
 EDIT_FAMILIES = [family for family in IMAGE_FAMILIES if any(EDIT in tasks for tasks in family.model_classes.values())]
 # the families whose image to image starts from a LATENT (`ComfyLatent.to_pipeline`)
@@ -95,6 +96,13 @@ class TPUSampler(io.ComfyNode):
                                 tooltip=f"Image to image from latents instead of an image ({LATENT_IN_FAMILIES}: a "
                                         "LATENT of the same VAE, e.g. this node's or VAE Encode's), with denoise as "
                                         "for an image. Connect either image or latent."),
+                # appended after the others, so workflows saved before it keep their widget values in place
+                io.Boolean.Input("prompt_upsampling", default=True, optional=True,
+                                 tooltip="For models that ship a prompt upsampler ("
+                                         f"{listed(UPSAMPLER_FAMILIES)}"
+                                         "): it first rewrites the prompt into the detailed caption the model is "
+                                         "trained on, as diffusers does by default (its model's folder must hold it). "
+                                         "Off: the prompt is encoded as written. Other models ignore it."),
             ],
             outputs=[
                 io.Image.Output(display_name="images", tooltip="Connect to Save Image or Preview Image."),
@@ -134,11 +142,12 @@ class TPUSampler(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, steps: int,
                 guidance: float, seed: int, batch_size: int, denoise: float = 1.0, image=None, image_2=None,
-                image_3=None, mask=None, latent=None) -> io.NodeOutput:
+                image_3=None, mask=None, latent=None, prompt_upsampling: bool = True) -> io.NodeOutput:
         images = tuple(i for i in (image, image_2, image_3) if i is not None)
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, denoise=denoise,
-                                images=images, mask=mask, latent=None if latent is None else latent["samples"])
+                                images=images, mask=mask, latent=None if latent is None else latent["samples"],
+                                upsample_prompt=prompt_upsampling)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(),
                                      preview=preview_spec(pipeline))
         info = generation.info

@@ -10,7 +10,7 @@ import logging
 import time
 
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory
-from . import features
+from . import features, pipeline_kinds
 from .errors import CompileError
 from .families import Family
 from .features import compilation
@@ -48,8 +48,6 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     on_progress call also gets that step's preview image: on_progress(done, total, "sampling", image).
     `plan_notes`: the memory plan's, for the run info."""
     notes = [*plan_notes, *image_inputs.notes(plan.request)]
-    if plan.request.negative_prompt.strip() and not plan.family.takes_negative_prompt:
-        notes.append(f"negative prompt ignored: {plan.family.name} takes none")
     start = time.perf_counter()
     device = plan.device
     # a plan made before the model's settings were readable leaves its family to the loaded model's config
@@ -57,7 +55,12 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     entry, loaded = realise(cache, handle, device, on_progress, known_family)
     plan = plan.refined(entry.pipe.config)
     task, family, request = plan.task, plan.family, plan.request
-    pipe = entry.pipeline(plan.pipeline.cls, plan.task.name)  # a modular pipeline runs the task's workflow
+    # a modular pipeline runs the task's workflow
+    pipe = entry.pipeline(plan.pipeline.cls, plan.task.name, request.upsample_prompt)
+    if request.negative_prompt.strip() and not pipeline_kinds.takes_negative_prompt(pipe, family):
+        notes.append(f"negative prompt ignored: {family.name} ({type(pipe).__name__}) takes none")
+    if pipeline_kinds.upsamples_prompt(pipe):
+        notes.append("prompt rewritten first by the model's prompt upsampler (prompt_upsampling on)")
     load_seconds = time.perf_counter() - start
     notes += entry.notes + features.notes(entry)
 

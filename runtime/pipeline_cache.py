@@ -43,16 +43,18 @@ class LoadedPipeline:
     task_pipes: dict = dataclasses.field(default_factory=dict)  # diffusers class -> pipeline from_pipe made of `pipe`
     hooked: object = None  # under model CPU offload, the pipeline whose offload hooks the shared models carry now
 
-    def pipeline(self, cls: str, task: str):
+    def pipeline(self, cls: str, task: str, upsample_prompt: bool = True):
         """The pipeline of diffusers class `cls` on this entry's models: `pipe` itself, or one that `from_pipe`
         made of its components once (nothing loads; the same modules, so a compiled denoiser stays compiled and
         fused LoRAs stay fused). Under model CPU offload the hooks move to the pipeline that runs: diffusers
         re-arms them at the end of each call through the pipeline that installed them. A modular pipeline runs
-        `task` as one workflow of its blocks (pipeline_kinds.ModularKind.task_pipeline)."""
+        `task` as one workflow of its blocks (pipeline_kinds.ModularKind.task_pipeline), with or without the prompt
+        upsampler its blocks may have."""
         import diffusers
 
         if pipeline_kinds.is_modular(self.pipe):  # pipeline kind
-            return pipeline_kinds.modular_kind_of(self.pipe).task_pipeline(self.pipe, task, self.task_pipes)
+            kind = pipeline_kinds.modular_kind_of(self.pipe)
+            return kind.task_pipeline(self.pipe, task, self.task_pipes, upsample_prompt)
         if cls == type(self.pipe).__name__:
             pipe = self.pipe
         elif cls in self.task_pipes:

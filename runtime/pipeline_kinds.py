@@ -46,10 +46,25 @@ def kind_for(family: Family, model_class: str) -> "ClassicKind | ModularKind":
     blocks = family.modular.get(model_class)
     if blocks is None:
         return CLASSIC_KIND
-    has_classic = any(task.cls for task in family.model_classes[model_class].values())
+    # a model class whose tasks name the blocks' own ModularPipeline class has no classic pipeline (FLUX 3 [klein])
+    has_classic = any(task.cls not in ("", blocks.pipeline) for task in family.model_classes[model_class].values())
     if not has_classic or settings.get("TPU_DIFFUSERS_PIPELINE_KIND") == MODULAR:
         return ModularKind(family, blocks)
     return CLASSIC_KIND
+
+
+def takes_negative_prompt(pipe, family: Family) -> bool:
+    """Whether a run of `pipe` uses the Sampler's negative prompt: the family's pipelines take one, and these are not
+    distilled modular blocks that take none (ModularBlocks.unguided)."""
+    return family.takes_negative_prompt and not (is_modular(pipe) and modular_kind_of(pipe).blocks.unguided)
+
+
+def upsamples_prompt(pipe) -> bool:
+    """Whether `pipe` first rewrites the prompt with its blocks' prompt upsampler (ModularBlocks.prompt_upsampler)."""
+    if not is_modular(pipe):
+        return False
+    upsampler = modular_kind_of(pipe).blocks.prompt_upsampler
+    return bool(upsampler) and upsampler in pipe.blocks.sub_blocks
 
 
 def is_modular(pipe) -> bool:
@@ -138,22 +153,34 @@ class ModularKind:
         return _pipeline(self.blocks, self._blocks(), config_values(index),
                          {name: module for name, module in loaded.items() if module is not None})
 
-    def task_pipeline(self, base, task: str, made: dict):
+    def task_pipeline(self, base, task: str, made: dict, upsample_prompt: bool = True):
         """The pipeline that runs `task`: the task's workflow of the blocks on `base`'s components, made once per
-        task (nothing loads: the same modules, so a compiled denoiser stays compiled and fused LoRAs stay fused)."""
+        task (nothing loads: the same modules, so a compiled denoiser stays compiled and fused LoRAs stay fused),
+        with the blocks' prompt upsampler first where they have one and `upsample_prompt` asks for it."""
         workflow = self.blocks.workflows.get(task)
         if workflow is None:
             raise UserInputError(
                 f"{self.family.name}'s modular pipeline ({self.blocks.blocks}) has no workflow for {task}; it runs "
                 f"{', '.join(self.blocks.workflows)}. Use another task, or TPU_DIFFUSERS_PIPELINE_KIND=classic for a "
                 "family that has a classic pipeline.")
-        if task not in made:
+        upsampler = self.blocks.prompt_upsampler if upsample_prompt else ""
+        if upsampler and getattr(base, upsampler, None) is None:
+            raise UserInputError(
+                f"prompt_upsampling is on, but this {self.family.name} model has no prompt upsampler: its folder (or "
+                f"the File Loader's configs folder) has no '{upsampler}' folder with weights. Turn prompt_upsampling "
+                f"off to encode the prompt as written, or put the upsampler's diffusers folder there as "
+                f"'{upsampler}'.")
+        key = (task, bool(upsampler))
+        if key not in made:
             components = {name: getattr(base, name) for name in base.pretrained_component_names
                           if getattr(base, name, None) is not None}
             model_settings = {name: value for name, value in base.config.items()
                               if not name.startswith("_") and name not in base.component_names}
-            made[task] = _pipeline(self.blocks, base.blocks.get_workflow(workflow), model_settings, components)
-        return made[task]
+            blocks = base.blocks.get_workflow(workflow)  # a new sequence of the blocks' steps: one may be left out
+            if self.blocks.prompt_upsampler and not upsampler:
+                blocks.sub_blocks.pop(self.blocks.prompt_upsampler)
+            made[key] = _pipeline(self.blocks, blocks, model_settings, components)
+        return made[key]
 
     @staticmethod
     def call(pipe, family: Family, kwargs: dict, on_step):
@@ -161,6 +188,7 @@ class ModularKind:
         blocks = modular_kind_of(pipe).blocks
         if blocks.unguided:  # distilled blocks that take no guidance (the classic pipeline runs them without CFG)
             kwargs.pop(family.guidance_kwarg)
+            kwargs.pop("negative_prompt", None)
         elif blocks.guider is not None:  # these blocks guide through their guider component, not a call input
             pipe.update_components(guider=pipe.guider.new(**blocks.guider(kwargs.pop(family.guidance_kwarg))))
         unknown = sorted(set(kwargs) - set(pipe.default_call_parameters))

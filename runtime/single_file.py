@@ -20,6 +20,7 @@ from . import quant_formats
 from .errors import ModelLoadError, UserInputError
 from .families import (FAMILIES, FILE_KINDS, UNSUPPORTED_MODEL_TYPES, Family, FileKind, FileVariant, family_for,
                        supported)
+from .model_folder import index_path
 from .sources import check_hub_id, config_values, read_model_index
 from .specs import QuantizedWeights
 
@@ -335,8 +336,9 @@ def config_folder(source: str) -> str:
     """Where configs, tokenizers and the scheduler come from: a local folder as is; for a hub id only its
     small files, downloaded (or found in the local Hugging Face cache when offline)."""
     if os.path.isabs(source):
-        if not os.path.isfile(os.path.join(source, "model_index.json")):
-            raise UserInputError(f"'{source}' is not a diffusers folder (it has no model_index.json) to take "
+        if index_path(source) is None:
+            raise UserInputError(f"'{source}' is not a diffusers folder (it has no model_index.json or "
+                                 "modular_model_index.json) to take "
                                  "configs and tokenizers from.")
         return source
     check_hub_id(source)

@@ -13,7 +13,7 @@ import re
 from . import downloads
 from .errors import ModelLoadError, UserInputError
 from .model_files import find_inside
-from .model_folder import INDEX, read_index_file
+from .model_folder import INDEX, MODULAR_INDEX, index_path, read_index_file
 from .specs import ProgressCallback
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -26,7 +26,7 @@ def list_model_folders(roots: list[str]) -> list[str]:
         if not os.path.isdir(root):
             continue
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-            if "model_index.json" in filenames:
+            if INDEX in filenames or MODULAR_INDEX in filenames:
                 names.add(os.path.relpath(dirpath, root).replace(os.sep, "/"))
                 dirnames.clear()  # a pipeline's subfolders are its components, not more models
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -48,10 +48,11 @@ def resolve_model_folder(name: str, roots: list[str]) -> str:
 
 def read_model_index(source: str, is_folder: bool) -> dict:
     if is_folder:
-        path = os.path.join(source, "model_index.json")
-        if not os.path.isfile(path):
-            raise UserInputError(f"'{source}' is not a diffusers pipeline folder: it has no model_index.json. "
-                                 "Point the loader at the folder that contains model_index.json.")
+        path = index_path(source)
+        if path is None:
+            raise UserInputError(f"'{source}' is not a diffusers pipeline folder: it has no model_index.json (nor the "
+                                 "modular_model_index.json of a modular pipeline). Point the loader at the folder "
+                                 "that contains it.")
     else:
         path = downloads.model_index_file(source)
     index = read_index_file(path, source)
@@ -93,7 +94,9 @@ def model_settings(source: str) -> dict | None:
         if not isinstance(path, str):
             return None
     else:
-        path = os.path.join(source, INDEX)
+        path = index_path(source)
+        if path is None:
+            return None  # the load reports the folder that is not a model
     try:
         index = read_index_file(path, source)
     except ModelLoadError:

@@ -151,7 +151,7 @@ def test_bad_requests_fail_before_loading_with_what_to_fix(handle_for, name, ove
 
 def test_negative_prompt_for_a_family_without_one_is_noted_not_silently_dropped(handle_for):
     result = Engine().generate(handle_for("flux1-schnell"), request(negative_prompt="blurry"))
-    assert "negative prompt ignored: FLUX.1 takes none" in result.info.summary()
+    assert "negative prompt ignored: FLUX.1 (FluxPipeline) takes none" in result.info.summary()
 
 
 def test_the_family_table_covers_every_supported_pipeline():

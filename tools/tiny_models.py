@@ -44,7 +44,8 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "wan22-t2v-a14b": "WanPipeline", "wan22-i2v-a14b": "WanImageToVideoPipeline",
                  "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline",
                  "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline",
-                 "qwenimage21-turbo": "QwenImage21Pipeline"}
+                 "qwenimage21-turbo": "QwenImage21Pipeline", "flux3": "Flux3ModularPipeline",
+                 "flux3-distilled": "Flux3DistilledModularPipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -885,6 +886,94 @@ def krea2(size: str):
                          transformer=transformer, text_encoder_select_layers=(1, 2)), {}
 
 
+# Qwen3.5's chat template as FLUX 3's prompt upsampler reads it: text and image parts (an image is its vision tokens,
+# which the processor widens to the image's patches), no thinking block.
+QWEN35_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% elif part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen35_prompt_upsampler(tok):
+    """A Qwen3.5 vision-language model (Qwen3_5ForConditionalGeneration: linear-attention and full-attention layers)
+    and its processor, as FLUX 3's prompt upsampler. Its captions are one random word-piece long, so that a run does
+    not write the blocks' 3584 tokens (minutes on CPU with transformers' reference linear attention): every token ends
+    a caption (its generation config's eos_token_id), and a special token, which decoding would drop, never comes
+    first (their output rows are zero, below the normal tokens' best logit)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    ids = tok.convert_tokens_to_ids
+    cfg = Qwen3_5Config(
+        text_config={"vocab_size": len(tok), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                     "layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 8,
+                     "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                         "mrope_section": [1, 1, 0]},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
+                     "pad_token_id": ids("<|endoftext|>"), "tie_word_embeddings": False},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
+                       "num_position_embeddings": 64},
+        tie_word_embeddings=False,
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(cfg)
+    special = [ids(token) for token in tok.all_special_tokens + QWEN_SPECIALS]
+    with torch.no_grad():
+        model.lm_head.weight[special] = 0
+    model.generation_config.eos_token_id = list(range(len(tok)))
+    processor = qwen3_vl_processor(tok)
+    processor.chat_template = QWEN35_CHAT_TEMPLATE
+    return model, processor
+
+
+def flux3(size: str, distilled: bool):
+    """FLUX 3 [klein], base or distilled (its transformer has the flow map's second timestep embedder): a Qwen3-VL
+    text encoder (hidden states of layers 4, 8, ..., 32 stacked per token, so it has 32 layers), FLUX.2's VAE,
+    Flux3Transformer2DModel and the Qwen3.5 prompt upsampler, saved as diffusers saves modular blocks: a
+    modular_model_index.json whose components load from the folder itself (no repository named in it).
+    bench: the transformer has the real width (24 heads x 128 = 3072; text width 8 x 2560, Qwen3-VL-4B's) with one
+    block of each kind; the text encoder has Qwen3-VL-4B's width with 32 narrow-FFN layers."""
+    from diffusers import Flux3Transformer2DModel
+    from diffusers.modular_pipelines import Flux3AutoBlocks, Flux3DistilledAutoBlocks
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    bench = size == "bench"
+    tok, _ = qwen_tokenizer()
+    ids = tok.convert_tokens_to_ids
+    hidden, heads, kv_heads, head_dim, mrope = (2560, 32, 8, 128, [24, 20, 20]) if bench else (16, 2, 1, 8, [2, 1, 1])
+    cfg = Qwen3VLConfig(
+        text_config={"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 32, "num_hidden_layers": 32,
+                     "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
+                     "pad_token_id": ids("<|endoftext|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "patch_size": 16,
+                       "out_hidden_size": hidden, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+    torch.manual_seed(0)
+    text_encoder = Qwen3VLForConditionalGeneration(cfg)
+    torch.manual_seed(0)
+    vae = flux2_vae()
+    torch.manual_seed(0)
+    width, transformer_heads, rope = (128, 24, (32, 32, 32, 32)) if bench else (16, 2, (4, 4, 4, 4))
+    transformer = Flux3Transformer2DModel(num_layers=1, num_single_layers=1, attention_head_dim=width,
+                                          num_attention_heads=transformer_heads, joint_attention_dim=8 * hidden,
+                                          timestep_channels=256 if bench else 32, axes_dims_rope=rope,
+                                          flow_map=distilled)
+    upsampler, upsampler_processor = qwen35_prompt_upsampler(tok)
+    pipe = (Flux3DistilledAutoBlocks if distilled else Flux3AutoBlocks)().init_pipeline()
+    pipe.update_components(transformer=transformer, vae=vae, text_encoder=text_encoder,
+                           tokenizer=qwen3_vl_processor(tok), prompt_upsampler=upsampler,
+                           prompt_upsampler_processor=upsampler_processor)
+    return pipe, {}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),
@@ -906,6 +995,8 @@ _BUILDERS = {
     "qwenimage21": qwenimage21,
     "krea2": krea2,
     "qwenimage21-turbo": qwenimage21_turbo,
+    "flux3": lambda size: flux3(size, distilled=False),
+    "flux3-distilled": lambda size: flux3(size, distilled=True),
 }
 
 
@@ -916,8 +1007,18 @@ _TOKENIZER_CLASS_RENAMES = {"T5Tokenizer": "T5TokenizerFast", "TokenizersBackend
 
 
 def _fix_model_index(pipe_dir: Path) -> None:
-    """Rewrite tokenizer class names in model_index.json that only transformers 5 knows."""
+    """Rewrite tokenizer class names in model_index.json that only transformers 5 knows; in a modular pipeline's
+    modular_model_index.json, name no repository for its components (save_pretrained writes the absolute folder it
+    saved to), so they load from wherever the folder is, as diffusers does for a folder's own components."""
     path = pipe_dir / "model_index.json"
+    if not path.is_file():
+        path = pipe_dir / "modular_model_index.json"
+        index = json.loads(path.read_text())
+        for value in index.values():
+            if isinstance(value, list) and len(value) == 3 and isinstance(value[2], dict):
+                value[2]["pretrained_model_name_or_path"] = None
+        path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        return
     index = json.loads(path.read_text())
     for key, value in index.items():
         if isinstance(value, list) and len(value) == 2 and value[1] in _TOKENIZER_CLASS_RENAMES:
@@ -963,7 +1064,7 @@ def save(pipe, raw_tokenizer_files: dict, out_dir) -> Path:
     """Save a pipeline built here (with its builder's raw tokenizer files) in the diffusers layout that
     transformers 4 and 5 both load; returns out_dir as a Path."""
     out = Path(out_dir)
-    pipe.save_pretrained(out)
+    pipe.save_pretrained(str(out))  # a modular pipeline takes only a str
     for subfolder, files in raw_tokenizer_files.items():
         for filename, data in files.items():
             target = out / subfolder / filename

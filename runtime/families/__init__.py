@@ -10,19 +10,21 @@ not an `if` elsewhere. Adding a family: docs/adding_a_family.md.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from . import flux1, flux2, flux2_klein, krea2, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
+from . import flux1, flux2, flux2_klein, flux3, krea2, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
 from .base import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS,  # noqa: F401
                    ComfyLatent, Family, FileKind, FileSlot, FileVariant, MemoryModel, ModularBlocks, ReferenceModel,
                    TaskPipeline)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, QWEN3VL, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
-                               sdxl.FAMILY, zimage.FAMILY, wan.FAMILY, qwenimage21.FAMILY, krea2.FAMILY)
+                               sdxl.FAMILY, zimage.FAMILY, wan.FAMILY, qwenimage21.FAMILY, krea2.FAMILY,
+                               flux3.FAMILY)
 
 # Single-file detection order: the first kind with a matching key wins, so more specific kinds come first
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks; FLUX.2
 # [klein] has [dev]'s keys, told by its context embedder's width).
 FILE_KINDS: tuple[FileKind, ...] = (
+    flux3.FAMILY.denoiser_kind,  # its key is its own
     flux2_klein.FAMILY.denoiser_kind,
     flux2.FAMILY.denoiser_kind, flux1.FAMILY.denoiser_kind, sd3.FAMILY.denoiser_kind, qwenimage.FAMILY.denoiser_kind,
     zimage.FAMILY.denoiser_kind,  # its files have no key of the kinds above, and no kind below has its key
@@ -38,8 +40,7 @@ FILE_KINDS: tuple[FileKind, ...] = (
 
 # diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
 # lacks, as a refusal names them (a family it has is named by its FileKind).
-UNSUPPORTED_MODEL_TYPES = {"flux3": "a FLUX 3 [klein] diffusion model", "flux3-distilled": "a FLUX 3 [klein] diffusion model",
-                           "ltx2": "an LTX-2 video model", "minimax-h3": "a MiniMax H3 video model"}
+UNSUPPORTED_MODEL_TYPES = {"ltx2": "an LTX-2 video model", "minimax-h3": "a MiniMax H3 video model"}
 
 
 def listed(families) -> str:

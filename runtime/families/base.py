@@ -45,8 +45,12 @@ class ModularBlocks:
     # (the Sampler's guidance) -> the config of the blocks' `guider` component for it, for blocks that guide through
     # a guider (Z-Image, Qwen-Image, SDXL) instead of the call input `Family.guidance_kwarg` (None: FLUX.1)
     guider: Callable | None = None
-    # distilled blocks that take no guidance at all (Qwen-Image 2.1 Turbo's): the Sampler's guidance is not passed
+    # distilled blocks that take no guidance at all (Qwen-Image 2.1 Turbo's): the Sampler's guidance and negative prompt
+    # are not passed
     unguided: bool = False
+    # the sub-block of each workflow that first rewrites the prompt with a language model (FLUX 3's prompt upsampler),
+    # as diffusers' blocks do by default: left out when the Sampler's prompt_upsampling is off; "": the blocks have none
+    prompt_upsampler: str = ""
 
 
 def classifier_free_guider(guidance: float) -> dict:

@@ -32,8 +32,11 @@ def latent_grid(pipe, latents, height, width):
 
 def patchified_latents(pipe, latents, height, width):
     """Flux2Pipeline's own _unpatchify_latents of the grid gives (B, 32, H/8, W/8), the layout ComfyUI's Flux2
-    preview factors are for (its latent_rgb_factors_reshape does the same)."""
-    return pipe._unpatchify_latents(latent_grid(pipe, latents, height, width))
+    preview factors are for (its latent_rgb_factors_reshape does the same); also for another pipeline of FLUX.2's
+    latents (FLUX 3's modular one)."""
+    from diffusers import Flux2Pipeline
+
+    return Flux2Pipeline._unpatchify_latents(latent_grid(pipe, latents, height, width))
 
 
 # no LATENT input: FLUX.2 has no image-to-image pipeline (its references are edits)

@@ -48,6 +48,9 @@ class SampleRequest:
     denoise: float = 1.0  # diffusers' strength: how much of the image is replaced; about the last steps x denoise run
     first_image: int = 0  # image 0 here is image first_image of the Sampler's batch (a replica's share): pairing
     frames: int = 0  # video: frames of each video (temporal factor x k + 1); 0: images
+    # a model whose blocks first rewrite the prompt with a language model (ModularBlocks.prompt_upsampler) does so, as
+    # diffusers does by default; False: the prompt is encoded as written. Models without one ignore it.
+    upsample_prompt: bool = True
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
