@@ -1,6 +1,8 @@
 """The modular pipeline kind: FLUX.1 and Z-Image run through diffusers' modular blocks (TPU_DIFFUSERS_PIPELINE_KIND=
 modular) give the classic pipelines' images for the same seed and report the same steps; Cancel raised from the
-progress callback ends a modular run; what the modular kind does not do yet is refused by name.
+progress callback ends a modular run; under model CPU offload a modular run (and a task switch) gives the image placed
+on the device gives, its models hooked one at a time and back on the host after the run; what the modular kind does
+not do yet is refused by name.
 
 FLUX.1 and Qwen-Image give equal images bit for bit for one image per call (the blocks run the same modules with the
 same operations, CPU float32). Where the blocks batch or order float operations otherwise, sums round differently,
