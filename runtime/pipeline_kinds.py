@@ -11,10 +11,9 @@ A family with only modular blocks runs modular; a family with both runs classic 
 asks modular. Both kinds give the rest of the house the same pipeline object: its components as attributes
 (`transformer`, `vae`, ...) and in `components`, so the cache, compile, LoRA and TP/CP treat them alike.
 
-What the modular kind does not do yet, refused with a UserInputError: model CPU offload (diffusers' modular offload,
-`ComponentsManager.enable_auto_cpu_offload`, keeps models on the device until memory runs short and asks the device
-for its free memory, which a CPU cannot answer), tasks the family's blocks have no workflow for, and call inputs the
-blocks do not take.
+Model CPU offload hooks a modular pipeline's models as diffusers hooks a classic pipeline's (features/offload.py).
+What the modular kind does not do yet, refused with a UserInputError: tasks the family's blocks have no workflow
+for, and call inputs the blocks do not take.
 """
 
 from __future__ import annotations
@@ -29,12 +28,6 @@ from .families.base import ModularBlocks
 from .sources import config_values
 from .specs import Placement
 
-# placement's refusal for a modular pipeline (features/offload.py places both kinds)
-MODULAR_OFFLOAD = (
-    "model CPU offload is not supported for modular pipelines yet: diffusers' modular offload "
-    "(ComponentsManager.enable_auto_cpu_offload) keeps models on the device until memory runs short, not "
-    "one at a time, and needs the device's free memory, which a CPU cannot tell. Place the model on the "
-    "device, or set TPU_DIFFUSERS_PIPELINE_KIND=classic for a family that has a classic pipeline.")
 CLASSIC = "classic"
 MODULAR = "modular"
 STEP_INPUT = "tpu_diffusers_on_step"  # the modular call input that carries the step callback into the denoising loop

@@ -1,6 +1,8 @@
 """The modular pipeline kind: FLUX.1 and Z-Image run through diffusers' modular blocks (TPU_DIFFUSERS_PIPELINE_KIND=
 modular) give the classic pipelines' images for the same seed and report the same steps; Cancel raised from the
-progress callback ends a modular run; what the modular kind does not do yet is refused by name.
+progress callback ends a modular run; under model CPU offload a modular run (and a task switch) gives the image placed
+on the device gives, its models hooked one at a time and back on the host after the run; what the modular kind does
+not do yet is refused by name.
 
 FLUX.1 and Qwen-Image give equal images bit for bit for one image per call (the blocks run the same modules with the
 same operations, CPU float32). Where the blocks batch or order float operations otherwise, sums round differently,
@@ -132,13 +134,44 @@ def test_cancel_from_the_progress_callback_ends_a_modular_run(tiny, monkeypatch)
 
 
 def test_what_the_modular_kind_does_not_do_yet_is_refused_by_name(tiny, monkeypatch):
-    request = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2)
-    with pytest.raises(UserInputError, match="model CPU offload is not supported for modular pipelines"):
-        run(tiny, "flux1-schnell", "modular", monkeypatch, request, placement=Placement.MODEL_CPU_OFFLOAD)
     inpaint = SampleRequest(prompt=PROMPT, width=64, height=64, steps=2, images=(IMAGE,),
                             mask=np.ones((1, 64, 64), np.float32))
     with pytest.raises(UserInputError, match="has no workflow for inpaint; it runs text2image, image2image"):
         run(tiny, "flux1-schnell", "modular", monkeypatch, inpaint)
+
+
+def assert_offloaded(pipe, chain: list[str]):
+    """Every model of `pipe` hooked by accelerate's CpuOffload for the run's device (here the CPU, as the classic
+    offload's tests run it), chained in `chain`'s order (each one sends the one before it back to the host when it
+    runs), the pipeline's execution device the hooks' device, and every weight on the host after the run."""
+    from accelerate.hooks import CpuOffload
+
+    models = {name: module for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)}
+    hooks = {name: getattr(module, "_hf_hook", None) for name, module in models.items()}
+    assert all(isinstance(hook, CpuOffload) and hook.execution_device == torch.device("cpu")
+               for hook in hooks.values()), hooks
+    assert [getattr(hooks[name].prev_module_hook, "model", None) for name in chain] == [
+        None, *(models[name] for name in chain[:-1])]
+    assert pipe._execution_device.type == "cpu"
+    assert {p.device.type for module in models.values() for p in module.parameters()} == {"cpu"}
+
+
+@pytest.mark.parametrize("name, request_, chain", [
+    ("flux1-schnell", SampleRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=7),
+     ["text_encoder", "text_encoder_2", "transformer", "vae"]),
+    ("flux1-schnell", SampleRequest(prompt=PROMPT, width=64, height=64, steps=4, seed=7, images=(IMAGE,),
+                                    denoise=0.6), ["text_encoder", "text_encoder_2", "transformer", "vae"]),
+    ("qwenimage21-turbo", SampleRequest(prompt=PROMPT, width=96, height=64, steps=3, seed=7, images=(IMAGE,)),
+     ["text_encoder", "transformer", "vae"]),
+], ids=["flux1-text2image", "flux1-image2image", "qwenimage21-turbo-edit"])
+def test_model_cpu_offload_of_a_modular_pipeline_gives_the_image_placed_on_the_device(tiny, monkeypatch, name,
+                                                                                     request_, chain):
+    """diffusers' modular pipelines have no enable_model_cpu_offload: their models are hooked as that method hooks a
+    classic pipeline's, in the order the blocks use them last, and all go back to the host after the run."""
+    placed = run(tiny, name, "modular", monkeypatch, request_)[0]
+    offloaded, _, pipe = run(tiny, name, "modular", monkeypatch, request_, placement=Placement.MODEL_CPU_OFFLOAD)
+    assert torch.equal(offloaded, placed)
+    assert_offloaded(pipe, chain)
 
 
 @pytest.mark.parametrize("edit", [False, True], ids=["text2image", "edit"])
@@ -184,3 +217,26 @@ def test_qwen_image_21_turbo_is_told_by_its_sample_sigmas_and_its_files_by_their
     assert variant.config_repo == "Qwen/Qwen-Image-2.1-Turbo" and family_for(
         "QwenImage21Pipeline", settings=variant.settings).default_steps == 8
     assert base.variant_of_file("qwen_image_2.1_int8_convrot.safetensors", "qwen-image-2.1") is None
+
+
+def test_a_task_switch_on_an_offloaded_modular_pipeline_runs_under_the_same_hooks(tiny, monkeypatch):
+    """Text to image, edit, text to image on one offloaded modular pipeline: each task's pipeline is made of the loaded
+    one's modules (nothing loads), so it runs under the same hooks and gives the image placed on the device gives."""
+    monkeypatch.setenv("TPU_DIFFUSERS_PIPELINE_KIND", "modular")
+    folder = tiny("qwenimage21-turbo")
+    requests = [SampleRequest(prompt=PROMPT, width=96, height=64, steps=3, seed=7, **inputs)
+                for inputs in (dict(), dict(images=(IMAGE,)), dict())]
+    runs = {}
+    for placement in (Placement.DEVICE, Placement.MODEL_CPU_OFFLOAD):
+        engine = Engine(distribute=False)
+        handle = PipelineHandle.of(source=folder, model_class=inspect_source(folder), placement=placement)
+        runs[placement] = [engine.generate(handle, request) for request in requests]
+        assert engine.cache.stats.loads == 1
+    assert [(run.info.task, run.info.loaded) for run in runs[Placement.MODEL_CPU_OFFLOAD]] == [
+        ("text2image", True), ("edit", False), ("text2image", False)]
+    assert all(torch.equal(offloaded.images, placed.images)
+               for offloaded, placed in zip(runs[Placement.MODEL_CPU_OFFLOAD], runs[Placement.DEVICE]))
+    entry = engine.realise(handle)[0]
+    assert len(entry.task_pipes) == 2
+    for pipe in (entry.pipe, *entry.task_pipes.values()):
+        assert_offloaded(pipe, ["text_encoder", "transformer", "vae"])

@@ -2,14 +2,21 @@
 accelerator only while it runs: diffusers' `enable_model_cpu_offload`, which finds TorchTPU's device
 through torch.accelerator). Part of the load key, so it is applied once, on a pipeline's first realisation.
 
+A modular pipeline has no `enable_model_cpu_offload` (diffusers' ComponentsManager.enable_auto_cpu_offload keeps
+models on the device until memory runs short, and asks the device for its free memory, which a CPU or TPU cannot
+tell): it is hooked here as that method hooks a classic pipeline, with accelerate's `cpu_offload_with_hook`
+chained over its models in the order its blocks use them last (text encoders, denoisers, VAE), so that each
+model is on the device only while it runs; `end_run` moves them all back to the host after a run, as a classic
+pipeline's `maybe_free_model_hooks` does at the end of its call. The hooks live on the modules, so a task
+pipeline made from the loaded one (the same modules) runs under them.
+
 A TP rank's pipeline is placed by loading itself (each library puts its shards on the rank's device); its
 placement state only records that."""
 
 from __future__ import annotations
 
 from ..device import DeviceInfo
-from ..errors import UserInputError
-from ..pipeline_kinds import MODULAR_OFFLOAD, is_modular
+from ..pipeline_kinds import is_modular
 from ..specs import Placement, ProgressCallback
 
 NAME = "placement"
@@ -31,9 +38,10 @@ def apply(entry, placement: Placement, state: Placement | None,
 
 def remove(entry, state: Placement | None) -> None:
     """Drop the offload hooks (and any other diffusers hooks), e.g. before the pipeline is let go. The weights
-    stay where they are: moving them to host memory is `to_host`'s, when the memory is wanted back. A modular
-    pipeline is only ever placed whole on its device: it has no hooks to drop."""
-    if not is_modular(entry.pipe):
+    stay where they are: moving them to host memory is `to_host`'s, when the memory is wanted back."""
+    if is_modular(entry.pipe):
+        _unhook(entry.pipe)
+    else:
         entry.pipe.remove_all_hooks()
 
 
@@ -42,8 +50,9 @@ def place(pipe, placement: Placement, device: DeviceInfo) -> None:
     one, and a pipeline moved back from host memory)."""
     if placement is Placement.MODEL_CPU_OFFLOAD:
         if is_modular(pipe):
-            raise UserInputError(MODULAR_OFFLOAD)
-        pipe.enable_model_cpu_offload(device=device.torch_device())
+            _hook(pipe, device.torch_device())
+        else:
+            pipe.enable_model_cpu_offload(device=device.torch_device())
     else:
         pipe.to(device.torch_device())
 
@@ -55,10 +64,72 @@ def to_host(pipe, placement: Placement) -> bool:
     model back after it ran); re-arming the hooks, as diffusers does at the end of every run, also returns a
     model a cancelled run left on the device. The pipeline then runs as it is."""
     if placement is Placement.MODEL_CPU_OFFLOAD:
-        pipe.maybe_free_model_hooks()
+        if is_modular(pipe):
+            end_run(pipe)
+        else:
+            pipe.maybe_free_model_hooks()
         return False
     pipe.to("cpu")
     return True
+
+
+def end_run(pipe) -> None:
+    """After a run of either kind: under model CPU offload, every model back on the host (a classic pipeline
+    does this itself at the end of its call, `maybe_free_model_hooks`; a modular pipeline's blocks do not). Models
+    without offload hooks stay where they are."""
+    if not is_modular(pipe):
+        return
+    for module in _models(pipe):
+        if hasattr(module, "_reset_stateful_cache"):  # as maybe_free_model_hooks resets diffusers' stateful hooks
+            module._reset_stateful_cache()
+        hook = getattr(module, "_hf_hook", None)
+        if _offload_hook(hook):
+            hook.init_hook(module)  # accelerate's CpuOffload: the module to the host, until it runs again
+
+
+def _hook(pipe, device) -> None:
+    """diffusers' `enable_model_cpu_offload` for a modular pipeline: every model on the host, each hooked to move
+    to `device` when it runs and send the one before it in the chain back to the host."""
+    import torch
+    from accelerate import cpu_offload_with_hook
+
+    _unhook(pipe)
+    models = {name: module for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)}
+    for module in models.values():
+        module.to("cpu")
+    hook = None
+    for name in _use_order(pipe.blocks):
+        if name in models:
+            _, hook = cpu_offload_with_hook(models.pop(name), device, prev_module_hook=hook)
+    for module in models.values():  # models no block names (as diffusers hooks those outside its sequence)
+        cpu_offload_with_hook(module, device)
+
+
+def _unhook(pipe) -> None:
+    from accelerate.hooks import remove_hook_from_module
+
+    for module in _models(pipe):
+        if hasattr(module, "_hf_hook"):
+            remove_hook_from_module(module, recurse=True)
+
+
+def _use_order(blocks) -> list[str]:
+    """The component names the blocks' leaf blocks use, in the order of each one's last use (text encoders,
+    then the denoiser(s), then the VAE that decodes, as the classic pipelines' `model_cpu_offload_seq`; a VAE
+    that encodes an image first stays on the device until the run ends, as in a classic pipeline)."""
+    def leaves(block):
+        subs = getattr(block, "sub_blocks", None)
+        return [name for sub in subs.values() for name in leaves(sub)] if subs else [
+            spec.name for spec in block.expected_components]
+
+    used = leaves(blocks)
+    return [name for i, name in enumerate(used) if name not in used[i + 1:]]
+
+
+def _offload_hook(hook) -> bool:
+    from accelerate.hooks import CpuOffload
+
+    return isinstance(hook, CpuOffload)
 
 
 def weight_bytes(pipe) -> int:

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable
 
 from .. import pipeline_kinds
+from ..features import offload
 from ..errors import UserInputError
 from ..families import Family, TaskPipeline
 from ..input_checks import frames_problem, prompt_problem, size_problem
@@ -207,6 +208,7 @@ class Task:
 
             with outside_inference_mode():  # either pipeline kind, classic or modular
                 output = pipeline_kinds.call(pipe, family, kwargs, step_end)
+            offload.end_run(pipe)  # under model CPU offload, every model back on the host (either kind)
             made = CallResult(output, final.get("latents"), pipe, family)
             for kind in kinds:
                 parts[kind].append(kind.take(made))
