@@ -134,7 +134,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     (together ~7 s more than FLUX.1-dev's ~18 s). The Qwen-Image-Edit-2509/2511 folders are the tiny
     qwenimage-edit-plus one (2511: zero_cond_t). FLUX.2 [klein]'s folder has the real context width (7680), which
     tells its files from FLUX.2 [dev]'s. Z-Image's folder has bf16-valued transformer weights (its file is
-    bf16), Krea 2's is Turbo with fp8-valued ones (its files are scaled fp8). Wan 2.2 A14B's folders have a VAE of Wan 2.1's block structure (diffusers' converter needs it)."""
+    bf16), Krea 2's is Turbo with fp8-valued ones (its files are scaled fp8), FLUX 3 [klein]'s base model has bf16-valued
+    ones (its file is bf16). Wan 2.2 A14B's folders have a VAE of Wan 2.1's block structure (diffusers' converter needs it)."""
     import tiny_single_files as tsf
 
     root = tmp_path_factory.mktemp("single_files")
@@ -149,6 +150,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     tsf.bf16_valued_transformer(zimage)  # z_image_turbo_bf16.safetensors then holds exactly the folder's weights
     qwenimage21 = Path(shutil.copytree(tiny_dir / "tiny-qwenimage21", root / "qwenimage21"))
     tsf.bf16_valued_transformer(qwenimage21)  # as Z-Image's: qwen_image_2.1_bf16.safetensors
+    flux3 = Path(shutil.copytree(tiny_dir / "tiny-flux3", root / "flux3"))
+    tsf.bf16_valued_transformer(flux3)  # as Qwen-Image 2.1's: flux3-image-klein-base-bf16.safetensors
     krea2 = Path(shutil.copytree(tiny_dir / "tiny-krea2", root / "krea2"))
     tsf.krea2_turbo_folder(krea2)  # Turbo; its scaled fp8 files then hold exactly the folder's weights
     wan_a14b = {}  # Wan 2.2 A14B's wan_2.1_vae: diffusers' converter needs Wan 2.1's block structure, as QwenImage's
@@ -171,6 +174,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "zimage": (zimage, tsf.zimage_files),
                "qwenimage21": (qwenimage21, tsf.qwenimage21_files),
                "krea2": (krea2, tsf.krea2_files),
+               "flux3": (flux3, tsf.flux3_files),
+               "flux3-distilled": (tiny_dir / "tiny-flux3-distilled", tsf.flux3_files),
                "wan22-t2v-a14b": (wan_a14b["wan22-t2v-a14b"], wan22_writer("t2v")),
                "wan22-i2v-a14b": (wan_a14b["wan22-i2v-a14b"], wan22_writer("i2v")),
                "wan22-ti2v-5b": (tiny_dir / "tiny-wan22-ti2v-5b", wan22_writer("ti2v"))}

@@ -621,11 +621,34 @@ def test_qwen_image21_from_comfy_org_files_matches_the_folder(sf_dir):
         image_at_default_text_length)
 
 
-@pytest.mark.parametrize("family, pipeline_class, configs_repo", [
-    ("krea2", "Krea2Pipeline", "krea/Krea-2-Turbo"), ("qwenimage21", "QwenImage21Pipeline", "Qwen/Qwen-Image-2.1")])
+def flux3_image(pipe):
+    """`image` for FLUX 3 [klein]'s modular pipeline (one prompt per call, its outputs asked for by name)."""
+    return pipe(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, output_type="np",
+                generator=torch.Generator().manual_seed(0), output="images")
+
+
+def test_flux3_from_comfy_org_files_matches_the_folder(sf_dir):
+    """FLUX 3 [klein]: the diffusion model in BFL's layout (bf16), the Qwen3-VL text encoder (vision tower included)
+    and FLUX.2's VAE into the modular pipeline of a folder that has only a modular_model_index.json; the distilled
+    model's file (its flow map's second timestep embedder) is told by diffusers' model type, with its configs."""
+    source, f = folder(sf_dir, "flux3"), files(sf_dir, "flux3")
+    assert not os.path.exists(os.path.join(source, "model_index.json"))
+    assert single_file.model_class_of(f["transformer"]) == "Flux3ModularPipeline"
+    assert single_file.default_config_repo(f["transformer"]) == "black-forest-labs/flux-3-image-klein-base"
+    distilled = files(sf_dir, "flux3-distilled")["transformer"]
+    assert single_file.model_class_of(distilled) == "Flux3DistilledModularPipeline"
+    assert single_file.default_config_repo(distilled) == "black-forest-labs/flux-3-image-klein"
+    assert_same_pipeline(source, "Flux3ModularPipeline", (
+        ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])), flux3_image)
+
+
+@pytest.mark.parametrize("family, pipeline_class, configs_repo, sample", [
+    ("krea2", "Krea2Pipeline", "krea/Krea-2-Turbo", image_at_default_text_length),
+    ("qwenimage21", "QwenImage21Pipeline", "Qwen/Qwen-Image-2.1", image_at_default_text_length),
+    ("flux3", "Flux3ModularPipeline", "black-forest-labs/flux-3-image-klein-base", flux3_image)])
 def test_an_int8_convrot_diffusion_model_gives_the_folders_image_on_its_dequantized_weights(sf_dir, tmp_path, family,
                                                                                            pipeline_class,
-                                                                                           configs_repo):
+                                                                                           configs_repo, sample):
     """ComfyUI's int8 ConvRot file of the diffusion model (Krea's original layout / Qwen-Image 2.1's fused gate_up)
     with the family's other files: the image of the folder whose transformer holds comfy-kitchen's dequantization
     of the same int8 weights, quantized in diffusers' layout (rows and layers quantize independently, so the
@@ -649,11 +672,11 @@ def test_an_int8_convrot_diffusion_model_gives_the_folders_image_on_its_dequanti
                                                                    reference.transformer.dtype))
     got, want = pipes[QuantizedWeights.DEQUANTIZE].transformer.state_dict(), reference.transformer.state_dict()
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
-    dequantized = image_at_default_text_length(pipes[QuantizedWeights.DEQUANTIZE])
-    assert (image_at_default_text_length(reference) == dequantized).all()  # measured: not an ulp apart
+    dequantized = sample(pipes[QuantizedWeights.DEQUANTIZE])
+    assert (sample(reference) == dequantized).all()  # measured: not an ulp apart
     layers = [m for m in pipes[QuantizedWeights.KEEP_QUANTIZED].transformer.modules() if isinstance(m, ResidentLinear)]
     assert layers and any(m.params.convrot for m in layers)
-    assert (image_at_default_text_length(pipes[QuantizedWeights.KEEP_QUANTIZED]) == dequantized).all()
+    assert (sample(pipes[QuantizedWeights.KEEP_QUANTIZED]) == dequantized).all()
 
 
 def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
@@ -676,6 +699,12 @@ def test_a_non_diffusion_file_names_the_supported_families(sf_dir):
     ("krea2", "text_encoder", "text_encoder", "ZImagePipeline", r"is a Qwen3-VL text encoder, .* needs a Qwen3 "),
     ("zimage", "text_encoder", "text_encoder", "Krea2Pipeline", r"is a Qwen3 text encoder, .* needs a Qwen3-VL"),
     ("krea2", "transformer", "transformer", "QwenImagePipeline", r"is a Krea 2 diffusion model, but transformer of Qw"),
+    ("flux3", "transformer", "transformer", "Krea2Pipeline", r"is a FLUX 3 \[klein\] diffusion model, but transformer "
+                                                             r"of Krea 2 needs a Krea 2 diffusion model"),
+    ("krea2", "transformer", "transformer", "Flux3ModularPipeline", r"is a Krea 2 diffusion model, but transformer of "
+                                                                    r"FLUX 3 \[klein\] needs a FLUX 3 \[klein\]"),
+    ("flux3", "vae", "text_encoder", "Flux3ModularPipeline", r"is a FLUX.2 VAE, but text_encoder of FLUX 3 \[klein\] "
+                                                             r"needs a Qwen3-VL"),
     ("wan22-ti2v-5b", "vae", "vae", "WanPipeline", r"is a Wan 2.2 VAE \(TI2V-5B\), but vae of Wan 2.2 needs a Wan 2.1"),
     ("wan22-t2v-a14b", "text_encoder", "text_encoder_2", "FluxPipeline", r"is a UMT5 text encoder \(Wan\), but "
                                                                          r"text_encoder_2 of FLUX.1 needs a T5"),
@@ -794,7 +823,6 @@ def test_comfyuis_int8_is_read_exactly_as_comfy_kitchen_dequantizes_it(sf_dir, t
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("flux3", r"a FLUX 3 \[klein\] diffusion model"),
     ("ltx2", "an LTX-2 video model"),
     ("minimax-h3", "a MiniMax H3 video model"),
 ])

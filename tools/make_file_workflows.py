@@ -47,7 +47,7 @@ WORKFLOWS = {
         [("TPUFileLoader", ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none",
                             "ae.safetensors", "auto", "auto", "auto", "none", "auto"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
-         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0]),
+         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux1_dev_files"])]),
     "sd35_large_files_compiled": Workflow(
         "One TPU v6e chip (32 GB HBM). ComfyUI's SD3.5 Large checkpoint models/checkpoints/sd3.5_large.safetensors "
@@ -59,7 +59,7 @@ WORKFLOWS = {
          ("TPUModeSelector", ["compiled", "model_cpu_offload"]),
          ("TPUCompileTransformer", ["auto", False, "1024x1024"]),
          ("TPUSampler", ["a cozy reading nook by a rainy window, warm lamp light, watercolor illustration",
-                         "blurry, low quality", 1024, 1024, 40, 4.5, 42, "fixed", 1, 1.0]),
+                         "blurry, low quality", 1024, 1024, 40, 4.5, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["sd35_large_files"])]),
     "flux2_dev_files_offload": Workflow(
         "A TPU host with about 128 GB of host RAM. ComfyUI's FLUX.2-dev files: models/diffusion_models/"
@@ -70,7 +70,7 @@ WORKFLOWS = {
                             "none", "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", ["a vintage travel poster of a lighthouse on a rocky coast, bold shapes", "",
-                         1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0]),
+                         1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux2_dev_files"])]),
     "qwen_image_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Qwen-Image files: models/"
@@ -81,7 +81,7 @@ WORKFLOWS = {
                             "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", ["a street sign that reads 'TPU AVENUE' under cherry blossoms", "blurry", 1328, 1328, 50,
-                         4.0, 42, "fixed", 1, 1.0]),
+                         4.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["qwen_image_files"])]),
     "flux1_dev_lora_chain_compiled": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM; the FLUX.1-dev files of "
@@ -94,7 +94,7 @@ WORKFLOWS = {
          ("TPULora", ["flux1_detail_lora.safetensors", 0.5, "high_noise"]),
          ("TPUModeSelector", ["compiled", "model_cpu_offload"]),
          ("TPUCompileTransformer", ["auto", True, "1024x1024"]),
-         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0]),
+         ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux1_dev_lora"])]),
     "qwen_image_edit_2509_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Qwen-Image-Edit-2509 files: models/"
@@ -111,7 +111,7 @@ WORKFLOWS = {
          ("TPULora", ["Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors", 1.0, "high_noise"]),
          OFFLOAD,
          ("TPUSampler", ["the woman from image 1 sits on the sofa from image 2, reading a book, soft window light",
-                         "", 0, 0, 4, 1.0, 42, "fixed", 1, 1.0]),
+                         "", 0, 0, 4, 1.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["qwen_image_edit_2509"])],
         images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
     "qwen_image_2512_lightning_files_offload": Workflow(
@@ -128,7 +128,7 @@ WORKFLOWS = {
          ("TPULora", ["Qwen-Image-2512-Lightning-4steps-V1.0-fp32.safetensors", 1.0, "high_noise"]),
          OFFLOAD,
          ("TPUSampler", ["a street sign that reads 'TPU AVENUE' under cherry blossoms", "", 1328, 1328, 4, 1.0, 42,
-                         "fixed", 1, 1.0]),
+                         "fixed", 1, 1.0, True]),
          ("SaveImage", ["qwen_image_2512_lightning"])]),
     "flux1_kontext_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. ComfyUI's FLUX.1 Kontext files: models/"
@@ -139,7 +139,7 @@ WORKFLOWS = {
         [("TPUFileLoader", ["flux1-dev-kontext_fp8_scaled.safetensors", *FLUX1_DEV_FILES[1:]]),
          OFFLOAD,
          ("TPUSampler", ["make it a snowy winter evening, keep the house and the people as they are", "",
-                         0, 0, 28, 2.5, 42, "fixed", 1, 1.0]),
+                         0, 0, 28, 2.5, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux1_kontext"])],
         images=(("kontext_input.png", {"image": 0}),)),
     "flux1_fill_inpaint_files_offload": Workflow(
@@ -151,7 +151,7 @@ WORKFLOWS = {
         "for. Model CPU offload.",
         [("TPUFileLoader", ["flux1-fill-dev.safetensors", *FLUX1_DEV_FILES[1:]]),
          OFFLOAD,
-         ("TPUSampler", ["a vase of sunflowers on the wooden table", "", 0, 0, 28, 30.0, 42, "fixed", 1, 1.0]),
+         ("TPUSampler", ["a vase of sunflowers on the wooden table", "", 0, 0, 28, 30.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux1_fill_inpaint"])],
         images=(("inpaint_source.png", {"image": 0, "mask": 1}),)),
     "flux1_dev_img2img_files_offload": Workflow(
@@ -163,7 +163,7 @@ WORKFLOWS = {
         [("TPUFileLoader", FLUX1_DEV_FILES),
          OFFLOAD,
          ("TPUSampler", ["a watercolor painting of the same scene, soft washes of color, paper texture", "",
-                         0, 0, 28, 3.5, 42, "fixed", 1, 0.6]),
+                         0, 0, 28, 3.5, 42, "fixed", 1, 0.6, True]),
          ("SaveImage", ["flux1_dev_img2img"])],
         images=(("img2img_source.png", {"image": 0}),)),
     "sd35_large_img2img_files_offload": Workflow(
@@ -175,7 +175,7 @@ WORKFLOWS = {
         [("TPUFileLoader", SD35_LARGE_FILES),
          OFFLOAD,
          ("TPUSampler", ["an oil painting of the same scene at golden hour, thick brush strokes",
-                         "blurry, low quality", 0, 0, 40, 4.5, 42, "fixed", 1, 0.7]),
+                         "blurry, low quality", 0, 0, 40, 4.5, 42, "fixed", 1, 0.7, True]),
          ("SaveImage", ["sd35_large_img2img"])],
         images=(("img2img_source.png", {"image": 0}),)),
     "sdxl_checkpoint_files_offload": Workflow(
@@ -188,7 +188,7 @@ WORKFLOWS = {
         "'missing op upsample_nearest2d.out' (docs/device_check.md says how to check).",
         [("TPUFileLoader", ["sd_xl_base_1.0.safetensors", "none", "none", "none", "none", "auto", "auto", "auto", "none", "auto"]),
          OFFLOAD,
-         ("TPUSampler", [FOX, "blurry, low quality", 1024, 1024, 30, 6.0, 42, "fixed", 1, 1.0]),
+         ("TPUSampler", [FOX, "blurry, low quality", 1024, 1024, 30, 6.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["sdxl_checkpoint"])]),
     "flux2_dev_multi_reference_tp8": Workflow(
         "One TPU host with 8 chips (e.g. v6e-8). FLUX.2-dev (the diffusers folder models/diffusers/FLUX.2-dev) "
@@ -198,7 +198,7 @@ WORKFLOWS = {
         [("TPULoader", ["FLUX.2-dev", "", "auto", "auto"]),
          ("TPUMesh", [8, True, True, "launch_local", "", "", 1, 1]),
          ("TPUSampler", ["the ceramic mug from image 1 on the desk from image 2, morning light, product photo", "",
-                         1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0]),
+                         1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux2_dev_multi_reference"])],
         images=(("flux2_reference_mug.png", {"image": 0}), ("flux2_reference_desk.png", {"image_2": 0}))),
     "flux2_klein_4b_edit_files_offload": Workflow(
@@ -212,7 +212,7 @@ WORKFLOWS = {
                             "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
          OFFLOAD,
          ("TPUSampler", ["the ceramic mug from image 1 on the desk from image 2, morning light, product photo", "",
-                         1024, 1024, 4, 1.0, 42, "fixed", 1, 1.0]),
+                         1024, 1024, 4, 1.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux2_klein_4b_edit"])],
         images=(("flux2_reference_mug.png", {"image": 0}), ("flux2_reference_desk.png", {"image_2": 0}))),
     "z_image_turbo_files_offload": Workflow(
@@ -225,7 +225,7 @@ WORKFLOWS = {
         [("TPUFileLoader", ["z_image_turbo_bf16.safetensors", "qwen_3_4b.safetensors", "none", "none",
                             "ae.safetensors", "auto", "auto", "auto", "none", "auto"]),
          OFFLOAD,
-         ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0]),
+         ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["z_image_turbo_files"])]),
     "qwen_image_21_edit_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 64 GB of host RAM. ComfyUI's Qwen-Image 2.1 files: models/"
@@ -240,7 +240,7 @@ WORKFLOWS = {
                             "qwen_image_2.1_vae_bf16.safetensors", "auto", "auto", "auto", "none", "auto"]),
          OFFLOAD,
          ("TPUSampler", ["the woman from image 1 sits on the sofa from image 2, reading a book, soft window light",
-                         "", 1024, 1024, 40, 1.0, 42, "fixed", 1, 1.0]),
+                         "", 1024, 1024, 40, 1.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["qwen_image_21_edit"])],
         images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
     "krea2_turbo_files_offload": Workflow(
@@ -254,7 +254,7 @@ WORKFLOWS = {
         [("TPUFileLoader", ["krea2_turbo_fp8_scaled.safetensors", "qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
                             "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
          OFFLOAD,
-         ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0]),
+         ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["krea2_turbo_files"])]),
     "wan22_ti2v_5b_text_to_video_files": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 48 GB of host RAM. ComfyUI's Wan 2.2 TI2V-5B files: models/"

@@ -988,6 +988,59 @@ def qwenimage21_files(folder, out) -> dict[str, Path]:
         "text_encoder": _save(folder_weights(folder, "text_encoder"), out / "qwen3vl_8b_bf16.safetensors"),
         "vae": _save(folder_weights(folder, "vae"), out / "qwen_image_2.1_vae_bf16.safetensors"),
     }
+FLUX3_PREFIXES = {"x_embedders.": "emb_in.", "context_embedder.": "txt_in.", "mode_blocks.": "content_mode_blocks.",
+                  "single_transformer_blocks.": "single_blocks."}
+FLUX3_KEYS = {"timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
+              "timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
+              "target_timestep_embedder.linear_1.weight": "ref_time_in.in_layer.weight",
+              "target_timestep_embedder.linear_2.weight": "ref_time_in.out_layer.weight",
+              "proj_out.weight": "final_layer.image.linear.weight",
+              "norm_out.linear.weight": "final_layer.image.adaLN_modulation.1.weight"}
+FLUX3_BLOCK_PARTS = {"attn.to_q.weight": "q_proj.weight", "attn.to_k.weight": "k_proj.weight",
+                     "attn.to_v.weight": "v_proj.weight", "attn.to_out.0.weight": "attn_out.weight",
+                     "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale",
+                     "ff.linear_in.weight": "mlp_in.weight", "ff.linear_out.weight": "mlp_out.weight"}
+
+
+def flux3_to_bfl(sd: dict) -> dict:
+    """FLUX 3's original (BFL) layout, what diffusers' convert_flux3_transformer_checkpoint_to_diffusers reads: emb_in.,
+    txt_in., content_mode_blocks., single_blocks., `.lin.` modulations, time_in / ref_time_in, the final adaLN as
+    [shift, scale]."""
+    out = {}
+    for key, value in sd.items():
+        if key in FLUX3_KEYS:
+            out[FLUX3_KEYS[key]] = _swap_halves(value) if key == "norm_out.linear.weight" else value
+            continue
+        suffix = next((part for part in FLUX3_BLOCK_PARTS if key.endswith(part)), None)
+        if suffix:
+            key = key[: -len(suffix)] + FLUX3_BLOCK_PARTS[suffix]
+        key = key.replace(".linear.weight", ".lin.weight")
+        prefix = next((p for p in FLUX3_PREFIXES if key.startswith(p)), None)
+        out[FLUX3_PREFIXES[prefix] + key[len(prefix):] if prefix else key] = value
+    return out
+
+
+def flux3_files(folder, out) -> dict[str, Path]:
+    """The FLUX 3 [klein] files of ComfyUI's templates: flux3-image-klein-base-bf16.safetensors (BFL's layout, bf16:
+    the folder needs `bf16_valued_transformer` for it to hold exactly the folder's weights) and its int8 ConvRot file
+    (groups of 16: the tiny model is 32 wide), the Qwen3-VL text encoder (its vision tower included, in the folder's
+    dtype; also as int8 ConvRot, qwen3vl_4b_int8_convrot) and FLUX.2's VAE (flux2-vae, LDM layout)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    transformer = flux3_to_bfl(folder_weights(folder, "transformer"))
+    text_encoder = folder_weights(folder, "text_encoder")
+    return {
+        "transformer": _save({k: v.to(torch.bfloat16) for k, v in transformer.items()},
+                             out / "flux3-image-klein-base-bf16.safetensors"),
+        "transformer_int8_convrot": _save(comfy_quantized(transformer, "int8_convrot", 16),
+                                          out / "flux3-image-klein-base-int8-convrot.safetensors"),
+        "text_encoder": _save(text_encoder, out / "qwen3vl_4b.safetensors"),
+        "text_encoder_int8_convrot": _save(comfy_quantized(text_encoder, "int8_convrot", 16),
+                                           out / "qwen3vl_4b_int8_convrot.safetensors"),
+        "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "flux2-vae.safetensors"),
+    }
+
+
 def zimage_quantized_files(folder, out, convrot_group: int = 16) -> dict[str, dict[str, Path]]:
     """Z-Image's diffusion model and Qwen3 text encoder in every ComfyUI quantized format (QUANT_KINDS), as
     ComfyUI's model folders hold them: {kind: {"transformer": models/diffusion_models/z_image_turbo_<kind>,

@@ -17,7 +17,7 @@ from .base import (EDIT, TEXT2IMAGE, Family, FileKind, FileSlot, FileVariant, Mo
 from .components import QWEN3VL, diffusers_detection_keys
 
 TRANSFORMER = FileKind("flux3_transformer", "a FLUX 3 [klein] diffusion model",
-                       lambda: (*diffusers_detection_keys("flux3"), "x_embedders.image_cond.weight"))
+                       lambda: (*diffusers_detection_keys("flux3"), "early_stream_modulations.image.linear.weight"))
 
 WORKFLOWS = {TEXT2IMAGE: "text2image", EDIT: "image_conditioned"}
 BASE, DISTILLED = "Flux3ModularPipeline", "Flux3DistilledModularPipeline"
