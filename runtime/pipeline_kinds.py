@@ -39,7 +39,7 @@ def kind_for(family: Family, model_class: str) -> "ClassicKind | ModularKind":
     blocks = family.modular.get(model_class)
     if blocks is None:
         return CLASSIC_KIND
-    # a model class whose tasks name the blocks' own ModularPipeline class has no classic pipeline (FLUX 3 [klein])
+    # a model class whose tasks name no class, or the blocks' own ModularPipeline class, has no classic pipeline
     has_classic = any(task.cls not in ("", blocks.pipeline) for task in family.model_classes[model_class].values())
     if not has_classic or settings.get("TPU_DIFFUSERS_PIPELINE_KIND") == MODULAR:
         return ModularKind(family, blocks)

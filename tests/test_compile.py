@@ -81,7 +81,8 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
                                                   ("sdxl", "StableDiffusionXLPipeline"),
                                                   ("flux2-klein", "Flux2KleinPipeline"),
                                                   ("zimage", "ZImagePipeline"),
-                                                  ("qwenimage21", "QwenImage21Pipeline"), ("krea2", "Krea2Pipeline")])
+                                                  ("qwenimage21", "QwenImage21Pipeline"), ("krea2", "Krea2Pipeline"),
+                                                  ("flux3", "Flux3ModularPipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
     handle = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
@@ -229,7 +230,8 @@ def test_a_denoiser_fullgraph_cannot_trace_whole_compiles_its_blocks_on_the_chip
                                                   ("flux2-klein", "Flux2KleinPipeline"),
                                                   ("zimage", "ZImagePipeline"),  # a fresh load: prepare_compile
                                                   ("sdxl", "StableDiffusionXLPipeline"),
-                                                  ("krea2", "Krea2Pipeline")])
+                                                  ("krea2", "Krea2Pipeline"),
+                                                  ("flux3-distilled", "Flux3DistilledModularPipeline")])
 def test_the_other_families_compile_whole_and_match_eager(tiny, name, pipeline_class):
     compiled = PipelineHandle.of(source=tiny(name), model_class=pipeline_class, mode=ExecutionMode.COMPILED,
                               compile=CompileSpec())

@@ -13,9 +13,10 @@ from tpu_diffusers_runtime.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES_FOLDER = ROOT / "runtime" / "families"
-# Words of diffusers' pipeline class names that say what a pipeline does, not which family it is.
+# Words of diffusers' pipeline class names that say what a pipeline does or what kind it is (Modular, Distilled), not
+# which family it is.
 TASK_WORDS = {"Pipeline", "Image", "Img2Img", "Edit", "Plus", "Fill", "Inpaint", "To", "Video", "Stable",
-              "Diffusion"}
+              "Diffusion", "Modular", "Distilled"}
 
 
 def own_word(part: str) -> bool:

@@ -34,7 +34,7 @@ def loras(tiny_dir, tmp_path_factory):
     (lightx2v's Wan 2.2 4-step layout, one per expert of the tiny T2V A14B), built once."""
     root = tmp_path_factory.mktemp("loras")
     files = {}
-    for family in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "qwenimage21"):
+    for family in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "qwenimage21", "flux3"):
         files[family] = tiny_loras.build(tiny_dir / f"tiny-{family}", root / f"{family}.safetensors", seed=1)
     files["flux1-schnell-b"] = tiny_loras.build(tiny_dir / "tiny-flux1-schnell", root / "flux1-b.safetensors", seed=2)
     files["zimage"] = tiny_loras.build(tiny_dir / "tiny-zimage", root / "zimage.safetensors", "comfyui", seed=1)
@@ -103,7 +103,8 @@ def test_the_same_loras_again_load_nothing(tiny, loras):
             ["LoRA: flux1-schnell.safetensors @ 0.7 (fused, 7 layers)"]
 
 
-@pytest.mark.parametrize("name", ["sd3", "flux2", "qwenimage", "flux2-klein", "zimage", "qwenimage21", "krea2"])
+@pytest.mark.parametrize("name", ["sd3", "flux2", "qwenimage", "flux2-klein", "zimage", "qwenimage21", "krea2",
+                                  "flux3"])
 def test_every_family_takes_its_lora_and_gives_the_base_back(tiny, loras, name):
     engine = Engine()
     base_handle = handle(tiny, name)
@@ -335,7 +336,8 @@ def test_corrupt_and_wrong_files_are_refused_with_what_to_do_and_the_base_is_unc
 
 def test_the_lora_node_check_refuses_another_family_from_the_configs_alone(tiny, loras):
     """check_lora_fits (the TPU LoRA node's check) builds the models on the meta device: no weights loaded."""
-    for name in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "zimage", "qwenimage21", "krea2"):
+    for name in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "zimage", "qwenimage21", "krea2",
+                 "flux3"):
         check_lora_fits(inspect_source(tiny(name)), tiny(name), LoraSpec(loras[name]))
     check_lora_fits("FluxPipeline", tiny("flux1-schnell"), LoraSpec(loras["flux1-kohya"]))
     for model in ("qwenimage", "qwenimage-edit-plus"):  # Qwen-Image-2512 and Edit-2509 take the Lightning layout

@@ -113,7 +113,7 @@ def test_the_parallelism_page_shows_what_fits_each_chip_type():
 
 
 @pytest.mark.parametrize("name", ["flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage",
-                                  "krea2"])
+                                  "krea2", "flux3"])
 def test_an_image_familys_plan_is_computed_from_its_own_memory_model(tiny, name):
     """Every family fills a memory model: an image family's estimate reads its denoiser's widths and its VAE from its
     configs, counts its tokens (one frame of size/(VAE factor x patch) squared) and refuses what cannot fit."""

@@ -16,7 +16,7 @@ from tpu_diffusers_runtime.specs import MeshSpec
 
 # The latent channels ComfyUI's factors are for (the tiny models have the real VAEs' channel counts).
 CHANNELS = {"flux1-schnell": 16, "sd3": 16, "flux2": 32, "qwenimage": 16, "flux2-klein": 32, "zimage": 16, "sdxl": 4,
-            "krea2": 16, "qwenimage21": 64}
+            "krea2": 16, "qwenimage21": 64, "flux3": 32}
 FACTORS = {"qwenimage21": 16}  # pixels per latent pixel where not 8 (its 16x VAE)
 
 

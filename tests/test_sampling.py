@@ -16,7 +16,7 @@ from tpu_diffusers_runtime.tasks import SampleRequest
 
 SAMPLE_SIZE = 64  # small, and a multiple of 16 as every family needs
 FAMILY_FOLDERS = ["flux1-schnell", "flux1-dev", "sd3", "flux2", "qwenimage", "flux2-klein", "sdxl", "zimage",
-                  "qwenimage21", "krea2"]
+                  "qwenimage21", "krea2", "flux3", "flux3-distilled"]
 
 
 def request(**overrides):
@@ -158,7 +158,8 @@ def test_the_family_table_covers_every_supported_pipeline():
     assert {family.base_class for family in FAMILIES} == {"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline",
                                                           "QwenImagePipeline", "Flux2KleinPipeline",
                                                           "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline",
-                                                          "QwenImage21Pipeline", "Krea2Pipeline"}
+                                                          "QwenImage21Pipeline", "Krea2Pipeline",
+                                                          "Flux3ModularPipeline"}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

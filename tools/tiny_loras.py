@@ -54,17 +54,22 @@ LIGHTX2V_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "a
                     "txt_mlp.net.2")
 
 
+def _model_index(model_dir: Path) -> dict:
+    """model_index.json, or a modular pipeline's modular_model_index.json (its components' entries start alike)."""
+    path = model_dir / "model_index.json"
+    return json.loads((path if path.is_file() else model_dir / "modular_model_index.json").read_text())
+
+
 def _pipeline_class(model_dir: Path):
     import diffusers
 
-    return getattr(diffusers, json.loads((model_dir / "model_index.json").read_text())["_class_name"])
+    return getattr(diffusers, _model_index(model_dir)["_class_name"])
 
 
 def _load_transformer(model_dir: Path):
     import diffusers
 
-    index = json.loads((model_dir / "model_index.json").read_text())
-    cls = getattr(diffusers, index["transformer"][1])
+    cls = getattr(diffusers, _model_index(model_dir)["transformer"][1])
     return cls.from_pretrained(model_dir, subfolder="transformer", local_files_only=True)
 
 
