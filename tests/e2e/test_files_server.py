@@ -41,7 +41,12 @@ FAMILIES = {
                                     "qwenimage21/qwen_image_2.1_vae_bf16.safetensors")),
     "krea2": ("krea2", ("krea2/krea2_turbo_fp8_scaled.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none",
                         "none", "krea2/qwen_image_vae.safetensors")),
+    "flux3": ("flux3", ("flux3/flux3-image-klein-base-bf16.safetensors", "flux3/qwen3vl_4b.safetensors", "none",
+                        "none", "flux3/flux2-vae.safetensors")),
 }
+# the files of workflows/flux3_klein_base_edit_files_offload.json, by their names there
+FLUX3_TEMPLATE_FILES = ("flux3/flux3-image-klein-base-int8-convrot.safetensors",
+                        "flux3/qwen3vl_4b_int8_convrot.safetensors", "none", "none", "flux3/flux2-vae.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +132,17 @@ def test_a_family_from_single_files_gives_the_image_of_its_folder(files_server, 
     # an ulp (the runtime tests measure 4e-6 on the image): at most one 8-bit level here
     assert np.abs(pixels(files_server, entry) - from_folder).max() <= 1
     assert run_info(entry)["loaded"]
+
+
+def test_flux3_klein_from_its_int8_convrot_template_files_runs(files_server):
+    """FLUX 3 [klein]'s template files (int8 ConvRot diffusion model and Qwen3-VL, FLUX.2's VAE) with its configs
+    through the File Loader (quantized_weights auto): a real image, nothing refused.
+    (test_single_file.py compares the int8 ConvRot file's image with the folder's dequantized weights.)"""
+    entry = run_ok(files_server, files_prompt("flux3", FLUX3_TEMPLATE_FILES, seed=7, width=64, height=48, steps=2,
+                                              guidance=3.5, prompt_upsampling=False))
+    info = run_info(entry)
+    assert info["pipeline"] == "Flux3ModularPipeline" and info["loaded"]
+    assert np.std(pixels(files_server, entry)) > 1
 
 
 def test_an_sdxl_checkpoint_gives_the_image_of_plain_diffusers_from_single_file(files_server, single_files):
@@ -334,7 +350,9 @@ def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, 
       "krea2/qwen_image_vae.safetensors"), "is a Qwen3 text encoder, but text_encoder of Krea 2 needs a Qwen3-VL"),
     (("zimage/z_image_turbo_bf16.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
       "krea2/qwen_image_vae.safetensors"), "Z-Image"),
-], ids=["qwen3-text-encoder", "z-image-model"])
+    (("flux3/flux3-image-klein-base-bf16.safetensors", "krea2/qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
+      "krea2/qwen_image_vae.safetensors"), "FLUX 3 [klein]"),
+], ids=["qwen3-text-encoder", "z-image-model", "flux3-model"])
 def test_a_file_of_another_family_is_refused_on_the_file_loader_when_queued(files_server, picks, message):
     """Krea 2's configs with a Z-Image file: refused from the headers when the prompt is queued."""
     details = refused_on(files_server, files_prompt("krea2", picks), LOADER)

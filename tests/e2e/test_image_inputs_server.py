@@ -212,3 +212,56 @@ def test_width_and_height_0_take_the_images_size_rounded_to_16(server, inputs, t
     assert_equal_images([saved], expected)
     prompt[SAMPLER]["inputs"].update(width=64, seed=SEED + 1)  # one of them 0: the other as given
     assert saved_pixels(server, run_ok(server, prompt))[0].shape == (48, 64, 3)
+
+
+def flux3_blocks(tiny, model: str, upsample: bool, guidance: float | None, calls: list[dict]) -> list[np.ndarray]:
+    """FLUX 3 [klein] run as a diffusers user sets its modular blocks up from the folder: the prompt upsampler step
+    popped when it is not wanted, the base model's CFG set on its guider; quantized as Save Image does."""
+    from diffusers import ClassifierFreeGuidance
+    from diffusers.modular_pipelines import Flux3AutoBlocks, Flux3DistilledAutoBlocks
+
+    blocks = (Flux3AutoBlocks if guidance is not None else Flux3DistilledAutoBlocks)()
+    if not upsample:
+        blocks.sub_blocks.pop("prompt_upsampler")
+    pipe = blocks.init_pipeline(tiny(model))
+    pipe.load_components(torch_dtype=torch.float32)
+    if guidance is not None:
+        pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=guidance))
+    arrays = []
+    for kwargs in calls:
+        images = pipe(prompt=PROMPT, output_type="pt", output="images", **kwargs)
+        arrays += list(np.clip(255.0 * images.permute(0, 2, 3, 1).float().numpy(), 0, 255).astype(np.uint8))
+    return arrays
+
+
+def test_flux3_klein_text_to_image_and_edits_save_what_its_modular_blocks_give(server, inputs, tiny):
+    """FLUX 3 [klein] (modular blocks only): the base model's text to image with CFG and its prompt upsampler (on
+    by default), then an edit from two Load Images, then the same edit with prompt_upsampling off, each equal to
+    diffusers' blocks set up as their docs say; the switches load nothing. The distilled model's edit takes no
+    guidance or negative prompt (the run says it ignored it)."""
+    sizes = dict(width=64, height=48)
+    ran = []
+    for i, (links, upsample) in enumerate([((), True), ((LOAD_A, LOAD_B), True), ((LOAD_A, LOAD_B), False)]):
+        prompt = image_prompt("tiny-flux3", images=links, guidance=2.5, negative_prompt=NEGATIVE,
+                              prompt_upsampling=upsample, **sizes)
+        prompt[SAMPLER]["inputs"]["seed"] = SEED + i
+        entry = run_ok(server, prompt)
+        info = run_info(entry)
+        ran.append((info["task"], info["pipeline"], info["loaded"]))
+        assert ("prompt rewritten first by the model's prompt upsampler (prompt_upsampling on)" in info["notes"]) \
+            == upsample
+        references = dict(image=[inputs[LOAD_A], inputs[LOAD_B]]) if links else {}
+        expected = flux3_blocks(tiny, "flux3", upsample, 2.5, [dict(
+            generator=generator(i), negative_prompt=NEGATIVE, num_inference_steps=2, **sizes, **references)])
+        assert_equal_images(saved_pixels(server, entry), expected)
+    assert ran == [("text2image", "Flux3ModularPipeline", True), ("edit", "Flux3ModularPipeline", False),
+                   ("edit", "Flux3ModularPipeline", False)]
+
+    entry = run_ok(server, image_prompt("tiny-flux3-distilled", images=(LOAD_A,), guidance=4.0,
+                                        negative_prompt=NEGATIVE, prompt_upsampling=False, **sizes))
+    info = run_info(entry)
+    assert (info["task"], info["pipeline"]) == ("edit", "Flux3DistilledModularPipeline")
+    assert "negative prompt ignored: FLUX 3 [klein] (Flux3DistilledModularPipeline) takes none" in info["notes"]
+    expected = flux3_blocks(tiny, "flux3-distilled", False, None, [dict(
+        generator=generator(), num_inference_steps=2, image=[inputs[LOAD_A]], **sizes)])
+    assert_equal_images(saved_pixels(server, entry), expected)
