@@ -7,11 +7,14 @@ width/height 0 take the image's size; the run info names the task and the diffus
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from comfy_host import PromptRejected
 from serving import SAMPLER, run_info, run_ok, sampler_prompt
 
 PROMPT = "a cat sitting on a red chair"
@@ -265,3 +268,8 @@ def test_flux3_klein_text_to_image_and_edits_save_what_its_modular_blocks_give(s
     expected = flux3_blocks(tiny, "flux3-distilled", False, None, [dict(
         generator=generator(), num_inference_steps=2, image=[inputs[LOAD_A]], **sizes)])
     assert_equal_images(saved_pixels(server, entry), expected)
+
+    with pytest.raises(PromptRejected) as rejected:  # a size it cannot make: refused when queued
+        server.queue(image_prompt("tiny-flux3", width=72, height=48))
+    message = json.dumps(rejected.value.body)
+    assert "width 72 cannot be used" in message and "Nearest valid widths: 64 or 80" in message, message
