@@ -269,10 +269,11 @@ def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_pr
     torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["sdxl"])
+@pytest.mark.parametrize("name", ["sdxl", "flux3"])
 def test_replicas_of_a_family_without_a_tp_plan_give_the_single_process_images(tiny, engine, name):
-    """SDXL's UNet has no TP plan either: it is refused as TP like Z-Image, and two replicas (one worker-group
-    launch) run it as one process does."""
+    """SDXL's UNet and FLUX 3 [klein]'s transformer (a modular pipeline, its prompt upsampler on) have no TP plan
+    either: they are refused as TP like Z-Image, and two replicas (one worker-group launch) run them as one process
+    does."""
     with pytest.raises(UserInputError, match=r"has no tensor-parallel plan in diffusers, so it cannot be sharded"):
         engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2)), request())
     assert engine.workers.current is None  # refused before anything launched

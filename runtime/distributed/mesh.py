@@ -158,13 +158,18 @@ def check_mesh(spec: MeshSpec, source: str, device: DeviceInfo, from_files: froz
 
 def _denoiser_class(family: Family):
     """The diffusers class of a family's denoiser, from its base pipeline's __init__ annotation
-    (a class, `SomeTransformer | None`, or its name as a string)."""
+    (a class, `SomeTransformer | None`, or its name as a string); for a model that has only modular blocks (its
+    ModularPipeline takes no components), from the blocks' component spec."""
     import inspect
     import typing
 
     import diffusers
 
-    annotation = inspect.signature(getattr(diffusers, family.base_class)).parameters[family.denoiser].annotation
+    parameters = inspect.signature(getattr(diffusers, family.base_class)).parameters
+    if family.denoiser not in parameters:
+        blocks = getattr(diffusers, family.modular[family.base_class].blocks)()
+        return next((spec.type_hint for spec in blocks.expected_components if spec.name == family.denoiser), None)
+    annotation = parameters[family.denoiser].annotation
     for option in typing.get_args(annotation) or (annotation,):
         option = getattr(diffusers, option, None) if isinstance(option, str) else option
         if isinstance(option, type) and option is not type(None):
