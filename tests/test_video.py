@@ -67,6 +67,7 @@ def test_frames_equal_plain_diffusers_video_after_video(tiny, name, model_class,
     assert made.info.task == ("image2video" if with_image else "text2video") and made.info.pipeline == cls
     family = family_for(model_class, settings=model_settings(tiny(name)))
     assert made.info.frames == FRAMES and made.info.fps == family.fps and f"{FRAMES} frames at" in made.info.summary()
+    assert made.audio is None and made.info.sample_rate == 0 and "fps, no sound" in made.info.summary()  # Wan: none
     start = {"image": Image.fromarray(PIXELS)} if with_image else {}
     torch.testing.assert_close(made.images, reference(tiny(name), cls, 2, **start), atol=0, rtol=0)
 
@@ -218,3 +219,39 @@ def test_text_then_image_to_video_on_the_5b_model_loads_nothing_again(tiny):
     image = engine.generate(handle, request(batch_size=1, images=(start_image(),)))
     assert (text.info.task, text.info.loaded) == ("text2video", True)
     assert (image.info.task, image.info.pipeline, image.info.loaded) == ("image2video", "WanImageToVideoPipeline", False)
+
+
+def test_sound_tracks_are_taken_per_call_and_joined_in_batch_order_as_comfyuis_audio():
+    """outputs.SoundTrack on real tensors: each call's waveform (diffusers' `audio`, a tensor [B, C, T] whatever the
+    output_type) to CPU float32 with the pipeline's rate (`Family.sound_rate`), the calls' joined video after video;
+    tracks of two rates are refused rather than mixed."""
+    import dataclasses
+    import types
+
+    from tpu_diffusers_runtime.outputs import AUDIO, KINDS, CallResult, joined
+
+    family = dataclasses.replace(family_for("WanPipeline"), sound_rate=lambda pipe: pipe.rate)
+    kind = KINDS[AUDIO]
+    generator = torch.Generator().manual_seed(1)
+    tracks = [torch.rand(1, 2, 100, generator=generator, dtype=torch.float64) for _ in range(3)]
+    pipe = types.SimpleNamespace(rate=16_000)
+    parts = [kind.take(CallResult(types.SimpleNamespace(audio=track), None, pipe, family)) for track in tracks]
+    audio = joined({KINDS["frames"]: [torch.zeros(3, 4, 4, 3)], kind: parts}).audio
+    assert audio["sample_rate"] == 16_000 and audio["waveform"].dtype == torch.float32
+    assert audio["waveform"].shape == (3, 2, 100) and audio["waveform"].device.type == "cpu"
+    torch.testing.assert_close(audio["waveform"], torch.cat(tracks).float(), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="different sample rates"):
+        kind.join([*parts[:1], dict(parts[1], sample_rate=8_000)])
+
+
+def test_only_a_family_that_makes_sound_asks_for_a_sound_track():
+    import dataclasses
+
+    from tpu_diffusers_runtime.outputs import AUDIO, FRAMES
+    from tpu_diffusers_runtime.tasks import TASKS
+
+    wan = family_for("WanPipeline")
+    assert not wan.makes_sound
+    assert [kind.name for kind in TASKS["text2video"].output_kinds(wan)] == [FRAMES]
+    sounding = dataclasses.replace(wan, sound_rate=lambda pipe: 24_000)
+    assert [kind.name for kind in TASKS["text2video"].output_kinds(sounding)] == [FRAMES, AUDIO]
