@@ -106,7 +106,8 @@ def reply_bytes(request) -> int:
     float32 per pixel, 1/3 of them, and for video a sound track (AUDIO_BYTES_PER_FRAME: a bound independent of the
     frames' size, as a small video's sound can outweigh its frames)."""
     images = request.output_bytes()
-    audio = request.batch_size * (request.frames * AUDIO_BYTES_PER_FRAME + AUDIO_BYTES_PER_SECOND) if request.frames else 0
+    per_video = request.frames * AUDIO_BYTES_PER_FRAME + AUDIO_BYTES_PER_SECOND if request.frames else 0
+    audio = request.batch_size * per_video
     return images + images // 6 + images // 3 + audio
 
 
