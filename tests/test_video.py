@@ -255,3 +255,41 @@ def test_only_a_family_that_makes_sound_asks_for_a_sound_track():
     assert [kind.name for kind in TASKS["text2video"].output_kinds(wan)] == [FRAMES]
     sounding = dataclasses.replace(wan, sound_rate=lambda pipe: 24_000)
     assert [kind.name for kind in TASKS["text2video"].output_kinds(sounding)] == [FRAMES, AUDIO]
+
+
+@pytest.fixture(scope="module")
+def tiny_ltx2(tmp_path_factory):
+    """A tiny LTX-2 pipeline (tools/tiny_models.ltx2; no family runs it yet), saved and loaded as a model folder."""
+    import tiny_models
+
+    return tiny_models.save(*tiny_models.ltx2("tiny"), tmp_path_factory.mktemp("models") / "tiny-ltx2")
+
+
+def test_a_real_sound_track_of_diffusers_ltx2_is_taken_as_comfyuis_audio(tiny_ltx2):
+    """SoundTrack on what plain diffusers' LTX2Pipeline returns (output_type="pt": frames [B, F, C, H, W], and the
+    waveform a tensor [B, 2, T] beside them) at the rate its vocoder's config says: the track as it is, in float32
+    on the CPU, with that rate; two calls (seed, seed + 1) join video after video. The same call twice gives the
+    same track (nothing random outside the generator)."""
+    import dataclasses
+
+    import diffusers
+
+    from tpu_diffusers_runtime.outputs import AUDIO, FRAMES, KINDS, CallResult, joined
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tiny_ltx2, local_files_only=True)
+    assert type(pipe).__name__ == "LTX2Pipeline"
+    family = dataclasses.replace(family_for("WanPipeline"), sound_rate=lambda p: p.vocoder.config.output_sampling_rate)
+    calls = [pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
+                  num_inference_steps=2, guidance_scale=3.0, max_sequence_length=16, output_type="pt",
+                  generator=torch.Generator("cpu").manual_seed(7 + i)) for i in (0, 1, 0)]
+    assert isinstance(calls[0].audio, torch.Tensor) and calls[0].audio.shape[:2] == (1, 2)
+    assert torch.equal(calls[0].audio, calls[2].audio) and not torch.equal(calls[0].audio, calls[1].audio)
+    parts = {KINDS[FRAMES]: [], KINDS[AUDIO]: []}
+    for output in calls[:2]:
+        for kind in parts:
+            parts[kind].append(kind.take(CallResult(output, None, pipe, family)))
+    made = joined(parts)
+    assert made.images.shape == (2 * 9, 32, 32, 3)
+    assert made.audio["sample_rate"] == pipe.vocoder.config.output_sampling_rate == 16_000
+    torch.testing.assert_close(made.audio["waveform"], torch.cat([calls[0].audio, calls[1].audio]).float(),
+                               atol=0, rtol=0)
