@@ -12,6 +12,7 @@ from .types import CATEGORY, TPUPipeline
 
 MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
+SOUND_FAMILIES = [family for family in VIDEO_FAMILIES if family.makes_sound]
 VIDEO_MODELS = with_each_setting(VIDEO_FAMILIES)  # each with its own size step, frame rate and frame count
 STEPS = " or ".join(str(step) for step in sorted({model.size_multiple for model in VIDEO_MODELS}))
 FPS = " or ".join(dict.fromkeys(f"{model.fps:g}" for model in VIDEO_MODELS))
@@ -69,7 +70,13 @@ class TPUVideoSampler(io.ComfyNode):
                 io.Float.Output(display_name="fps", tooltip=f"The model's frame rate ({FPS}): connect to Create "
                                                             "Video's fps."),
                 io.String.Output(display_name="info", tooltip="Device, the task and diffusers class that ran, the "
-                                                              "mode, frames and fps, load and sampling times."),
+                                                              "mode, frames and fps, sound, load and sampling times."),
+                # appended after the others, so the links of workflows saved before it keep their output indices
+                io.Audio.Output(display_name="audio",
+                                tooltip="The videos' sound track, one per video, for models that make sound "
+                                        f"({listed(SOUND_FAMILIES) or 'none of the supported ones yet'}): connect to "
+                                        "Create Video's audio, Save Audio or Preview Audio. A model that makes no "
+                                        "sound gives none: what it feeds is stopped with a message saying so."),
             ],
         )
 
@@ -93,4 +100,19 @@ class TPUVideoSampler(io.ComfyNode):
                                 images=() if image is None else (image,))
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
-        return io.NodeOutput(generation.images, info.fps, info.summary(), ui={"tpu_run_info": [info.as_dict()]})
+        return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),
+                             ui={"tpu_run_info": [info.as_dict()]})
+
+
+def sound_track(generation):
+    """The AUDIO output: the videos' sound track, or for a model that makes none ComfyUI's ExecutionBlocker, so a
+    node it feeds (Save Audio, Create Video) fails with this message rather than getting silence passed off as the
+    model's sound; the frames, fps and info outputs still feed their nodes."""
+    from comfy_execution.graph import ExecutionBlocker
+
+    if generation.audio is not None:
+        return generation.audio
+    sound = f"models that do: {listed(SOUND_FAMILIES)}" if SOUND_FAMILIES else "none of the supported models does yet"
+    return ExecutionBlocker(f"this video model ({generation.info.pipeline}) makes no sound, so the TPU Video "
+                            f"Sampler's audio output has none to give ({sound}). Use the frames without audio: "
+                            "disconnect the audio input of Create Video, or Save Audio / Preview Audio.")

@@ -102,9 +102,18 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
                    compiled_now=bool(activity.graphs) if compiled else None,
                    compile_seconds=activity.seconds + warmup.seconds, grad_mode="; ".join(sorted(grad_modes)),
                    compile_cache=compilation.cache_folders(), compile_cache_lookups=lookups,
-                   frames=request.frames, fps=family.fps if request.frames else 0.0, notes=tuple(notes))
+                   frames=request.frames, fps=family.fps if request.frames else 0.0, **sound_info(output.audio),
+                   notes=tuple(notes))
     log.info("TPU Diffusers: %s", info.summary().replace("\n", "; "))
-    return Generation(images=output.images, info=info, latent=output.latent, mask=output.mask)
+    return Generation(images=output.images, info=info, latent=output.latent, mask=output.mask, audio=output.audio)
+
+
+def sound_info(audio: dict | None) -> dict:
+    """RunInfo's fields of a sound track (ComfyUI's AUDIO): its sample rate and each video's seconds of it."""
+    if audio is None:
+        return {}
+    rate = audio["sample_rate"]
+    return {"sample_rate": rate, "audio_seconds": audio["waveform"].shape[-1] / rate}
 
 
 def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,

@@ -2,10 +2,10 @@
 denoising loop's final latents) into its part of the result, and joins the calls' parts in batch order.
 
 Kinds: decoded images (IMAGE), video frames (IMAGE, frame after frame, video after video), the alpha channel of a
-family that decodes RGBA (MASK) and LATENT (the family's `ComfyLatent`: what ComfyUI's own VAE Decode takes). A task's images are what plain diffusers returns
-with output_type="pt"; the LATENT is taken beside them from the last step's callback latents, so asking for it
-changes nothing in the images. Audio (ComfyUI's AUDIO, {"waveform": [B, C, T], "sample_rate": int}) has a place
-in `Outputs` for the families that make sound with their video; none of the supported ones does yet.
+family that decodes RGBA (MASK), LATENT (the family's `ComfyLatent`: what ComfyUI's own VAE Decode takes) and the
+sound track of a video family that makes sound (AUDIO, `Family.sound_rate`). A task's images are what plain
+diffusers returns with output_type="pt"; the LATENT is taken beside them from the last step's callback latents, so
+asking for it changes nothing in the images.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ IMAGES = "images"
 FRAMES = "frames"
 MASK = "mask"
 LATENT = "latent"
+AUDIO = "audio"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,9 @@ class Outputs:
     images: object  # IMAGE: float32 CPU [B, H, W, C] in 0..1 (a video's frames, video after video)
     latent: dict | None = None  # LATENT: {"samples": float32 CPU tensor} in the family's ComfyUI format
     mask: object = None  # MASK: float32 CPU [B, H, W], 1 - the decoded alpha (`AlphaMask`); None: no alpha decoded
-    audio: dict | None = None  # AUDIO, for video with sound: {"waveform": [B, C, T], "sample_rate": int}
+    # AUDIO, a video's sound track (`SoundTrack`): {"waveform": float32 CPU [B, C, T], "sample_rate": int}; None: no
+    # sound made
+    audio: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,28 @@ class ComfyLatents(OutputKind):
         return {"samples": super().join(parts)}
 
 
-KINDS = {kind.name: kind for kind in (DecodedImages(), VideoFrames(), AlphaMask(), ComfyLatents())}
+class SoundTrack(OutputKind):
+    """The sound track of a video family that makes sound (`Family.sound_rate`) as ComfyUI's AUDIO:
+    {"waveform": float32 CPU [B, C, T], "sample_rate": int}, one track per video, in the videos' order (what Create
+    Video, Save Audio and Preview Audio take). diffusers returns the waveform as a tensor [B, C, T] in `audio` beside
+    the frames whatever output_type is asked; its rate is the loaded pipeline's (its vocoder's)."""
+
+    name, field = AUDIO, "audio"
+
+    def take(self, call: CallResult):
+        import torch
+
+        waveform = torch.as_tensor(call.output.audio).to(device="cpu", dtype=torch.float32)
+        return {"waveform": waveform, "sample_rate": int(call.family.sound_rate(call.pipe))}
+
+    def join(self, parts: list):
+        rates = {part["sample_rate"] for part in parts}
+        if len(rates) != 1:  # one pipeline makes every call's: a mix would be a bug, not a track to play
+            raise ValueError(f"the calls' sound tracks have different sample rates {sorted(rates)}")
+        return {"waveform": super().join([part["waveform"] for part in parts]), "sample_rate": rates.pop()}
+
+
+KINDS = {kind.name: kind for kind in (DecodedImages(), VideoFrames(), AlphaMask(), ComfyLatents(), SoundTrack())}
 
 
 def joined(parts: dict) -> Outputs:

@@ -42,6 +42,8 @@ class RunInfo:
     compile_cache_lookups: dict = dataclasses.field(default_factory=dict)  # this run's; compilation.cache_lookups()
     frames: int = 0  # video: frames per video (the images output holds batch x frames of them)
     fps: float = 0.0  # video: the model's frame rate
+    sample_rate: int = 0  # video with sound: its sound track's sample rate (Hz); 0: no sound made
+    audio_seconds: float = 0.0  # ... and each video's track's length
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -61,7 +63,9 @@ class RunInfo:
                  f"placement: {self.placement}",
                  f"pipeline: {load}", f"sampling: {self.sample_seconds:.2f}s ({self.grad_mode})", *self.notes]
         if self.frames:
-            lines.insert(2, f"video: {self.frames} frames at {self.fps:g} fps")
+            sound = (f", sound {self.audio_seconds:.2f}s at {self.sample_rate} Hz" if self.sample_rate
+                     else ", no sound")
+            lines.insert(2, f"video: {self.frames} frames at {self.fps:g} fps{sound}")
         if self.mesh_shape and self.world_size > 1:
             replicas, cp, tp = self.mesh_shape
             parallel = f"{cp} CP" if cp > 1 else f"{tp} TP"
@@ -84,6 +88,7 @@ class Generation:
     info: RunInfo
     latent: dict | None = None  # ComfyUI's LATENT of the images (outputs.Outputs.latent); None for video
     mask: object = None  # ComfyUI's MASK of the images' alpha (outputs.Outputs.mask); None: the model decodes no alpha
+    audio: dict | None = None  # ComfyUI's AUDIO of a video's sound (outputs.Outputs.audio); None: the model makes none
 
 
 def _as_type(value, annotation):

@@ -80,7 +80,7 @@ def generate_on_workers(workers: WorkerGroups, cache: PipelineCache, handle: Pip
     use = workers.get(handle.mesh, plan.layout, plan.device, on_progress)
     group, launched = use.group, use.started
     try:
-        images, info, latent, mask = group.generate(handle, plan.to_wire(), plan.request, on_progress, preview)
+        images, info, latent, mask, audio = group.generate(handle, plan.to_wire(), plan.request, on_progress, preview)
     except WorkerGroupError:
         workers.stop()  # the next run relaunches
         raise
@@ -89,4 +89,4 @@ def generate_on_workers(workers: WorkerGroups, cache: PipelineCache, handle: Pip
     run = dataclasses.replace(run, load_seconds=load_seconds, worker_pids=(*group.pids(), *info["rank_pids"]),
                               notes=(*notes, use.note, *run.notes))
     log.info("TPU Diffusers: %s", run.summary().replace("\n", "; "))
-    return Generation(images=images, info=run, latent=latent, mask=mask)
+    return Generation(images=images, info=run, latent=latent, mask=mask, audio=audio)

@@ -345,6 +345,9 @@ class RankWorker:
                             mine["latent"] = np.ascontiguousarray(generation.latent["samples"].numpy())
                         if generation.mask is not None:
                             mine["mask"] = np.ascontiguousarray(generation.mask.numpy())
+                        if generation.audio is not None:
+                            mine["audio"] = np.ascontiguousarray(generation.audio["waveform"].numpy())
+                            mine["sample_rate"] = generation.audio["sample_rate"]
             finally:
                 if dist.get_rank() == run.leader:
                     self.store.set(run.done_key(replica), "1")
@@ -371,16 +374,17 @@ class RankWorker:
 
     @staticmethod
     def result(gathered: list[dict], slices: list[tuple[int, int]], cp: int, tp: int):
-        """Rank 0's reply: the images (and their LATENT and MASK, for a family that has them) in batch order, and run info
-        for the whole mesh (each entry's "steps": the denoising steps its rank ran, every pipeline call's). A
-        replica's ranks (TP or CP) all make its whole images; only its first rank sends them."""
+        """Rank 0's reply: the images (and their LATENT and MASK, and a video's sound track, for a family that has
+        them) in batch order, and run info for the whole mesh (each entry's "steps": the denoising steps its rank
+        ran, every pipeline call's). A replica's ranks (TP or CP) all make its whole images; only its first rank
+        sends them."""
         import numpy as np
 
         leaders = gathered[::cp * tp]  # one entry per replica, in replica order
         ran = [entry for entry in leaders if "images" in entry]
-        images, latent, mask = (ran[0].get(name) if len(ran) == 1 else
-                                None if name not in ran[0] else np.concatenate([entry[name] for entry in ran])
-                                for name in ("images", "latent", "mask"))
+        images, latent, mask, audio = (ran[0].get(name) if len(ran) == 1 else
+                                       None if name not in ran[0] else np.concatenate([entry[name] for entry in ran])
+                                       for name in ("images", "latent", "mask", "audio"))
         counts = [count for _, count in slices]
         seconds, compiles = ([entry["info"][name] if "info" in entry else 0.0 for entry in leaders]
                              for name in ("sample_seconds", "compile_seconds"))
@@ -407,10 +411,11 @@ class RankWorker:
                     replica_ranks=[[entry["rank"] for entry in gathered if entry["replica"] == r]
                                    for r in range(len(counts))],
                     notes=[*notes, *info["notes"]])
-        arrays = [array for array in (images, latent, mask) if array is not None]
+        arrays = [array for array in (images, latent, mask, audio) if array is not None]
         return ({"op": "result", "info": info, "shape": list(images.shape),
-                 "latent_shape": None if latent is None else list(latent.shape),
-                 "mask_shape": None if mask is None else list(mask.shape)},
+                 **{f"{name}_shape": None if array is None else list(array.shape)
+                    for name, array in (("latent", latent), ("mask", mask), ("audio", audio))},
+                 "sample_rate": ran[0].get("sample_rate", 0)},
                 [memoryview(array).cast("B") for array in arrays])
 
 

@@ -156,3 +156,56 @@ def test_both_ends_of_a_channel_probe_a_silent_peer_with_tcp_keepalive():
         client.close()
         accepted[0].close()
         server.close()
+
+
+def test_a_sound_track_comes_back_from_rank_0_as_comfyuis_audio(pair):
+    """Two replicas' videos and sound tracks (real tensors), as rank 0's reply (RankWorker.result) makes them and
+    the group (WorkerGroup.generate) reads them over the socket: the frames and each video's waveform in batch
+    order, bit for bit, with the sample rate, as ComfyUI's AUDIO; the reply's bound has room for the track."""
+    import numpy as np
+    import torch
+
+    from tpu_diffusers_runtime.worker_program import RankWorker
+
+    request = SampleRequest(prompt="a cat", width=32, height=32, batch_size=3, frames=5)
+    rate, samples = 24_000, 24_000 * 5 // 24 + 7  # a track rounded up past the frames' 5/24 s, as diffusers' are
+    generator = torch.Generator().manual_seed(0)
+    frames = torch.rand(3 * 5, 32, 32, 3, generator=generator)
+    waveforms = torch.rand(3, 2, samples, generator=generator) * 2 - 1
+    info = {"sample_seconds": 1.0, "compile_seconds": 0.0, "compiled_now": None, "notes": [],
+            "sample_rate": rate, "audio_seconds": samples / rate}
+    gathered = [{"rank": replica, "replica": replica, "pid": 100 + replica, "steps": 3, "tokens": 8, "bytes": 1,
+                 "fraction": 0.0, "info": info, "images": frames[5 * first:5 * (first + count)].numpy(),
+                 "audio": waveforms[first:first + count].numpy(), "sample_rate": rate}
+                for replica, (first, count) in enumerate([(0, 2), (2, 1)])]
+    message, payloads = RankWorker.result(gathered, [(0, 2), (2, 1)], cp=1, tp=1)
+    assert sum(len(payload) for payload in payloads) <= reply_bytes(request)
+    comfyui_side, rank_0 = pair
+
+    def answer():
+        protocol.receive(rank_0, timeout=30)  # the generate command
+        protocol.send(rank_0, message, payloads)
+
+    peer = threading.Thread(target=answer, daemon=True)
+    peer.start()
+    group = WorkerGroup(channel.Channel(comfyui_side, "peer"), "peer", world_size=2)
+    images, info, latent, mask, audio = group.generate(
+        PipelineHandle.of(source="/models/video", model_class="AVideoPipeline"), {}, request)
+    peer.join(timeout=30)
+    assert torch.equal(images, frames) and latent is None and mask is None
+    assert audio["sample_rate"] == rate and audio["waveform"].dtype == torch.float32
+    assert torch.equal(audio["waveform"], waveforms)
+    assert (info["sample_rate"], info["replica_images"]) == (rate, [2, 1])
+
+
+def test_a_sound_track_without_sound_is_none_in_the_reply(pair):
+    """A video without sound (or images) sends no audio payload: the group reads None, not an empty track."""
+    import numpy as np
+
+    from tpu_diffusers_runtime.worker_program import RankWorker
+
+    info = {"sample_seconds": 1.0, "compile_seconds": 0.0, "compiled_now": None, "notes": []}
+    entry = {"rank": 0, "replica": 0, "pid": 1, "steps": 1, "tokens": 1, "bytes": 1, "fraction": 0.0, "info": info,
+             "images": np.zeros((5, 16, 16, 3), np.float32)}
+    message, payloads = RankWorker.result([entry], [(0, 1)], cp=1, tp=1)
+    assert (message["audio_shape"], message["sample_rate"], len(payloads)) == (None, 0, 1)

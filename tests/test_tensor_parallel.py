@@ -110,6 +110,7 @@ def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_ex
         result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, context_parallel=2)), video)
         torch.testing.assert_close(result.images, single.images, atol=TP_VS_SINGLE_ATOL, rtol=0)
         assert result.info.frames == 5 and result.images.shape == (5, 64, 64, 3)
+        assert result.audio is None and result.info.sample_rate == 0  # no sound: none comes back from the ranks
         assert (result.info.world_size, result.info.context_parallel, result.info.mesh_shape) == (2, 2, (1, 2, 1))
         # both ranks made the video; only the replica's first rank hands it to rank 0
         assert result.info.image_bytes_per_rank == (result.images.numpy().nbytes, 0)

@@ -67,6 +67,7 @@ def test_frames_equal_plain_diffusers_video_after_video(tiny, name, model_class,
     assert made.info.task == ("image2video" if with_image else "text2video") and made.info.pipeline == cls
     family = family_for(model_class, settings=model_settings(tiny(name)))
     assert made.info.frames == FRAMES and made.info.fps == family.fps and f"{FRAMES} frames at" in made.info.summary()
+    assert made.audio is None and made.info.sample_rate == 0 and "fps, no sound" in made.info.summary()  # Wan: none
     start = {"image": Image.fromarray(PIXELS)} if with_image else {}
     torch.testing.assert_close(made.images, reference(tiny(name), cls, 2, **start), atol=0, rtol=0)
 
@@ -218,3 +219,77 @@ def test_text_then_image_to_video_on_the_5b_model_loads_nothing_again(tiny):
     image = engine.generate(handle, request(batch_size=1, images=(start_image(),)))
     assert (text.info.task, text.info.loaded) == ("text2video", True)
     assert (image.info.task, image.info.pipeline, image.info.loaded) == ("image2video", "WanImageToVideoPipeline", False)
+
+
+def test_sound_tracks_are_taken_per_call_and_joined_in_batch_order_as_comfyuis_audio():
+    """outputs.SoundTrack on real tensors: each call's waveform (diffusers' `audio`, a tensor [B, C, T] whatever the
+    output_type) to CPU float32 with the pipeline's rate (`Family.sound_rate`), the calls' joined video after video;
+    tracks of two rates are refused rather than mixed."""
+    import dataclasses
+    import types
+
+    from tpu_diffusers_runtime.outputs import AUDIO, KINDS, CallResult, joined
+
+    family = dataclasses.replace(family_for("WanPipeline"), sound_rate=lambda pipe: pipe.rate)
+    kind = KINDS[AUDIO]
+    generator = torch.Generator().manual_seed(1)
+    tracks = [torch.rand(1, 2, 100, generator=generator, dtype=torch.float64) for _ in range(3)]
+    pipe = types.SimpleNamespace(rate=16_000)
+    parts = [kind.take(CallResult(types.SimpleNamespace(audio=track), None, pipe, family)) for track in tracks]
+    audio = joined({KINDS["frames"]: [torch.zeros(3, 4, 4, 3)], kind: parts}).audio
+    assert audio["sample_rate"] == 16_000 and audio["waveform"].dtype == torch.float32
+    assert audio["waveform"].shape == (3, 2, 100) and audio["waveform"].device.type == "cpu"
+    torch.testing.assert_close(audio["waveform"], torch.cat(tracks).float(), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="different sample rates"):
+        kind.join([*parts[:1], dict(parts[1], sample_rate=8_000)])
+
+
+def test_only_a_family_that_makes_sound_asks_for_a_sound_track():
+    import dataclasses
+
+    from tpu_diffusers_runtime.outputs import AUDIO, FRAMES
+    from tpu_diffusers_runtime.tasks import TASKS
+
+    wan = family_for("WanPipeline")
+    assert not wan.makes_sound
+    assert [kind.name for kind in TASKS["text2video"].output_kinds(wan)] == [FRAMES]
+    sounding = dataclasses.replace(wan, sound_rate=lambda pipe: 24_000)
+    assert [kind.name for kind in TASKS["text2video"].output_kinds(sounding)] == [FRAMES, AUDIO]
+
+
+@pytest.fixture(scope="module")
+def tiny_ltx2(tmp_path_factory):
+    """A tiny LTX-2 pipeline (tools/tiny_models.ltx2; no family runs it yet), saved and loaded as a model folder."""
+    import tiny_models
+
+    return tiny_models.save(*tiny_models.ltx2("tiny"), tmp_path_factory.mktemp("models") / "tiny-ltx2")
+
+
+def test_a_real_sound_track_of_diffusers_ltx2_is_taken_as_comfyuis_audio(tiny_ltx2):
+    """SoundTrack on what plain diffusers' LTX2Pipeline returns (output_type="pt": frames [B, F, C, H, W], and the
+    waveform a tensor [B, 2, T] beside them) at the rate its vocoder's config says: the track as it is, in float32
+    on the CPU, with that rate; two calls (seed, seed + 1) join video after video. The same call twice gives the
+    same track (nothing random outside the generator)."""
+    import dataclasses
+
+    import diffusers
+
+    from tpu_diffusers_runtime.outputs import AUDIO, FRAMES, KINDS, CallResult, joined
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tiny_ltx2, local_files_only=True)
+    assert type(pipe).__name__ == "LTX2Pipeline"
+    family = dataclasses.replace(family_for("WanPipeline"), sound_rate=lambda p: p.vocoder.config.output_sampling_rate)
+    calls = [pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
+                  num_inference_steps=2, guidance_scale=3.0, max_sequence_length=16, output_type="pt",
+                  generator=torch.Generator("cpu").manual_seed(7 + i)) for i in (0, 1, 0)]
+    assert isinstance(calls[0].audio, torch.Tensor) and calls[0].audio.shape[:2] == (1, 2)
+    assert torch.equal(calls[0].audio, calls[2].audio) and not torch.equal(calls[0].audio, calls[1].audio)
+    parts = {KINDS[FRAMES]: [], KINDS[AUDIO]: []}
+    for output in calls[:2]:
+        for kind in parts:
+            parts[kind].append(kind.take(CallResult(output, None, pipe, family)))
+    made = joined(parts)
+    assert made.images.shape == (2 * 9, 32, 32, 3)
+    assert made.audio["sample_rate"] == pipe.vocoder.config.output_sampling_rate == 16_000
+    torch.testing.assert_close(made.audio["waveform"], torch.cat([calls[0].audio, calls[1].audio]).float(),
+                               atol=0, rtol=0)

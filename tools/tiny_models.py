@@ -974,6 +974,77 @@ def flux3(size: str, distilled: bool):
     return pipe, {}
 
 
+def gemma_tokenizer(vocab_size: int = 300):
+    """Byte-level BPE with Gemma's special tokens (<pad> 0, <eos> 1, <bos> 2, <unk> 3); LTX2Pipeline pads on the
+    left to max_sequence_length itself."""
+    from tokenizers import pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = _byte_level_bpe(vocab_size, ["<pad>", "<eos>", "<bos>", "<unk>"], CORPUS * 10,
+                         pre_tokenizers.ByteLevel(add_prefix_space=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", model_max_length=1024), {}
+
+
+def ltx2(size: str):
+    """LTX-2 (LTX2Pipeline): text to video with a sound track. A Gemma 3 text encoder (every layer's hidden states,
+    through the text connectors that feed the video and the audio branches), the audio-video transformer, the video
+    VAE (2x spatial and temporal here; the real one 32x and 8x), the audio VAE (mel spectrograms) and the vocoder,
+    whose `output_sampling_rate` (16 kHz here) is the waveform's rate. Shapes follow diffusers' own tiny LTX-2
+    test components. Not in MODEL_CLASSES until its family lands (runtime/families has none yet)."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    if size != "tiny":
+        raise ValueError("ltx2 has a tiny size only")
+    tok, raw = gemma_tokenizer()
+    torch.manual_seed(0)
+    config = Gemma3Config(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=8, sliding_window=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14), mm_tokens_per_image=4)
+    text_encoder = Gemma3ForConditionalGeneration(config)
+    hidden = config.text_config.hidden_size  # = the connectors' heads x head width
+    torch.manual_seed(0)
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
+        caption_channels=hidden, rope_double_precision=False, rope_type="split")
+    torch.manual_seed(0)
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=config.text_config.num_hidden_layers + 1,
+        video_connector_num_attention_heads=4, video_connector_attention_head_dim=8, video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None, audio_connector_num_attention_heads=4,
+        audio_connector_attention_head_dim=8, audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32, rope_theta=10000.0,
+        rope_double_precision=False, causal_temporal_positioning=False, rope_type="split")
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTX2Video(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,), decoder_block_out_channels=(8,),
+        layers_per_block=(1,), decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True,),
+        decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False), downsample_type=("spatial",),
+        upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
+        encoder_causal=True, decoder_causal=False)
+    torch.manual_seed(0)
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+        resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8)
+    torch.manual_seed(0)
+    vocoder = LTX2Vocoder(
+        in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2],
+        resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]], leaky_relu_negative_slope=0.1,
+        output_sampling_rate=16000)
+    return LTX2Pipeline(transformer=transformer, vae=vae, audio_vae=audio_vae,
+                        scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=text_encoder, tokenizer=tok,
+                        connectors=connectors, vocoder=vocoder), {"tokenizer": raw}
+
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),

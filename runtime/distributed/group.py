@@ -94,12 +94,21 @@ def launch_env(key: str) -> dict:
     return env
 
 
+# A video's sound track at most: 2 channels of float32 at 48 kHz, at most 1/8 s per frame (every video model's frame
+# rate is above 8 fps), and one second more per video for a track rounded up to whole audio latents.
+AUDIO_BYTES_PER_SECOND = 2 * 4 * 48_000
+AUDIO_BYTES_PER_FRAME = AUDIO_BYTES_PER_SECOND // 8
+
+
 def reply_bytes(request) -> int:
     """The most a run's result brings back: its images, a LATENT of at most half a float32 per pixel (the
-    widest latent, 128 channels per 16 x 16 pixels; others have fewer), 1/6 of the images' bytes, and a MASK of one
-    float32 per pixel, 1/3 of them."""
+    widest latent, 128 channels per 16 x 16 pixels; others have fewer), 1/6 of the images' bytes, a MASK of one
+    float32 per pixel, 1/3 of them, and for video a sound track (AUDIO_BYTES_PER_FRAME: a bound independent of the
+    frames' size, as a small video's sound can outweigh its frames)."""
     images = request.output_bytes()
-    return images + images // 6 + images // 3
+    per_video = request.frames * AUDIO_BYTES_PER_FRAME + AUDIO_BYTES_PER_SECOND if request.frames else 0
+    audio = request.batch_size * per_video
+    return images + images // 6 + images // 3 + audio
 
 
 class WorkerGroup:
@@ -186,8 +195,8 @@ class WorkerGroup:
 
     def generate(self, handle, plan: dict, request, on_progress=None, preview=None):
         """Run one prompt on every rank, as `plan` (the request's plan, in its wire form) says; returns (images
-        [B,H,W,C] float32 tensor, rank 0's info dict, the images' LATENT and MASK, each None for a family without
-        one). With
+        [B,H,W,C] float32 tensor, rank 0's info dict, the images' LATENT and MASK, and a video's AUDIO, each None
+        for a family without one). With
         a PreviewSpec, rank 0 sends each step's preview (RGB bytes) with its progress message.
 
         ComfyUI's Cancel (`on_progress` raising) is checked also while the workers send nothing (a long load,
@@ -226,12 +235,12 @@ class WorkerGroup:
                 raise WorkerGroupError("the workers cancelled the run")
             elif op == "result":
                 images = np.frombuffer(payloads[0], dtype=np.float32).reshape(message["shape"])  # no copy
-                rest = iter(payloads[1:])  # the LATENT, then the MASK, each where the run made one
-                latent, mask = (message.get(shape) and torch.from_numpy(
+                rest = iter(payloads[1:])  # the LATENT, the MASK, then the sound track, each where the run made one
+                latent, mask, audio = (message.get(shape) and torch.from_numpy(
                     np.frombuffer(next(rest), dtype=np.float32).reshape(message[shape]))
-                    for shape in ("latent_shape", "mask_shape"))
+                    for shape in ("latent_shape", "mask_shape", "audio_shape"))
                 return (torch.from_numpy(images), message["info"], None if latent is None else {"samples": latent},
-                        mask)
+                        mask, None if audio is None else {"waveform": audio, "sample_rate": message["sample_rate"]})
 
     def _cancel(self) -> None:
         self.cancelled_at = time.monotonic()

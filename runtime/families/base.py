@@ -250,10 +250,19 @@ class Family:
     guidance_hint: str = ""
     # its VAE decodes RGBA (Qwen-Image 2.1): the alpha is the Sampler's MASK (outputs.AlphaMask), the IMAGE stays RGB
     decodes_alpha: bool = False
+    # (loaded pipeline) -> the sample rate (Hz) of the sound track its call returns beside the frames (`output.audio`,
+    # a waveform [B, C, T]): the Video Sampler's AUDIO (outputs.SoundTrack). Read from the loaded pipeline (its
+    # vocoder's config) rather than written here, as the rate is the model's, not the family's. None: it makes no
+    # sound, and the AUDIO output is blocked with a message saying so, never silence.
+    sound_rate: Callable | None = None
 
     @property
     def makes_video(self) -> bool:
         return self.fps > 0
+
+    @property
+    def makes_sound(self) -> bool:
+        return self.sound_rate is not None
 
     @property
     def denoisers(self) -> tuple[str, ...]:

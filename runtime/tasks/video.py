@@ -5,7 +5,7 @@ ComfyUI's own CreateVideo / SaveAnimatedWEBP take them as they are."""
 from __future__ import annotations
 
 from ..families import IMAGE2VIDEO, TEXT2VIDEO, Family, TaskPipeline
-from ..outputs import FRAMES, KINDS, OutputKind
+from ..outputs import AUDIO, FRAMES, KINDS, OutputKind
 from .base import SampleRequest, Task
 from .images import pil_image
 
@@ -21,7 +21,8 @@ class Text2Video(Task):
         return {}
 
     def output_kinds(self, family: Family) -> tuple[OutputKind, ...]:
-        return (KINDS[FRAMES],)
+        """The frames, and the sound track of a family that makes sound."""
+        return (KINDS[FRAMES], *((KINDS[AUDIO],) if family.makes_sound else ()))
 
 
 class Image2Video(Text2Video):

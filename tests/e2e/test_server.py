@@ -40,6 +40,8 @@ def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
     assert "tiny-flux1-schnell" in info["TPULoader"]["input"]["required"]["model"][1]["options"]
     # LATENT, then MASK appended: saved links hold
     assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT", "MASK"]
+    # AUDIO appended after frames, fps and info: saved links hold
+    assert info["TPUVideoSampler"]["output"] == ["IMAGE", "FLOAT", "STRING", "AUDIO"]
 
 
 def test_the_ui_workflow_matches_the_api_workflow(server, workflow):

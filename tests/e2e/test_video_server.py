@@ -156,3 +156,29 @@ def test_a_video_model_on_the_image_sampler_says_which_sampler(server, workflow,
     prompt[LOADER]["inputs"]["model"] = "tiny-wan22-t2v-a14b"
     prompt[SAMPLER]["inputs"].update(width=64, height=64, steps=1)
     clear_error(server, prompt, SAMPLER, r"makes video: sample it with the TPU Video Sampler")
+
+
+def test_a_model_without_sound_blocks_the_audio_output_with_a_clear_message_and_the_frames_still_save(server, tiny):
+    """Wan 2.2 makes no sound: the Video Sampler's AUDIO (appended after frames, fps and info) is ComfyUI's
+    execution blocker, so a Create Video given it is stopped with the message (and the Save Video after it, silently,
+    as ComfyUI blocks what follows), and no video with silence is written, while Save Image of the same run's frames
+    saves plain diffusers' frames. (Save Audio and Preview Audio are the same kind of AUDIO input; ComfyUI 0.3.75
+    loads them only with torchaudio, which the test environment does not install.)"""
+    prompt = video_prompt("tiny-wan22-t2v-a14b")
+    prompt[CREATE] = {"class_type": "CreateVideo", "inputs": {"images": [SAMPLER, 0], "fps": [SAMPLER, 1],
+                                                              "audio": [SAMPLER, 3]}}
+    prompt["21"] = {"class_type": "SaveVideo", "inputs": {"video": [CREATE, 0], "filename_prefix": "no_sound",
+                                                          "format": "mp4", "codec": "h264"}}
+    with server.events() as events:
+        prompt_id = server.queue(prompt, client_id=events.client_id)
+        events.wait_for(lambda m: m["type"] in ("execution_success", "execution_interrupted")
+                        and m["data"].get("prompt_id") == prompt_id, timeout=600)
+        blocked = [m["data"] for m in events.seen if m["type"] == "execution_error"]
+    entry = server.wait(prompt_id)
+    assert [error["node_id"] for error in blocked] == [CREATE]
+    for error in blocked:
+        assert error["exception_type"] == "ExecutionBlocked"
+        assert "Execution Blocked: this video model (WanPipeline) makes no sound" in error["exception_message"]
+    assert set(entry["outputs"]) == {SAMPLER, SAVE}  # nothing saved of the audio, nor a video with silence
+    assert (run_info(entry)["sample_rate"], run_info(entry)["audio_seconds"]) == (0, 0.0)
+    assert_equal_frames(saved_frames(server, entry), plain_diffusers(tiny, "wan22-t2v-a14b", "WanPipeline"))
