@@ -51,8 +51,11 @@ def queued_size_problem(name: str, value: int, has_image: bool) -> str | None:
 
 
 def video_frame_factor() -> int:
-    """The frame step every supported video family takes (frames = factor x k + 1)."""
-    return math.lcm(*(family.temporal_factor for family in FAMILIES if family.makes_video))
+    """The frame step of the counts some supported video family takes (frames = factor x k + 1): the GCD of their
+    factors, as every family's counts are among these (8k + 1 are 4k + 1). At queue time the Video Sampler cannot
+    know the model, so it refuses only what no video model takes; the family's own factor refuses the rest when the
+    run is planned, before anything loads (tasks.base.validate_frames)."""
+    return math.gcd(*(family.temporal_factor for family in FAMILIES if family.makes_video))
 
 
 def frames_problem(frames: int, family: Family | None = None) -> str | None:

@@ -16,7 +16,8 @@ from .device import DeviceInfo
 from .errors import ModelLoadError, UserInputError
 from .families import Family, family_for
 from .handle import PipelineHandle
-from .sources import check_source, components, config_values, has_weights, local_folder, read_model_index
+from .sources import (check_source, component_module, components, config_values, has_weights,
+                      is_diffusers_pipeline_class, local_folder, read_model_index)
 from .specs import ProgressCallback, QuantizedWeights
 
 # model_index.json names the library of each component; importing anything else from a
@@ -44,7 +45,7 @@ def check_index(source: str, index: dict, folder: str | None, from_files: frozen
     then must have weights in the folder (a config-only folder says which file to pick)."""
     family_for(index["_class_name"], where=f"'{source}'")
     for name, (library, cls) in components(index).items():
-        if library not in ALLOWED_LIBRARIES:
+        if library not in ALLOWED_LIBRARIES and not is_diffusers_pipeline_class(library, cls):
             raise UserInputError(f"component '{name}' of '{source}' comes from library '{library}'; "
                                  f"only {', '.join(ALLOWED_LIBRARIES)} components are loaded.")
         if folder:
@@ -175,7 +176,7 @@ def _shard_loaded(denoiser, shard_kwargs: dict, device: DeviceInfo) -> None:
 
 
 def _component_class(name: str, library: str, cls: str):
-    component_cls = getattr(importlib.import_module(library), cls, None)
+    component_cls = getattr(importlib.import_module(component_module(library)), cls, None)
     if component_cls is None:
         raise ModelLoadError(f"component '{name}' needs {library}.{cls}, which the installed {library} lacks; "
                              f"upgrade {library}.")

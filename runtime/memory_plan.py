@@ -156,12 +156,12 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
     import torch
 
     from .model_folder import component_config
-    from .sources import components, read_model_index
+    from .sources import component_module, components, read_model_index
 
     index = read_model_index(folder, is_folder=True)
     configs = {}
     for name, (library, cls_name) in components(index).items():
-        cls = getattr(importlib.import_module(library), cls_name, None)
+        cls = getattr(importlib.import_module(component_module(library)), cls_name, None)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(
                 os.path.join(folder, name, "config.json")):
             configs[name] = (cls, component_config(folder, name))

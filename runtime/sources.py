@@ -62,6 +62,27 @@ def read_model_index(source: str, is_folder: bool) -> dict:
     return index
 
 
+def is_diffusers_pipeline_class(library: str, cls: str) -> bool:
+    """A component class kept in one of diffusers' own pipeline packages (model_index.json names the package, e.g.
+    a text connector or vocoder under diffusers.pipelines.<package>), which diffusers imports from itself."""
+    import importlib
+    import importlib.util
+
+    if not library.isidentifier() or library in ("diffusers", "transformers"):
+        return False
+    name = component_module(library)
+    try:
+        return importlib.util.find_spec(name) is not None and hasattr(importlib.import_module(name), cls)
+    except ImportError:
+        return False
+
+
+def component_module(library: str) -> str:
+    """The module a model_index.json component's library names: diffusers, transformers, or one of diffusers' own
+    pipeline packages (`is_diffusers_pipeline_class`)."""
+    return library if library in ("diffusers", "transformers") else f"diffusers.pipelines.{library}"
+
+
 def components(index: dict) -> dict[str, tuple[str, str]]:
     """{component name: (library, class)} for the components a pipeline folder provides: the [library, class] pairs of
     names (a setting may be a list too, of numbers: e.g. which text encoder layers a pipeline reads)."""

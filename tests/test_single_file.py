@@ -823,7 +823,6 @@ def test_comfyuis_int8_is_read_exactly_as_comfy_kitchen_dequantizes_it(sf_dir, t
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("ltx2", "an LTX-2 video model"),
     ("minimax-h3", "a MiniMax H3 video model"),
 ])
 def test_int8_convrot_files_of_models_tpu_diffusers_lacks_are_refused_when_queued_naming_the_model(tmp_path,
@@ -835,6 +834,17 @@ def test_int8_convrot_files_of_models_tpu_diffusers_lacks_are_refused_when_queue
     path = str(tsf.unsupported_model_file(model_type, tmp_path / f"{model_type}_int8_convrot.safetensors"))
     with pytest.raises(UserInputError, match=f"'{os.path.basename(path)}' is not a diffusion model of a supported "
                                              rf"family \(it is {words}, which TPU Diffusers does not run yet\)"):
+        plan(path, {}, "auto", [])
+
+
+def test_a_file_of_a_family_without_single_files_is_refused_when_queued(tmp_path):
+    """LTX-2 runs from diffusers folders only (it names no `denoiser_files`): its file is told as LTX-2 from
+    diffusers' own keys and refused from the header (the File Loader's plan), saying to load its folder."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    path = str(tsf.unsupported_model_file("ltx2", tmp_path / "ltx-2.3-22b-dev-int8_convrot.safetensors"))
+    with pytest.raises(UserInputError, match="is an LTX-2 diffusion model, but LTX-2's single files are not supported "
+                                             r"yet: load a diffusers folder of LTX-2 \(model_index.json\)"):
         plan(path, {}, "auto", [])
 
 

@@ -195,7 +195,7 @@ def test_the_report_fills_every_cell_and_shows_fallbacks_and_failures_as_such(ce
     failed = len(verify_device.FAMILIES) * 3
     assert f"**{failed + 1} failure(s)**:" in text  # the failed cells, and the compile cache never reused
     assert "### bench models: not run (--sizes tiny)" in text
-    assert "### tiny models (64x64, 2 steps; video: 5 frames, 3 steps)" in text
+    assert "### tiny models (64x64, 2 steps; video: 5, 9 frames, 3 steps)" in text  # Wan 4k + 1, LTX-2 8k + 1
     assert f"- {verify_device.FAMILIES['flux1-schnell']} / context parallel: n/a: an image model: " in text
 
 

@@ -45,7 +45,7 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline",
                  "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline",
                  "qwenimage21-turbo": "QwenImage21Pipeline", "flux3": "Flux3ModularPipeline",
-                 "flux3-distilled": "Flux3DistilledModularPipeline"}
+                 "flux3-distilled": "Flux3DistilledModularPipeline", "ltx2": "LTX2Pipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -991,7 +991,7 @@ def ltx2(size: str):
     through the text connectors that feed the video and the audio branches), the audio-video transformer, the video
     VAE (2x spatial and temporal here; the real one 32x and 8x), the audio VAE (mel spectrograms) and the vocoder,
     whose `output_sampling_rate` (16 kHz here) is the waveform's rate. Shapes follow diffusers' own tiny LTX-2
-    test components. Not in MODEL_CLASSES until its family lands (runtime/families has none yet)."""
+    test components."""
     from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
                            LTX2Pipeline, LTX2VideoTransformer3DModel)
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
@@ -1068,6 +1068,7 @@ _BUILDERS = {
     "qwenimage21-turbo": qwenimage21_turbo,
     "flux3": lambda size: flux3(size, distilled=False),
     "flux3-distilled": lambda size: flux3(size, distilled=True),
+    "ltx2": ltx2,
 }
 
 

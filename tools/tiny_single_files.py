@@ -602,8 +602,8 @@ def krea2_layout(sd: dict) -> dict:
 
 
 def unsupported_model_file(model_type: str, path) -> Path:
-    """A ComfyUI int8 ConvRot file of a model TPU Diffusers does not run (a diffusers model type of
-    families.UNSUPPORTED_MODEL_TYPES): diffusers' identifying keys of it (CHECKPOINT_KEY_NAMES) beside one int8
+    """A ComfyUI int8 ConvRot file of a model TPU Diffusers does not run from files (a diffusers model type of
+    families.UNSUPPORTED_MODEL_TYPES, or of a family without single files): diffusers' identifying keys of it (CHECKPOINT_KEY_NAMES) beside one int8
     ConvRot layer, all the header checks read."""
     from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
 

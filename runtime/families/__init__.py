@@ -10,7 +10,7 @@ not an `if` elsewhere. Adding a family: docs/adding_a_family.md.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from . import flux1, flux2, flux2_klein, flux3, krea2, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
+from . import flux1, flux2, flux2_klein, flux3, krea2, ltx2, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
 from .base import (EDIT, IMAGE2IMAGE, IMAGE2VIDEO, INPAINT, TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS,  # noqa: F401
                    ComfyLatent, Family, FileKind, FileSlot, FileVariant, MemoryModel, ModularBlocks, ReferenceModel,
                    TaskPipeline)  # (re-exported)
@@ -18,7 +18,7 @@ from .components import CLIP, KL_VAE, QWEN3, QWEN3VL, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
                                sdxl.FAMILY, zimage.FAMILY, wan.FAMILY, qwenimage21.FAMILY, krea2.FAMILY,
-                               flux3.FAMILY)
+                               flux3.FAMILY, ltx2.FAMILY)
 
 # Single-file detection order: the first kind with a matching key wins, so more specific kinds come first
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks; FLUX.2
@@ -30,6 +30,7 @@ FILE_KINDS: tuple[FileKind, ...] = (
     zimage.FAMILY.denoiser_kind,  # its files have no key of the kinds above, and no kind below has its key
     wan.FAMILY.denoiser_kind,  # as Z-Image's
     krea2.FAMILY.denoiser_kind,  # as Z-Image's
+    ltx2.FAMILY.denoiser_kind,  # as Z-Image's
     # Wan 2.2's VAE has Wan 2.1's keys, UMT5 has T5's: each before the other; Qwen-Image 2.1's VAE has Wan 2.2's and
     # the FLUX.1/SD3 VAE's diffusers keys
     flux2.VAE, qwenimage21.VAE, wan.WAN22_VAE, WAN_VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL,
@@ -40,7 +41,7 @@ FILE_KINDS: tuple[FileKind, ...] = (
 
 # diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
 # lacks, as a refusal names them (a family it has is named by its FileKind).
-UNSUPPORTED_MODEL_TYPES = {"ltx2": "an LTX-2 video model", "minimax-h3": "a MiniMax H3 video model"}
+UNSUPPORTED_MODEL_TYPES = {"minimax-h3": "a MiniMax H3 video model"}
 
 
 def listed(families) -> str:

@@ -226,6 +226,7 @@ class Family:
     # Video families: frames per second of what it makes (for the run info and ComfyUI's CreateVideo), and
     # the VAE's temporal factor: frame counts are temporal_factor x k + 1 (Wan: 4k + 1, 81 by default).
     fps: float = 0.0
+    fps_kwarg: str = ""  # the __call__ argument its fps feeds, for a model that conditions on the frame rate
     temporal_factor: int = 0
     default_frames: int = 0
     # (model_index setting, the Family fields it changes when true): facts that follow from a setting of the

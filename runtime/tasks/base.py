@@ -141,6 +141,8 @@ class Task:
         if family.takes_negative_prompt:
             # some pipelines run true CFG only when a negative prompt is given: the family's default_negative_prompt.
             kwargs["negative_prompt"] = request.negative_prompt or family.default_negative_prompt
+        if family.fps_kwarg:
+            kwargs[family.fps_kwarg] = family.fps
         if pipeline.max_area:
             kwargs["max_area"] = request.width * request.height
         if pipeline.strength:

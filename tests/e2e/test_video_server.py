@@ -182,3 +182,39 @@ def test_a_model_without_sound_blocks_the_audio_output_with_a_clear_message_and_
     assert set(entry["outputs"]) == {SAMPLER, SAVE}  # nothing saved of the audio, nor a video with silence
     assert (run_info(entry)["sample_rate"], run_info(entry)["audio_seconds"]) == (0, 0.0)
     assert_equal_frames(saved_frames(server, entry), plain_diffusers(tiny, "wan22-t2v-a14b", "WanPipeline"))
+
+
+def test_ltx2_text_to_video_with_its_sound_into_create_video_and_save_video(server, tiny):
+    """LTX-2 through the real server: the frames Save Image writes equal plain diffusers' LTX2Pipeline for the same
+    seed (within one 8-bit level), and the AUDIO output, linked with the frames and fps into Create Video + Save
+    Video, gives an mp4 with an audio stream as long as diffusers' sound track (within two AAC frames of padding)."""
+    import av
+    import diffusers
+
+    prompt = video_prompt("tiny-ltx2", save="SaveVideo", width=32, height=32, frames=9, steps=2)
+    prompt[CREATE]["inputs"]["audio"] = [SAMPLER, 3]
+    prompt["22"] = {"class_type": "SaveImage", "inputs": {"images": [SAMPLER, 0], "filename_prefix": "ltx2_frames"}}
+    entry = run_ok(server, prompt)
+    info = run_info(entry)
+    assert (info["fps"], info["sample_rate"]) == (24, 16_000)
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tiny("ltx2"), local_files_only=True)
+    theirs = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
+                  num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(SEED),
+                  output_type="pt")
+    expected = np.clip(255.0 * theirs.frames[0].permute(0, 2, 3, 1).numpy(), 0, 255).astype(np.uint8)
+    frames = []
+    for item in entry["outputs"]["22"]["images"]:
+        with Image.open(server.output_dir / item.get("subfolder", "") / item["filename"]) as image:
+            frames.append(np.asarray(image.convert("RGB")))
+    assert len(frames) == 9 and max(np.abs(a.astype(int) - b).max() for a, b in zip(frames, expected)) <= 1
+    seconds = theirs.audio.shape[-1] / pipe.vocoder.config.output_sampling_rate
+    assert info["audio_seconds"] == pytest.approx(seconds, abs=1e-3)
+    [saved] = [server.output_dir / item.get("subfolder", "") / item["filename"]
+               for item in entry["outputs"][SAVE]["images"]]
+    with av.open(str(saved)) as container:
+        assert len(list(container.decode(container.streams.video[0]))) == 9
+    with av.open(str(saved)) as container:
+        stream = container.streams.audio[0]
+        decoded = list(container.decode(stream))
+        rate = decoded[0].sample_rate
+        assert abs(sum(frame.samples for frame in decoded) / rate - seconds) <= 2 * 1024 / rate

@@ -1,0 +1,81 @@
+"""LTX-2 (Lightricks): text to video and image to video, with a sound track.
+
+One audio-video transformer denoises the video latents and the audio latents together; a Gemma 3 text encoder
+(every layer's hidden states) feeds both branches through the text connectors. The video VAE is 32x spatial and 8x
+temporal (frames are 8k + 1), the audio VAE decodes mel spectrograms and the vocoder makes the waveform, returned
+beside the frames as `audio` [B, 2, T] at the vocoder's `output_sampling_rate`. LTX2Pipeline makes video from text;
+LTX2ImageToVideoPipeline (made from the loaded components with `from_pipe`) starts from the Sampler's image, which
+it re-encodes through H.264 (`image_crf`, with PyAV) as the model was trained. Both are called with `frame_rate`
+= the family's fps (24, diffusers' default), which the model conditions on.
+"""
+
+from .base import IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, TaskPipeline
+from .components import attention_shape, diffusers_detection_keys
+
+# diffusers' detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics), and its
+# transformer's audio-to-video gate (a diffusion-model file's own key, without ComfyUI's prefix)
+TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
+    *diffusers_detection_keys("ltx2"), "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight"))
+
+
+def first_frame_latents(pipe, latents, height, width):
+    """LTX-2's step latents are packed tokens [B, seq, C] (already normalised, as ComfyUI's LTXV latents): unpacked
+    with the pipeline's own helper to [B, C, frames, h, w]; the first latent frame is the preview."""
+    patch, patch_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+    h = height // pipe.vae_spatial_compression_ratio // patch
+    w = width // pipe.vae_spatial_compression_ratio // patch
+    frames = latents.shape[1] // (h * w)
+    return pipe._unpack_latents(latents, frames, h, w, patch, patch_t)[:, :, 0]
+
+
+def sound_rate(pipe) -> int:
+    """The waveform's rate: the vocoder's output rate (its config's)."""
+    return pipe.vocoder.config.output_sampling_rate
+
+
+def vae_shape(config) -> tuple[int, int, int, int]:
+    """AutoencoderKLLTX2Video: (spatial, temporal factor, decoder width at full resolution, pixel patch), as diffusers
+    computes the factors from the config."""
+    scaling = config.get("spatio_temporal_scaling", (True, True, True, True))
+    if isinstance(scaling, bool):
+        scaling = (scaling,) * 4
+    patch, patch_t = config.get("patch_size", 4), config.get("patch_size_t", 1)
+    spatial = config.get("spatial_compression_ratio") or patch * 2 ** sum(scaling)
+    temporal = config.get("temporal_compression_ratio") or patch_t * 2 ** sum(scaling)
+    return spatial, temporal, (config.get("decoder_block_out_channels") or (256,))[0], patch
+
+
+# Not measured for LTX-2: MemoryModel's defaults (measured on Wan's DiT blocks) with its FFN 4x the hidden width;
+# the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
+MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
+
+FAMILY = Family(
+    name="LTX-2",
+    model_classes={
+        "LTX2Pipeline": {TEXT2VIDEO: TaskPipeline("LTX2Pipeline"),
+                         IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1)},
+        "LTX2ImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1)},
+    },
+    takes_negative_prompt=True,
+    guidance_kwarg="guidance_scale",
+    guidance_hint=("3.0 (LTX-2.3's video CFG); the audio guidance (7.0), the modality guidance and the "
+                   "spatio-temporal guidance stay at the pipeline's defaults"),
+    size_multiple=32,  # VAE 32 x patch 1
+    default_steps=30,
+    latent_grid=first_frame_latents,
+    # ComfyUI 0.3.75 has no LTX-2 latent format: LTX-Video's (the same 128 channels, normalised as LTX-2's) is the
+    # closest for previews
+    comfy_latent_format="LTXV",
+    comfy_latent=None,  # video: the Video Sampler has no LATENT
+    denoiser_kind=TRANSFORMER,
+    denoiser_files=(),  # single files are not supported yet: an LTX-2 diffusers folder with the TPU Loader
+    file_slots=(),
+    default_config_repo="Lightricks/LTX-2",  # diffusers' DIFFUSERS_DEFAULT_PIPELINE_PATHS["ltx2-dev"]
+    memory=MEMORY,
+    default_negative_prompt="",
+    fps=24.0,
+    fps_kwarg="frame_rate",
+    temporal_factor=8,
+    default_frames=121,
+    sound_rate=sound_rate,
+)

@@ -1,0 +1,121 @@
+"""LTX-2 through the engine: text to video and image to video with sound, each equal to plain diffusers'
+LTX2Pipeline / LTX2ImageToVideoPipeline from the same folder for the same seed (seed + i per video), the frames and
+the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule refused before anything loads."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.tasks import SampleRequest
+
+PROMPT = "a corgi barking on a beach"
+PIXELS = (np.random.default_rng(0).random((48, 80, 3)) * 255).astype(np.uint8)  # another size than the video's
+FRAMES = 9  # 8k + 1
+
+
+@pytest.fixture(scope="module")
+def tiny_ltx2(tmp_path_factory):
+    import tiny_models
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-ltx2"
+    tiny_models.build("ltx2", folder)
+    return str(folder)
+
+
+def request(**fields):
+    return SampleRequest(**{**dict(prompt=PROMPT, width=32, height=32, steps=2, guidance=3.0, seed=7, batch_size=2,
+                                   frames=FRAMES), **fields})
+
+
+def reference(folder, cls, videos, **kwargs):
+    """Plain diffusers: `cls` from the folder (from_pipe for image to video), one call per video with seed + i, at the
+    pipeline's default guidances but the video CFG, and frame_rate = the family's fps."""
+    import diffusers
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    if type(pipe).__name__ != cls:
+        pipe = getattr(diffusers, cls).from_pipe(pipe)
+    calls = [pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
+                  num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(7 + i),
+                  output_type="pt", **kwargs) for i in range(videos)]
+    frames = torch.cat([call.frames[0] for call in calls]).permute(0, 2, 3, 1)
+    return frames, torch.cat([call.audio for call in calls]).float(), pipe.vocoder.config.output_sampling_rate
+
+
+@pytest.mark.parametrize("with_image", [False, True], ids=["text2video", "image2video"])
+def test_frames_and_sound_equal_plain_diffusers_video_after_video(tiny_ltx2, with_image):
+    made = Engine(distribute=False).generate(PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
+                                             request(images=(PIXELS[None].astype(np.float32) / 255.0,)
+                                                     if with_image else ()))
+    cls = "LTX2ImageToVideoPipeline" if with_image else "LTX2Pipeline"
+    assert made.info.task == ("image2video" if with_image else "text2video") and made.info.pipeline == cls
+    assert made.images.shape == (2 * FRAMES, 32, 32, 3) and made.info.fps == 24.0
+    frames, waveform, rate = reference(tiny_ltx2, cls, 2, **({"image": Image.fromarray(PIXELS)} if with_image else {}))
+    assert (made.images - frames).abs().max() <= 1 / 255  # within one 8-bit level
+    assert made.audio["sample_rate"] == rate == 16_000 and made.info.sample_rate == rate
+    assert made.audio["waveform"].shape == waveform.shape and waveform.shape[:2] == (2, 2)
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+def test_frames_off_the_8k_plus_1_rule_are_refused_before_loading(tmp_path):
+    """13 frames is 4k + 1 (the Video Sampler's queue-time rule, which any video model may take) but not 8k + 1:
+    refused when the run is planned, naming the rule and the nearest counts, with no model folder to load at all;
+    Wan takes 5 (4k + 1) at queue time and in its own rule."""
+    from tpu_diffusers_runtime import input_checks
+    from tpu_diffusers_runtime.tasks import prepare
+
+    ltx2, wan = family_for("LTX2Pipeline"), family_for("WanPipeline")
+    assert input_checks.video_frame_factor() == 4
+    assert input_checks.frames_problem(13) is None and input_checks.frames_problem(5) is None
+    assert input_checks.frames_problem(5, wan) is None and input_checks.frames_problem(9, ltx2) is None
+    with pytest.raises(UserInputError, match=r"frames 13 cannot be used with LTX-2: it must be 8k \+ 1.*: 9 or 17"):
+        prepare("LTX2Pipeline", request(frames=13))
+    missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class="LTX2Pipeline")
+    with pytest.raises(UserInputError, match=r"8k \+ 1"):
+        Engine(distribute=False).generate(missing, request(frames=13))
+
+
+def test_its_plan_reads_its_own_configs_and_the_tiny_model_is_never_refused(tiny_ltx2):
+    """The memory model reads LTX-2's transformer (hidden = heads x head width, FFN 4x) and its video VAE's factors
+    (the tiny one 2x spatial and temporal, as diffusers computes them from the config)."""
+    from tpu_diffusers_runtime import memory_plan
+
+    family = family_for("LTX2Pipeline")
+    handle = PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline")
+    memory_plan.check_fits(handle, family, request())
+    sizes = memory_plan.sizes_of_folder(tiny_ltx2, family)
+    assert (sizes.hidden, sizes.ffn, sizes.patch) == (16, 64, (1, 1, 1))
+    assert (sizes.vae_spatial, sizes.vae_temporal, sizes.vae_width, sizes.vae_patch) == (2, 2, 8, 1)
+
+
+def test_previews_unpack_the_first_latent_frame(tiny_ltx2):
+    """The step latents are packed tokens [B, frames x h x w, C]: the preview grid is frame 0 as [B, C, h, w], what
+    the pipeline's own _unpack_latents gives."""
+    import diffusers
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tiny_ltx2, local_files_only=True)
+    packed = torch.randn(1, 5 * 16 * 16, 4)  # 9 frames at 32x32: 5 latent frames of 16x16 (the tiny VAE's 2x)
+    grid = family_for("LTX2Pipeline").latent_grid(pipe, packed, 32, 32)
+    assert grid.shape == (1, 4, 16, 16)
+    torch.testing.assert_close(grid, packed.reshape(1, 5, 16, 16, 4)[:, 0].permute(0, 3, 1, 2))
+
+
+def test_each_step_sends_a_preview_of_the_first_frame(tiny_ltx2):
+    """Through the engine: one preview per step, of the first latent frame at latent resolution (the tiny VAE's 2x:
+    16x16 for 32x32), following the denoising."""
+    from tpu_diffusers_runtime.preview import PreviewSpec
+
+    rows = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)) * 0.2  # the tiny VAE's 4 channels
+    calls = []
+    Engine(distribute=False).generate(
+        PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"), request(batch_size=1, steps=3),
+        on_progress=lambda done, total, what, *image: calls.append((done, what, *image)),
+        preview=PreviewSpec(factors=tuple(tuple(row) for row in rows.tolist()), bias=(0.1, -0.1, 0.0)))
+    images = [image for done, what, image in (c for c in calls if c[1] == "sampling" and len(c) == 3)]
+    assert len(images) == 3 and all(image.shape == (16, 16, 3) for image in images)
+    assert images[0].std() > 0 and not np.array_equal(images[0], images[-1])
