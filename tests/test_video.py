@@ -259,7 +259,7 @@ def test_only_a_family_that_makes_sound_asks_for_a_sound_track():
 
 @pytest.fixture(scope="module")
 def tiny_ltx2(tmp_path_factory):
-    """A tiny LTX-2 pipeline (tools/tiny_models.ltx2; no family runs it yet), saved and loaded as a model folder."""
+    """A tiny LTX-2 pipeline (tools/tiny_models.ltx2), saved and loaded as a model folder."""
     import tiny_models
 
     return tiny_models.save(*tiny_models.ltx2("tiny"), tmp_path_factory.mktemp("models") / "tiny-ltx2")
@@ -270,15 +270,13 @@ def test_a_real_sound_track_of_diffusers_ltx2_is_taken_as_comfyuis_audio(tiny_lt
     waveform a tensor [B, 2, T] beside them) at the rate its vocoder's config says: the track as it is, in float32
     on the CPU, with that rate; two calls (seed, seed + 1) join video after video. The same call twice gives the
     same track (nothing random outside the generator)."""
-    import dataclasses
-
     import diffusers
 
     from tpu_diffusers_runtime.outputs import AUDIO, FRAMES, KINDS, CallResult, joined
 
     pipe = diffusers.DiffusionPipeline.from_pretrained(tiny_ltx2, local_files_only=True)
     assert type(pipe).__name__ == "LTX2Pipeline"
-    family = dataclasses.replace(family_for("WanPipeline"), sound_rate=lambda p: p.vocoder.config.output_sampling_rate)
+    family = family_for("LTX2Pipeline")  # its sound_rate reads the vocoder's config
     calls = [pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
                   num_inference_steps=2, guidance_scale=3.0, max_sequence_length=16, output_type="pt",
                   generator=torch.Generator("cpu").manual_seed(7 + i)) for i in (0, 1, 0)]
