@@ -19,7 +19,7 @@ import threading
 
 import huggingface_hub
 from huggingface_hub import constants, get_cached_repo_tree, hf_hub_download, snapshot_download, try_to_load_from_cache
-from huggingface_hub.errors import CachedRepoTreeNotFoundError, LocalEntryNotFoundError
+from huggingface_hub.errors import CachedRepoTreeNotFoundError, EntryNotFoundError, LocalEntryNotFoundError
 from huggingface_hub.utils import tqdm
 
 from . import settings
@@ -120,6 +120,12 @@ def model_index_file(repo_id: str) -> str:
             f"(offline or HF_HUB_OFFLINE=1). Download it where there is network, e.g. "
             f"`hf download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, "
             f"then pick that folder in the list.") from e
+    except EntryNotFoundError as e:  # a repository of modular blocks has a modular_model_index.json instead
+        raise UserInputError(
+            f"'{repo_id}' has no model_index.json: if it is a model diffusers runs only as modular blocks (its "
+            f"modular_model_index.json), TPU Diffusers loads it from a folder, not from a hub id yet. Download it, "
+            f"e.g. `hf download {repo_id} --local-dir ComfyUI/models/diffusers/{repo_id.split('/')[-1]}`, then pick "
+            f"that folder in the list (or load its single files with TPU File Loader).") from e
 
 
 def pipeline_folder(repo_id: str, on_progress: ProgressCallback | None = None) -> str:

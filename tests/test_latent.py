@@ -227,3 +227,25 @@ def test_qwen_image_21s_latent_decodes_with_its_vae_to_the_image_and_alpha(tiny)
     difference = np.abs(eight_bit(decoded.permute(0, 2, 3, 1)) - eight_bit(rgba))
     assert difference.max() <= 1, f"{difference.max()} levels apart"
     assert np.std(eight_bit(made.images)) > 1 and np.std(eight_bit(made.mask)) > 1
+
+
+def test_flux3_klein_latent_is_flux2s_and_comfyuis_vae_decodes_it_to_the_image(comfy, tiny):
+    """FLUX 3 [klein] (a modular pipeline) samples in FLUX.2's latent space with FLUX.2's VAE: its LATENT is ComfyUI's
+    Flux2 LATENT, which ComfyUI's VAE of flux2-vae.safetensors decodes to the image."""
+    from tpu_diffusers_runtime.device import device_info
+    from tpu_diffusers_runtime.handle import PipelineHandle
+    from tpu_diffusers_runtime.loading import load_pipeline
+
+    pipe = load_pipeline(PipelineHandle.of(source=tiny("flux3"), model_class="Flux3ModularPipeline"),
+                         device_info("cpu"))
+    pipe.update_components(vae=flux2_vae())
+    family = family_for("Flux3ModularPipeline")
+    made = run_pipeline(pipe, family, request(batch_size=2))
+    samples = made.latent["samples"]
+    assert tuple(samples.shape) == family.comfy_latent.shape(2, SIZE, SIZE) == (2, 128, SIZE // 16, SIZE // 16)
+    vae = comfy.sd.VAE(sd=tsf.vae_to_ldm(pipe.vae.state_dict(), 4))
+    with torch.no_grad():
+        decoded = vae.decode(samples)
+    difference = np.abs(eight_bit(decoded) - eight_bit(made.images))
+    assert difference.max() <= 1, f"{difference.max()} levels apart"
+    assert np.std(eight_bit(made.images)) > 1

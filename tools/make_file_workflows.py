@@ -243,6 +243,25 @@ WORKFLOWS = {
                          "", 1024, 1024, 40, 1.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["qwen_image_21_edit"])],
         images=(("qwen_edit_person.png", {"image": 0}), ("qwen_edit_sofa.png", {"image_2": 0}))),
+    "flux3_klein_base_edit_files_offload": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 32 GB of host RAM. ComfyUI's FLUX 3 [klein] files: models/"
+        "diffusion_models/flux3-image-klein-base-int8-convrot.safetensors (or -bf16), models/text_encoders/"
+        "qwen3vl_4b_int8_convrot.safetensors (Qwen3-VL, whose vision tower reads the references), models/vae/"
+        "flux2-vae.safetensors; configs: a flux-3-image-klein-base folder in models/diffusers or the hub cache (a "
+        "distilled file takes the distilled model's). diffusers runs it as modular blocks only. An edit from one "
+        "reference image (image; up to three), width/height 0 = its size to 16 px; disconnect it for text to image "
+        "with the same loaded model. 50 steps at guidance 3.5 (CFG through its guider; the distilled model: 16 "
+        "steps, no guidance). prompt_upsampling is off: the templates ship no prompt upsampler (a 9B Qwen3.5 in a "
+        "repository of its own; put it in the configs folder as prompt_upsampler/ and turn it on, as diffusers "
+        "does by default). Its int8 layers stay int8 on the chip (quantized_weights auto). Model CPU offload. No TP plan in diffusers: "
+        "several chips run it as replicas. Designed, not run on a chip.",
+        [("TPUFileLoader", ["flux3-image-klein-base-int8-convrot.safetensors", "qwen3vl_4b_int8_convrot.safetensors",
+                            "none", "none", "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+         OFFLOAD,
+         ("TPUSampler", ["the ceramic mug from the picture on a wooden desk by a window, morning light, product photo",
+                         "blurry, low quality", 0, 0, 50, 3.5, 42, "fixed", 1, 1.0, False]),
+         ("SaveImage", ["flux3_klein_edit"])],
+        images=(("flux2_reference_mug.png", {"image": 0}),)),
     "krea2_turbo_files_offload": Workflow(
         "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's Krea 2 Turbo files: models/"
         "diffusion_models/krea2_turbo_fp8_scaled.safetensors and models/text_encoders/qwen3vl_4b_fp8_scaled.safetensors "

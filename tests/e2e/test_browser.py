@@ -251,13 +251,14 @@ def test_demo_runs_from_the_page_shows_its_image_and_what_ran_on_our_nodes(page,
 
 
 def test_a_workflow_saved_before_the_image_inputs_loads_with_denoise_1_and_runs(page, server, tmp_path):
-    """A Sampler saved before denoise and the image inputs existed (widgets_values end at batch_size, its
-    inputs name only the pipeline) loads with every saved value, denoise 1.0 and the image sockets, and
-    its prompt runs."""
+    """A Sampler saved before denoise, the image inputs and prompt_upsampling existed (widgets_values end at
+    batch_size, its inputs name only the pipeline) loads with every saved value, denoise 1.0, prompt_upsampling on
+    and the image sockets, and its prompt runs."""
     workflow = json.loads(DEMO.read_text())
     sampler = node_of(workflow, "TPUSampler")
-    *saved, denoise = sampler["widgets_values"]
-    assert denoise == 1.0  # the shipped demo is saved with it; the file a user saved before is without it
+    *saved, denoise, upsampling = sampler["widgets_values"]
+    # the shipped demo is saved with them; the file a user saved before is without them
+    assert (denoise, upsampling) == (1.0, True)
     saved[6] = 2_000_000 + int(time.time()) % 1_000_000  # the seed: above those the other tests queue
     sampler["widgets_values"], sampler["inputs"] = saved, [i for i in sampler["inputs"] if i["name"] == "pipeline"]
     old = tmp_path / "saved_before_denoise.json"
@@ -266,10 +267,11 @@ def test_a_workflow_saved_before_the_image_inputs_loads_with_denoise_1_and_runs(
     loaded = page.evaluate("id => { const n = app.graph.getNodeById(id); return {names: n.widgets.map(w => w.name), "
                            "values: n.widgets.map(w => w.value), sockets: n.inputs.filter(i => !i.widget)"
                            ".map(i => i.name)} }", sampler["id"])
-    assert loaded["names"][-1] == "denoise" and loaded["values"] == [*saved, 1.0]
+    assert loaded["names"][-2:] == ["denoise", "prompt_upsampling"] and loaded["values"] == [*saved, 1.0, True]
     assert loaded["sockets"] == ["pipeline", "image", "image_2", "image_3", "mask", "latent"]
     prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
     assert prompt[str(sampler["id"])]["inputs"]["denoise"] == 1.0
+    assert prompt[str(sampler["id"])]["inputs"]["prompt_upsampling"] is True
     entry = server.run(prompt, timeout=300)
     error = execution_error(entry)
     assert error is None, error["exception_message"]
