@@ -207,6 +207,9 @@ def context_parallel_notes(cp: int, family: Family, width: int, height: int, fra
     a token count or head count the CP degree does not divide (Ulysses attention splits the tokens, then the
     heads over the ranks). `source`: the model's folder (its denoiser config gives the heads) or a hub id."""
     cls = _denoiser_class(family)
+    if family.no_context_parallel:
+        raise UserInputError(f"context parallelism does not run {family.name} yet: {family.no_context_parallel}. Set "
+                             "context_parallel to 1 (replicas still split a batch).")
     if getattr(cls, "_cp_plan", None) is None:
         raise UserInputError(f"{family.name}'s {cls.__name__ if cls else family.denoiser} has no context-parallel "
                              f"plan in diffusers ({families_with_plan('_cp_plan')} have one); set context_parallel "

@@ -220,6 +220,9 @@ class Family:
     # its repeated blocks (Qwen-Image 2.1's rotary embedding reads the token mask with tolist()); "": it can. Scope
     # auto then compiles its repeated blocks, and scope whole with fullgraph is refused before anything compiles.
     untraceable_whole: str = ""
+    # why context parallelism is refused for it although its denoiser class has diffusers' `_cp_plan` (not verified, or
+    # failing for it); "": the plan is used
+    no_context_parallel: str = ""
     # the __call__'s default negative prompt, used when the node's is empty (QwenImage runs true CFG only with
     # one, and " " is its own default; Wan's is "")
     default_negative_prompt: str = " "

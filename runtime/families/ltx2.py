@@ -78,4 +78,8 @@ FAMILY = Family(
     temporal_factor=8,
     default_frames=121,
     sound_rate=sound_rate,
+    # diffusers' LTX2VideoTransformer3DModel has a _cp_plan, but on 2 ranks the tiny model's run fails inside it (a
+    # 2-vs-4 size mismatch in the audio-video attention's inputs, tools/verify_device.py's context_parallel cell)
+    no_context_parallel="diffusers' context-parallel plan for its audio-video transformer fails on 2 ranks (a tensor "
+                        "size mismatch), not yet worked out",
 )
