@@ -190,8 +190,10 @@ def _joined(names: list[str]) -> str:
 
 
 def families_with_plan(plan: str) -> str:
-    """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`), for messages."""
-    return _joined([family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None])
+    """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`) and that use it, for
+    messages (a family that refuses context parallelism, `Family.no_context_parallel`, is not named for `_cp_plan`)."""
+    return _joined([family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None
+                    and not (plan == "_cp_plan" and family.no_context_parallel)])
 
 
 def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> int:
