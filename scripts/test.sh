@@ -6,4 +6,4 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 EXTRAS=test bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 PYTHONWARNINGS="ignore:<TorchTpu/Performance/TcMalloc/"
-exec "$ROOT/.venv/bin/python" -m pytest tests -v -p no:cacheprovider "$@"
+exec "$ROOT/.venv/bin/python" -m pytest tests -v -p no:cacheprovider --durations=30 "$@"

@@ -750,15 +750,17 @@ def compared_words(record: dict) -> str:
 
 def matrix_table(records: list[dict], size_name: str) -> list[str]:
     size = SIZES[size_name]
-    frames = sorted({size.frames(family_for(tiny_models.MODEL_CLASSES[model])) for model in FAMILIES} - {0})
+    models = dict.fromkeys(r["family"] for r in records if r["size"] == size_name)  # in run order
+    frames = sorted({size.frames(family_for(tiny_models.MODEL_CLASSES[model])) for model in models} - {0})
     video = f"; video: {', '.join(map(str, frames))} frames, {size.video_steps} steps" if frames else ""
     lines = [f"### {size_name} models ({size.width}x{size.height}, {size.steps} steps{video})", "",
              "| family | " + " | ".join(CELLS.values()) + " |", "|---" * (len(CELLS) + 1) + "|"]
     by_key = {(r["family"], r["cell"]): r for r in records if r["size"] == size_name}
-    for family, title in FAMILIES.items():
-        lines.append(f"| {title} | " + " | ".join(cell_text(by_key[(family, c)]) for c in CELLS) + " |")
+    for family in models:
+        lines.append(f"| {FAMILIES[family]} | " + " | ".join(cell_text(by_key[(family, c)]) for c in CELLS) + " |")
     lines += ["", "What each cell did:", ""]
-    for family, title in FAMILIES.items():
+    for family in models:
+        title = FAMILIES[family]
         for cell, column in CELLS.items():
             r = by_key[(family, cell)]
             if "error" in r or "reason" in r:
@@ -900,6 +902,10 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", choices=SUITES,
                         help="the test suite: the TorchTPU contract tests, all tests/test_*.py, or none "
                              "(default: contract with --quick, else all)")
+    parser.add_argument("--families", help=f"tiny model names, comma-separated, of {', '.join(FAMILIES)} "
+                                           "(default: all; CI runs two to prove the script in less time)")
+    parser.add_argument("--benchmarks", help="benchmark names, comma-separated, e.g. bench_vs_diffusers "
+                                             "(default: all that apply; '' for none)")
     parser.add_argument("--budget", type=float, metavar="MINUTES",
                         help="stop the run after this long: what has not started is not run, what runs is stopped")
     parser.add_argument("--out", type=Path, help="the report (default docs/verified/<device>-<date>.md)")
@@ -930,6 +936,10 @@ def main(argv=None) -> int:
     sizes = (args.sizes or ("tiny" if args.quick else ",".join(SIZES))).split(",")
     if not sizes or not set(sizes) <= set(SIZES):
         parser.error(f"--sizes takes {', '.join(SIZES)}, comma-separated; got {args.sizes!r}")
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    if not families or not set(families) <= set(FAMILIES) or RESTART_CHECK[0] not in families:
+        parser.error(f"--families takes {', '.join(FAMILIES)}, comma-separated, with {RESTART_CHECK[0]} (the "
+                     f"restart check's and the benchmarks' model); got {args.families!r}")
     try:
         device = resolve_device(args.device).type
     except UserInputError as e:
@@ -942,19 +952,24 @@ def main(argv=None) -> int:
     print(f"[verify] device {device}; logs and compile cache in {work}", flush=True)
 
     build_start = time.perf_counter()
-    models = {size: {family: str(built_model(family, size)) for family in FAMILIES} for size in sizes}
+    models = {size: {family: str(built_model(family, size)) for family in families} for size in sizes}
     tiny_flux = built_model("flux1-schnell", "tiny")  # the --quick benchmarks' model
     ctx.spent.append(("build the models (random weights, on the CPU)", time.perf_counter() - build_start, "done"))
     facts = versions(device)
     ctx.references = run_references(ctx, models)
     matrix = []
     for size in sizes:
-        matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in FAMILIES for c in SINGLE_PROCESS_CELLS],
+        matrix += run_cells(ctx, f"matrix-{size}", [[f, c, size] for f in families for c in SINGLE_PROCESS_CELLS],
                             models)
-        matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, c, size] for f in FAMILIES for c in MESH_CELLS], models)
-    probe = run_upsampling_probe(ctx, models[sizes[0]][UPSAMPLE_PROBE_FAMILY])
+        matrix += run_cells(ctx, f"matrix-{size}-tp", [[f, c, size] for f in families for c in MESH_CELLS], models)
+    probe = run_upsampling_probe(ctx, str(built_model(UPSAMPLE_PROBE_FAMILY, sizes[0])))
     cache = restart_check(ctx, matrix, models, sizes[0])
     plan = benchmark_plan(args.quick, tiny_flux, chips(device), comfyui_importable(), ctx.parallel_ranks)
+    if args.benchmarks is not None:
+        chosen = {f"{name}.py" for name in args.benchmarks.split(",") if name}
+        if not chosen <= set(plan):
+            parser.error(f"--benchmarks takes {', '.join(s.removesuffix('.py') for s in plan)}; got {args.benchmarks!r}")
+        plan = {script: how if script in chosen else "not run: left out by --benchmarks" for script, how in plan.items()}
     benchmarks = run_benchmarks(ctx, plan)
     suite = run_suite(ctx, args.suite or ("contract" if args.quick else "all"))
     command = "bash scripts/verify_device.sh " + shlex.join(sys.argv[1:])
