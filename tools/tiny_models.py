@@ -778,6 +778,27 @@ def qwen3_vl_processor(tok):
                             chat_template=QWEN3_VL_CHAT_TEMPLATE)
 
 
+def qwen3_vl_config(tok, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, mrope: list,
+                    intermediate: int = 32, **vision):
+    """A Qwen3-VL config on the tiny Qwen tokenizer, as the 2026 image families' text encoders (head_dim / 2 is split
+    over the three mrope axes); a one-block vision tower whose output is the text width, with `vision` settings."""
+    from transformers import Qwen3VLConfig
+
+    ids = tok.convert_tokens_to_ids
+    return Qwen3VLConfig(
+        text_config={"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": intermediate,
+                     "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                     "head_dim": head_dim,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
+                     "pad_token_id": ids("<|endoftext|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": hidden,
+                       "deepstack_visual_indexes": [0], **vision},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+
+
 def qwenimage21(size: str):
     """Qwen-Image 2.1: a Qwen3-VL text encoder (its last decoder layer's output, before the final norm, is the
     transformer's text input; the vision tower reads the edit's condition images), AutoencoderKLQwenImage21 (16x,
@@ -788,27 +809,14 @@ def qwenimage21(size: str):
     block; the text encoder has Qwen3-VL-8B's width but one layer."""
     from diffusers import (AutoencoderKLQwenImage21, FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline,
                            QwenImage21Transformer2DModel)
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
     bench = size == "bench"
     tok, _ = qwen_tokenizer()
-    ids = tok.convert_tokens_to_ids
-    # head_dim / 2 is split over the three mrope axes
     hidden, layers, heads, kv_heads, head_dim, mrope = (4096, 1, 32, 8, 128, [24, 20, 20]) if bench else \
         (16, 2, 2, 2, 8, [2, 1, 1])
-    cfg = Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 32, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
-                                "mrope_interleaved": True},
-            "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"), "pad_token_id": ids("<|endoftext|>"),
-        },
-        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "patch_size": 16,
-                       "out_hidden_size": hidden, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-    )
+    cfg = qwen3_vl_config(tok, hidden, layers, heads, kv_heads, head_dim, mrope, patch_size=16,
+                          num_position_embeddings=64)
     torch.manual_seed(0)
     te = Qwen3VLForConditionalGeneration(cfg)
     torch.manual_seed(0)
@@ -847,24 +855,12 @@ def krea2(size: str):
     encoder has Qwen3-VL-4B's width but two layers."""
     from diffusers import (FlowMatchEulerDiscreteScheduler, Krea2Pipeline,
                            Krea2Transformer2DModel)
-    from transformers import Qwen3VLConfig, Qwen3VLModel
+    from transformers import Qwen3VLModel
 
     bench = size == "bench"
     tok, _ = qwen_tokenizer()
-    ids = tok.convert_tokens_to_ids
     hidden, heads, kv_heads, head_dim, mrope = (2560, 32, 8, 128, [24, 20, 20]) if bench else (32, 2, 1, 16, [2, 3, 3])
-    cfg = Qwen3VLConfig(
-        text_config={"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 64, "num_hidden_layers": 2,
-                     "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
-                                         "mrope_interleaved": True},
-                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
-                     "pad_token_id": ids("<|endoftext|>")},
-        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": hidden,
-                       "deepstack_visual_indexes": [0]},
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-    )
+    cfg = qwen3_vl_config(tok, hidden, 2, heads, kv_heads, head_dim, mrope, intermediate=64)
     torch.manual_seed(0)
     text_encoder = Qwen3VLModel(cfg)
     torch.manual_seed(0)
@@ -939,23 +935,12 @@ def flux3(size: str, distilled: bool):
     block of each kind; the text encoder has Qwen3-VL-4B's width with 32 narrow-FFN layers."""
     from diffusers import Flux3Transformer2DModel
     from diffusers.modular_pipelines import Flux3AutoBlocks, Flux3DistilledAutoBlocks
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
     bench = size == "bench"
     tok, _ = qwen_tokenizer()
-    ids = tok.convert_tokens_to_ids
     hidden, heads, kv_heads, head_dim, mrope = (2560, 32, 8, 128, [24, 20, 20]) if bench else (16, 2, 1, 8, [2, 1, 1])
-    cfg = Qwen3VLConfig(
-        text_config={"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 32, "num_hidden_layers": 32,
-                     "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": mrope,
-                                         "mrope_interleaved": True},
-                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
-                     "pad_token_id": ids("<|endoftext|>")},
-        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "patch_size": 16,
-                       "out_hidden_size": hidden, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+    cfg = qwen3_vl_config(tok, hidden, 32, heads, kv_heads, head_dim, mrope, patch_size=16, num_position_embeddings=64)
     torch.manual_seed(0)
     text_encoder = Qwen3VLForConditionalGeneration(cfg)
     torch.manual_seed(0)
