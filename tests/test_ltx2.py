@@ -111,10 +111,10 @@ def test_a_last_image_needs_the_first_and_a_model_with_first_last_frame_to_video
     for model_class in ("LTX2Pipeline", "LTX2ImageToVideoPipeline"):
         _, task, pipeline, _ = prepare(model_class, both)
         assert (task.name, pipeline.cls) == ("firstlast2video", "LTX2ConditionPipeline")
-    with pytest.raises(UserInputError, match=r"Wan 2.2 WanPipeline has no firstlast2video pipeline, and a last_image is "
-                                             r"connected\. It runs: text2video with no image \(WanPipeline\); "
-                                             r"image2video with a start image \(WanImageToVideoPipeline\)\. Connect or "
-                                             r"disconnect the Sampler's image and last_image inputs to match\."):
+    with pytest.raises(UserInputError, match=r"Wan 2.2 WanPipeline has no firstlast2video pipeline, and a last_image "
+                                             r"is connected\. It runs: text2video with no image \(WanPipeline\); "
+                                             r"image2video with a start image \(WanImageToVideoPipeline\)\. Connect "
+                                             r"or disconnect the Sampler's image and last_image inputs to match\."):
         prepare("WanPipeline", both, {"expand_timesteps": True})
 
 
