@@ -65,12 +65,18 @@ TASKS = {  # task: (its diffusers class, the Sampler's images, plain diffusers' 
 }
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """One engine for the tasks, as ComfyUI keeps one: each task after the first runs on the model already loaded (a
+    pipeline made with from_pipe after other pipelines of the same components have run)."""
+    return Engine(distribute=False)
+
+
 @pytest.mark.parametrize("task", TASKS)
-def test_frames_and_sound_equal_plain_diffusers_video_after_video(tiny_ltx2, task):
+def test_frames_and_sound_equal_plain_diffusers_video_after_video(tiny_ltx2, engine, task):
     cls, images, inputs = TASKS[task]
-    made = Engine(distribute=False).generate(PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
-                                             request(images=tuple(image.astype(np.float32) / 255.0
-                                                                  for image in images)))
+    made = engine.generate(PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
+                           request(images=tuple(image.astype(np.float32) / 255.0 for image in images)))
     assert made.info.task == task and made.info.pipeline == cls
     assert made.images.shape == (2 * FRAMES, 32, 32, 3) and made.info.fps == 24.0
     frames, waveform, rate = reference(tiny_ltx2, cls, 2, inputs)

@@ -59,6 +59,8 @@ def vae_shape(config) -> tuple[int, int, int, int]:
 # the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
 MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
 
+# LTX2ConditionPipeline reads the tokenizer's padding side when from_pipe makes it (the other two read it when called,
+# after setting it to left): Gemma's tokenizers pad on the left, so all three unpad the prompt alike whatever ran first.
 FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions)
 
 FAMILY = Family(
