@@ -3,8 +3,9 @@
 from comfy_api.latest import io
 
 from tpu_diffusers_runtime.engine import ENGINE
+from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import FAMILIES, listed, with_each_setting
-from tpu_diffusers_runtime.input_checks import MAX_SIZE, frames_problem, video_frame_factor
+from tpu_diffusers_runtime.input_checks import MAX_SIZE, frames_problem, last_image_problem, video_frame_factor
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
 from .sampler import queue_time_problem
@@ -27,8 +28,9 @@ class TPUVideoSampler(io.ComfyNode):
             node_id="TPUVideoSampler",
             display_name="TPU Video Sampler",
             category=CATEGORY,
-            description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, or from a "
-                        "start image (models with image to video). The frames come out as an IMAGE batch for "
+            description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, from a "
+                        "start image (models with image to video), or from a first and a last image (models with "
+                        "first/last frame to video). The frames come out as an IMAGE batch for "
                         "ComfyUI's Create Video + Save "
                         "Video or Save Animated WEBP, with the model's frame rate. Loads on first use, shows "
                         "progress and the first frame's preview per step. Cancel stops sampling at the end of "
@@ -60,9 +62,14 @@ class TPUVideoSampler(io.ComfyNode):
                              tooltip="Videos per run; video i uses seed + i (and item i % N of an image batch). "
                                      "The frames output holds them one after another: batch x frames images."),
                 io.Image.Input("image", optional=True,
-                               tooltip="Image to video: the first frame (Load Image). Image-to-video models need it, "
-                                       "text-to-video ones take none, a model with both takes it or not. Resized to "
-                                       "width x height."),
+                               tooltip="Image to video: the first frame (Load Image), also with last_image. "
+                                       "Image-to-video models need it, text-to-video ones take none, a model with both "
+                                       "takes it or not. Resized to width x height."),
+                # appended after image, so the links of workflows saved before it keep their input indices
+                io.Image.Input("last_image", optional=True,
+                               tooltip="First/last frame to video: the last frame (Load Image), with image as the "
+                                       "first. Only models with first/last frame to video take it; it needs image. "
+                                       "Resized to width x height."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
@@ -83,9 +90,11 @@ class TPUVideoSampler(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, input_types: dict | None = None, prompt: str | None = None, width: int | None = None,
                         height: int | None = None, frames: int | None = None) -> bool | str:
-        """Checked when the prompt is queued (see TPUSampler.validate_inputs): link types, prompt, size and the
-        frame count, which every supported video model takes as factor x k + 1."""
-        problem = queue_time_problem(cls, input_types or {}, prompt, width, height)
+        """Checked when the prompt is queued (see TPUSampler.validate_inputs): link types, a last image without the
+        first, prompt, size and the frame count, which every supported video model takes as factor x k + 1."""
+        input_types = input_types or {}
+        problem = (queue_time_problem(cls, input_types, prompt, width, height)
+                   or last_image_problem("image" in input_types, "last_image" in input_types))
         if problem or not isinstance(frames, int):
             return problem or True
         if not 1 <= frames <= MAX_FRAMES:
@@ -94,10 +103,12 @@ class TPUVideoSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,
-                guidance: float, seed: int, batch_size: int, image=None) -> io.NodeOutput:
+                guidance: float, seed: int, batch_size: int, image=None, last_image=None) -> io.NodeOutput:
+        if problem := last_image_problem(image is not None, last_image is not None):
+            raise UserInputError(problem)  # (again: a ComfyUI that passes no input_types to validate_inputs)
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, frames=frames,
-                                images=() if image is None else (image,))
+                                images=tuple(i for i in (image, last_image) if i is not None))
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
         return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),

@@ -12,6 +12,7 @@ from .families import FAMILIES, Family
 
 MAX_SIZE = 8192  # the Samplers' width and height widgets go up to here
 IMAGE_INPUTS = ("image", "image_2", "image_3")
+VIDEO_IMAGE_INPUTS = ("image", "last_image")  # the Video Sampler's: the first frame, and the last frame
 # What a queued width or height must be a multiple of (the model is not known then; the Samplers' widgets step by
 # it): every family's size step divides it or is a multiple of it, and a coarser one is checked when the model runs.
 QUEUED_SIZE_MULTIPLE = 16
@@ -84,6 +85,14 @@ def image_inputs_problem(images: tuple[str, ...], mask: bool, latent: bool = Fal
     for name, before in zip(IMAGE_INPUTS[1:], IMAGE_INPUTS):
         if name in images and before not in images:
             return f"{name} is connected but {before} is not: connect the references in order, {before} first."
+    return None
+
+
+def last_image_problem(image: bool, last_image: bool) -> str | None:
+    """The Video Sampler's last_image (connected or not) is the last frame of a video that starts from its image."""
+    if last_image and not image:
+        return ("last_image is connected but image is not: first/last frame to video needs the first frame on "
+                "'image' too. Connect it, or move the picture to 'image' for image to video.")
     return None
 
 

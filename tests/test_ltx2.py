@@ -1,6 +1,7 @@
-"""LTX-2 through the engine: text to video and image to video with sound, each equal to plain diffusers'
-LTX2Pipeline / LTX2ImageToVideoPipeline from the same folder for the same seed (seed + i per video), the frames and
-the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule refused before anything loads."""
+"""LTX-2 through the engine: text to video, image to video and first/last frame to video with sound, each equal to
+plain diffusers' LTX2Pipeline / LTX2ImageToVideoPipeline / LTX2ConditionPipeline from the same folder for the same seed
+(seed + i per video), the frames and the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule, and a
+last image it cannot take, refused before anything loads."""
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from tpu_diffusers_runtime.tasks import SampleRequest
 
 PROMPT = "a corgi barking on a beach"
 PIXELS = (np.random.default_rng(0).random((48, 80, 3)) * 255).astype(np.uint8)  # another size than the video's
+# two last frames: video i ends on item i % 2
+LAST = (np.random.default_rng(1).random((2, 40, 24, 3)) * 255).astype(np.uint8)
 FRAMES = 9  # 8k + 1
 
 
@@ -32,9 +35,9 @@ def request(**fields):
                                    frames=FRAMES), **fields})
 
 
-def reference(folder, cls, videos, **kwargs):
-    """Plain diffusers: `cls` from the folder (from_pipe for image to video), one call per video with seed + i, at the
-    pipeline's default guidances but the video CFG, and frame_rate = the family's fps."""
+def reference(folder, cls, videos, inputs=lambda i: {}):
+    """Plain diffusers: `cls` from the folder (from_pipe for the image tasks), one call per video with seed + i and
+    inputs(i) (its images), at the pipeline's default guidances but the video CFG, and frame_rate = the family's fps."""
     import diffusers
 
     pipe = diffusers.DiffusionPipeline.from_pretrained(folder, local_files_only=True)
@@ -42,20 +45,41 @@ def reference(folder, cls, videos, **kwargs):
         pipe = getattr(diffusers, cls).from_pipe(pipe)
     calls = [pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
                   num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(7 + i),
-                  output_type="pt", **kwargs) for i in range(videos)]
+                  output_type="pt", **inputs(i)) for i in range(videos)]
     frames = torch.cat([call.frames[0] for call in calls]).permute(0, 2, 3, 1)
     return frames, torch.cat([call.audio for call in calls]).float(), pipe.vocoder.config.output_sampling_rate
 
 
-@pytest.mark.parametrize("with_image", [False, True], ids=["text2video", "image2video"])
-def test_frames_and_sound_equal_plain_diffusers_video_after_video(tiny_ltx2, with_image):
-    made = Engine(distribute=False).generate(PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
-                                             request(images=(PIXELS[None].astype(np.float32) / 255.0,)
-                                                     if with_image else ()))
-    cls = "LTX2ImageToVideoPipeline" if with_image else "LTX2Pipeline"
-    assert made.info.task == ("image2video" if with_image else "text2video") and made.info.pipeline == cls
+def first_last(i):
+    """diffusers' documented first/last frame conditions (index: a latent frame, -1 the last) for video i."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+
+    return {"conditions": [LTX2VideoCondition(frames=Image.fromarray(PIXELS), index=0),
+                           LTX2VideoCondition(frames=Image.fromarray(LAST[i % 2]), index=-1)]}
+
+
+TASKS = {  # task: (its diffusers class, the Sampler's images, plain diffusers' inputs for video i)
+    "text2video": ("LTX2Pipeline", (), lambda i: {}),
+    "image2video": ("LTX2ImageToVideoPipeline", (PIXELS[None],), lambda i: {"image": Image.fromarray(PIXELS)}),
+    "firstlast2video": ("LTX2ConditionPipeline", (PIXELS[None], LAST), first_last),
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """One engine for the tasks, as ComfyUI keeps one: each task after the first runs on the model already loaded (a
+    pipeline made with from_pipe after other pipelines of the same components have run)."""
+    return Engine(distribute=False)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_frames_and_sound_equal_plain_diffusers_video_after_video(tiny_ltx2, engine, task):
+    cls, images, inputs = TASKS[task]
+    made = engine.generate(PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
+                           request(images=tuple(image.astype(np.float32) / 255.0 for image in images)))
+    assert made.info.task == task and made.info.pipeline == cls
     assert made.images.shape == (2 * FRAMES, 32, 32, 3) and made.info.fps == 24.0
-    frames, waveform, rate = reference(tiny_ltx2, cls, 2, **({"image": Image.fromarray(PIXELS)} if with_image else {}))
+    frames, waveform, rate = reference(tiny_ltx2, cls, 2, inputs)
     assert (made.images - frames).abs().max() <= 1 / 255  # within one 8-bit level
     assert made.audio["sample_rate"] == rate == 16_000 and made.info.sample_rate == rate
     assert made.audio["waveform"].shape == waveform.shape and waveform.shape[:2] == (2, 2)
@@ -78,6 +102,26 @@ def test_frames_off_the_8k_plus_1_rule_are_refused_before_loading(tmp_path):
     missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class="LTX2Pipeline")
     with pytest.raises(UserInputError, match=r"8k \+ 1"):
         Engine(distribute=False).generate(missing, request(frames=13))
+
+
+def test_a_last_image_needs_the_first_and_a_model_with_first_last_frame_to_video():
+    """The Video Sampler refuses last_image without image (when queued, and again when it runs); both images run
+    LTX2ConditionPipeline on either model class, and a model without that task (Wan 2.2 TI2V-5B) refuses them when the
+    run is planned, naming what it runs."""
+    from tpu_diffusers_runtime.input_checks import last_image_problem
+    from tpu_diffusers_runtime.tasks import prepare
+
+    assert last_image_problem(True, True) is None and last_image_problem(True, False) is None
+    assert last_image_problem(False, True).startswith("last_image is connected but image is not")
+    both = request(images=(PIXELS[None] / 255.0, LAST / 255.0))
+    for model_class in ("LTX2Pipeline", "LTX2ImageToVideoPipeline"):
+        _, task, pipeline, _ = prepare(model_class, both)
+        assert (task.name, pipeline.cls) == ("firstlast2video", "LTX2ConditionPipeline")
+    with pytest.raises(UserInputError, match=r"Wan 2.2 WanPipeline has no firstlast2video pipeline, and a last_image "
+                                             r"is connected\. It runs: text2video with no image \(WanPipeline\); "
+                                             r"image2video with a start image \(WanImageToVideoPipeline\)\. Connect "
+                                             r"or disconnect the Sampler's image and last_image inputs to match\."):
+        prepare("WanPipeline", both, {"expand_timesteps": True})
 
 
 def test_its_plan_reads_its_own_configs_and_the_tiny_model_is_never_refused(tiny_ltx2):

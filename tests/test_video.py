@@ -90,6 +90,8 @@ def test_the_5b_model_is_told_by_its_settings_before_loading(tiny):
     (dict(frames=0), r"Wan 2.2 makes video: sample it with the TPU Video Sampler"),
     (dict(images=(start_image(),)), r"WanPipeline has no image2video pipeline, and an image is connected \(this "
                                     r"model takes no image: text to video only\)"),
+    (dict(images=(start_image(), start_image())), r"WanPipeline has no firstlast2video pipeline, and a last_image is "
+                                                  r"connected\. It runs: text2video with no image"),
 ])
 def test_bad_video_requests_are_refused_before_anything_loads(tiny, fields, message):
     engine = Engine()

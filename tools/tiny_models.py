@@ -960,15 +960,17 @@ def flux3(size: str, distilled: bool):
 
 
 def gemma_tokenizer(vocab_size: int = 300):
-    """Byte-level BPE with Gemma's special tokens (<pad> 0, <eos> 1, <bos> 2, <unk> 3); LTX2Pipeline pads on the
-    left to max_sequence_length itself."""
+    """Byte-level BPE with Gemma's special tokens (<pad> 0, <eos> 1, <bos> 2, <unk> 3), padding on the left as
+    transformers' GemmaTokenizer does: LTX2Pipeline pads on the left to max_sequence_length itself, but
+    LTX2ConditionPipeline reads the tokenizer's padding side when it is made (its connectors then unpad by it), so a
+    right-padding tokenizer would make its output depend on whether another LTX-2 pipeline had run first."""
     from tokenizers import pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tk = _byte_level_bpe(vocab_size, ["<pad>", "<eos>", "<bos>", "<unk>"], CORPUS * 10,
                          pre_tokenizers.ByteLevel(add_prefix_space=False))
     return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", model_max_length=1024), {}
+                                   unk_token="<unk>", model_max_length=1024, padding_side="left"), {}
 
 
 def ltx2(size: str):

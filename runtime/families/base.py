@@ -12,7 +12,8 @@ INPAINT = "inpaint"
 EDIT = "edit"
 TEXT2VIDEO = "text2video"
 IMAGE2VIDEO = "image2video"  # the image is the first frame
-VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO)
+FIRSTLAST2VIDEO = "firstlast2video"  # the image is the first frame, the last image the last one
+VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO, FIRSTLAST2VIDEO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,9 @@ class TaskPipeline:
     # output size itself (Qwen-Image-Edit inpaint): the Sampler's size must then be 0 or that
     output_size: Callable | None = None
     output_size_words: str = "~1 MP"  # what `output_size` makes, for messages and the task matrix
+    # (first frame, last frame: PIL images) -> the call arguments that pin them, for a first/last frame to video class
+    # whose diffusers call takes them as its own condition objects rather than as `image`
+    first_last: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,11 +5,12 @@ One audio-video transformer denoises the video latents and the audio latents tog
 temporal (frames are 8k + 1), the audio VAE decodes mel spectrograms and the vocoder makes the waveform, returned
 beside the frames as `audio` [B, 2, T] at the vocoder's `output_sampling_rate`. LTX2Pipeline makes video from text;
 LTX2ImageToVideoPipeline (made from the loaded components with `from_pipe`) starts from the Sampler's image, which
-it re-encodes through H.264 (`image_crf`, with PyAV) as the model was trained. Both are called with `frame_rate`
-= the family's fps (24, diffusers' default), which the model conditions on.
+it re-encodes through H.264 (`image_crf`, with PyAV) as the model was trained. LTX2ConditionPipeline (from_pipe too)
+runs first/last frame to video: the Sampler's image and last image pinned as keyframes. All are called with
+`frame_rate` = the family's fps (24, diffusers' default), which the model conditions on.
 """
 
-from .base import IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, TaskPipeline
+from .base import FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, TaskPipeline
 from .components import attention_shape, diffusers_detection_keys
 
 # diffusers' detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics), and its
@@ -26,6 +27,15 @@ def first_frame_latents(pipe, latents, height, width):
     w = width // pipe.vae_spatial_compression_ratio // patch
     frames = latents.shape[1] // (h * w)
     return pipe._unpack_latents(latents, frames, h, w, patch, patch_t)[:, :, 0]
+
+
+def first_last_conditions(first, last) -> dict:
+    """LTX2ConditionPipeline's `conditions` for a first and a last frame. Its index is a latent frame index (negative
+    ones count from the end, as diffusers' own example pins the last frame with -1): the last pixel frame's index,
+    frames - 1, is past the latent frames, and diffusers skips such a condition with only a warning."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+
+    return {"conditions": [LTX2VideoCondition(frames=first, index=0), LTX2VideoCondition(frames=last, index=-1)]}
 
 
 def sound_rate(pipe) -> int:
@@ -49,12 +59,17 @@ def vae_shape(config) -> tuple[int, int, int, int]:
 # the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
 MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
 
+# LTX2ConditionPipeline reads the tokenizer's padding side when from_pipe makes it (the other two read it when called,
+# after setting it to left): Gemma's tokenizers pad on the left, so all three unpad the prompt alike whatever ran first.
+FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions)
+
 FAMILY = Family(
     name="LTX-2",
     model_classes={
         "LTX2Pipeline": {TEXT2VIDEO: TaskPipeline("LTX2Pipeline"),
-                         IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1)},
-        "LTX2ImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1)},
+                         IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1), FIRSTLAST2VIDEO: FIRST_LAST},
+        "LTX2ImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1),
+                                     FIRSTLAST2VIDEO: FIRST_LAST},
     },
     takes_negative_prompt=True,
     guidance_kwarg="guidance_scale",

@@ -32,7 +32,8 @@ WIRE_ARRAYS = ("images", "mask", "latent")  # what travels to workers as binary 
 
 @dataclasses.dataclass(frozen=True)
 class SampleRequest:
-    """One Sampler run. The images are the connected image inputs in order (image, image_2, image_3), each a
+    """One Sampler run. The images are the connected image inputs in order (image, image_2, image_3; the Video
+    Sampler's image, last_image), each a
     float32 [N, H, W, C] array in 0..1 (ComfyUI's IMAGE); the mask is float32 [M, H, W], 1 = repaint. Output
     image i takes item i % N of each (and of the mask): a batch of N images gives N results at batch size N.
     The latent is a connected LATENT's samples (ComfyUI's format for the family, float32) to start image to

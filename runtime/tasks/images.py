@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from ..errors import UserInputError
 from ..families import TaskPipeline
-from ..input_checks import IMAGE_INPUTS as INPUT_NAMES
-from ..input_checks import denoise_problem, image_inputs_problem
+from ..input_checks import IMAGE_INPUTS, VIDEO_IMAGE_INPUTS, denoise_problem, image_inputs_problem
+
+
+def input_names(request) -> tuple[str, ...]:
+    """The names of the request's images on the Sampler that made it (the Video Sampler's second is last_image)."""
+    return VIDEO_IMAGE_INPUTS if request.frames else IMAGE_INPUTS
 
 
 def validate(pipeline: TaskPipeline, request) -> None:
     """What no pipeline can take, and what this one cannot: each says what to change."""
-    problem = (image_inputs_problem(INPUT_NAMES[:len(request.images)], request.mask is not None,
-                                    request.latent is not None)
+    names = input_names(request)
+    problem = (image_inputs_problem(names[:len(request.images)], request.mask is not None, request.latent is not None)
                or denoise_problem(request.denoise, bool(request.images) or request.latent is not None))
     if problem:
         raise UserInputError(problem)
@@ -26,10 +30,10 @@ def validate(pipeline: TaskPipeline, request) -> None:
         raise UserInputError(f"denoise {request.denoise:g}: {pipeline.cls} always denoises fully (diffusers gives "
                              "it no strength); set denoise to 1.")
     if len(request.images) > pipeline.images:
-        extra = ", ".join(INPUT_NAMES[pipeline.images:len(request.images)])
+        extra = ", ".join(names[pipeline.images:len(request.images)])
         raise UserInputError(f"{pipeline.cls} takes at most {pipeline.images} image(s) "
-                             f"({', '.join(INPUT_NAMES[:pipeline.images]) or 'none'}); disconnect {extra}.")
-    for name, image in zip(INPUT_NAMES, request.images):
+                             f"({', '.join(names[:pipeline.images]) or 'none'}); disconnect {extra}.")
+    for name, image in zip(names, request.images):
         if image.ndim != 4 or image.shape[0] < 1 or min(image.shape[1:3]) < 1 or image.shape[3] not in (1, 3, 4):
             raise UserInputError(f"{name} has shape {list(image.shape)}; an IMAGE is [batch, height, width, "
                                  "channels] with 3 channels (RGB; 4 = RGBA and 1 = grey are converted).")
@@ -84,7 +88,7 @@ def resized(batch, size: tuple[int, int] | None):
 def notes(request) -> list[str]:
     """What the run info should say about how the inputs were taken."""
     said = []
-    for name, image in zip(INPUT_NAMES, request.images):
+    for name, image in zip(input_names(request), request.images):
         if image.shape[3] == 4:
             said.append(f"{name}: alpha channel dropped (RGBA -> RGB); for inpainting connect Load Image's MASK")
         if len(image) > 1:

@@ -1,10 +1,11 @@
-"""Video: text to video, and image to video (the image is the first frame). One pipeline call per video (seed +
-i for video i, as image batches); the frames come back as ComfyUI's IMAGE batch, video after video, so
-ComfyUI's own CreateVideo / SaveAnimatedWEBP take them as they are."""
+"""Video: text to video, image to video (the image is the first frame), and first/last frame to video (image and
+last_image are the first and the last frame). One pipeline call per video (seed + i for video i, as image batches);
+the frames come back as ComfyUI's IMAGE batch, video after video, so ComfyUI's own CreateVideo / SaveAnimatedWEBP
+take them as they are."""
 
 from __future__ import annotations
 
-from ..families import IMAGE2VIDEO, TEXT2VIDEO, Family, TaskPipeline
+from ..families import FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, TaskPipeline
 from ..outputs import AUDIO, FRAMES, KINDS, OutputKind
 from .base import SampleRequest, Task
 from .images import pil_image
@@ -30,3 +31,11 @@ class Image2Video(Text2Video):
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         return {"image": pil_image(request.images[0], index)}  # diffusers resizes it to the video's size
+
+
+class FirstLast2Video(Text2Video):
+    name = FIRSTLAST2VIDEO
+
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        first, last = request.images
+        return pipeline.first_last(pil_image(first, index), pil_image(last, index))  # diffusers resizes them
