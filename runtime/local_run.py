@@ -118,12 +118,15 @@ def sound_info(audio: dict | None) -> dict:
 
 def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
          preview: PreviewSpec | None = None):
-    """One task run on `pipe` (entry's pipeline of the task's class); with a compiled denoiser, its compiles are
-    counted and explained."""
+    """One task run on `pipe` (entry's pipeline of the task's class), with the request's latent upscaler if it has
+    one; with a compiled denoiser, its compiles are counted and explained."""
+    upscaler, two_stage = plan.request.upscaler, plan.family.two_stage
+    upsample = entry.upsample_pipeline(two_stage, upscaler) if upscaler and two_stage else None
     try:
         return compilation.counted_run(
             entry.states.get(compilation.NAME), run_denoisers, shape_of(plan.task, plan.request),
-            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview, plan.outputs))
+            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview, plan.outputs,
+                                  upsample))
     except CompileError:
         entry.states.pop(compilation.NAME, None)  # the denoiser is eager again; the next compiled run starts afresh
         raise

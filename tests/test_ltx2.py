@@ -119,3 +119,106 @@ def test_each_step_sends_a_preview_of_the_first_frame(tiny_ltx2):
     images = [image for done, what, image in (c for c in calls if c[1] == "sampling" and len(c) == 3)]
     assert len(images) == 3 and all(image.shape == (16, 16, 3) for image in images)
     assert images[0].std() > 0 and not np.array_equal(images[0], images[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_upscaler(tmp_path_factory):
+    import tiny_models
+
+    return str(tiny_models.ltx2_upsampler(tmp_path_factory.mktemp("models") / "tiny-ltx2-upscaler"))
+
+
+def two_stage_reference(folder, upscaler, videos):
+    """diffusers' documented two-stage recipe (docs api/pipelines/ltx2, "Two-stages Generation") with plain diffusers:
+    stage 1 at half size as latents, the video latents upscaled x2, stage 2 on STAGE_2_DISTILLED_SIGMA_VALUES with a
+    scheduler without dynamic shifting, renoised with the first sigma, guidance 1; one generator per video (seed + i)
+    through both stages."""
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    upsample = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=LTX2LatentUpsamplerModel.from_pretrained(
+        upscaler, local_files_only=True))
+    first_scheduler = pipe.scheduler
+    refine_scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=False,
+                                                                   shift_terminal=None)
+    frames, waveforms = [], []
+    for i in range(videos):
+        generator = torch.Generator("cpu").manual_seed(7 + i)
+        pipe.scheduler = first_scheduler
+        video_latent, audio_latent = pipe(
+            prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
+            num_inference_steps=2, guidance_scale=3.0, generator=generator, output_type="latent", return_dict=False)
+        upscaled = upsample(latents=video_latent, output_type="latent", return_dict=False)[0]
+        pipe.scheduler = refine_scheduler
+        video, audio = pipe(
+            latents=upscaled, audio_latents=audio_latent, prompt=PROMPT, negative_prompt="", height=64, width=64,
+            num_frames=FRAMES, frame_rate=24.0, num_inference_steps=3, noise_scale=SIGMAS[0], sigmas=SIGMAS,
+            guidance_scale=1.0, generator=generator, output_type="pt", return_dict=False)
+        frames.append(video[0].permute(0, 2, 3, 1))
+        waveforms.append(audio.float())
+    return torch.cat(frames), torch.cat(waveforms)
+
+
+def test_two_stages_with_an_upscaler_equal_diffusers_recipe_video_after_video(tiny_ltx2, tiny_upscaler):
+    """64x64 with an upscaler: stage 1 at 32x32 (2 steps), x2 latent upscale, the 3-step refine; frames and sound equal
+    the documented recipe in plain diffusers for seed + i. Progress counts both stages' steps of both videos, and each
+    step has a preview of its stage's first frame (16x16 latents, then 32x32)."""
+    from tpu_diffusers_runtime.preview import PreviewSpec
+
+    calls = []
+    made = Engine(distribute=False).generate(
+        PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
+        request(width=64, height=64, upscaler=tiny_upscaler),
+        on_progress=lambda done, total, what, *image: calls.append((done, total, what, *image)),
+        preview=PreviewSpec(factors=((0.1, 0.2, 0.3),) * 4))
+    frames, waveform = two_stage_reference(tiny_ltx2, tiny_upscaler, 2)
+    assert made.images.shape == (2 * FRAMES, 64, 64, 3) == frames.shape
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+    sampling = [call for call in calls if call[2] == "sampling"]
+    assert [(done, total) for done, total, *_ in sampling] == [(done, 10) for done in range(1, 11)]
+    assert [call[3].shape[:2] for call in sampling] == [(16, 16)] * 2 + [(32, 32)] * 3 + [(16, 16)] * 2 + [(32, 32)] * 3
+
+
+def test_a_single_upscaler_file_runs_as_its_folder(tiny_ltx2, tiny_upscaler, tmp_path):
+    """The folder's weights file alone (the original layout's keys are diffusers' own): its config read off the
+    shapes, the same video."""
+    import shutil
+
+    single = tmp_path / "ltx-2.3-spatial-upscaler-x2-tiny.safetensors"
+    shutil.copy(f"{tiny_upscaler}/diffusion_pytorch_model.safetensors", single)
+    engine, handle = Engine(distribute=False), PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline")
+    from_file = engine.generate(handle, request(width=64, height=64, batch_size=1, upscaler=str(single)))
+    from_folder = engine.generate(handle, request(width=64, height=64, batch_size=1, upscaler=tiny_upscaler))
+    assert torch.equal(from_file.images, from_folder.images)
+
+
+def test_upscaler_refusals_come_before_anything_loads(tiny_ltx2, tiny_upscaler, tmp_path):
+    """A model without a two-stage generation, a size that is not a multiple of twice the size step (the nearest
+    ones named), and a file that is not a latent upscaler: refused when the run is planned, with no model folder."""
+    from safetensors.torch import save_file
+
+    from tpu_diffusers_runtime.tasks import prepare
+
+    with pytest.raises(UserInputError, match=r"Wan 2.2 has no two-stage generation.*models that do: LTX-2.*disconnect"):
+        prepare("WanPipeline", request(frames=5, upscaler=tiny_upscaler))
+    with pytest.raises(UserInputError, match=r"width 96 cannot be used with a latent upscaler.*multiple of 64 "
+                                             r"\(2 x 32\): 64 or 128"):
+        prepare("LTX2Pipeline", request(width=96, height=64, upscaler=tiny_upscaler))
+    other = tmp_path / "not-an-upscaler.safetensors"
+    save_file({"initial_conv.weight": torch.zeros(1)}, other)
+    missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class="LTX2Pipeline")
+    with pytest.raises(UserInputError, match=r"'not-an-upscaler.safetensors' is not a latent upscaler.*"
+                                             r"post_upsample_res_blocks.0.conv1.weight.*ltx-2.3-spatial-upscaler-x2"):
+        Engine(distribute=False).generate(missing, request(width=64, height=64, upscaler=str(other)))
+    with pytest.raises(UserInputError, match=r"is not a latent upscaler folder.*latent_upsampler/"):
+        prepare("LTX2Pipeline", request(width=64, height=64, upscaler=tiny_ltx2))
+
+
+def test_the_refine_steps_are_the_distilled_schedule():
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES
+
+    assert family_for("LTX2Pipeline").two_stage.refine_steps == len(STAGE_2_DISTILLED_SIGMA_VALUES)
