@@ -7,8 +7,9 @@ from tpu_diffusers_runtime.families import FAMILIES, listed, with_each_setting
 from tpu_diffusers_runtime.input_checks import MAX_SIZE, frames_problem, video_frame_factor
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
+from .latent_upscale_model import TWO_STAGE_FAMILIES
 from .sampler import queue_time_problem
-from .types import CATEGORY, TPUPipeline
+from .types import CATEGORY, TPUPipeline, TPUUpscaler
 
 MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
@@ -63,6 +64,13 @@ class TPUVideoSampler(io.ComfyNode):
                                tooltip="Image to video: the first frame (Load Image). Image-to-video models need it, "
                                        "text-to-video ones take none, a model with both takes it or not. Resized to "
                                        "width x height."),
+                # appended after the others, so that workflows saved before it keep their widget values
+                TPUUpscaler.Input("upscaler", optional=True,
+                                  tooltip="A latent upscaler (TPU Latent Upscale Model): the video is sampled at half "
+                                          "width and height, its latents upscaled x2, then refined at full size (the "
+                                          "model's fixed refine schedule, steps counted on the bar). Width and height "
+                                          "must then be multiples of twice the size step. Models with it: "
+                                          f"{listed(TWO_STAGE_FAMILIES) or 'none yet'}."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
@@ -94,10 +102,11 @@ class TPUVideoSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,
-                guidance: float, seed: int, batch_size: int, image=None) -> io.NodeOutput:
+                guidance: float, seed: int, batch_size: int, image=None,
+                upscaler: str | None = None) -> io.NodeOutput:
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, frames=frames,
-                                images=() if image is None else (image,))
+                                images=() if image is None else (image,), upscaler=upscaler or "")
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
         return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory
@@ -61,6 +62,10 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         notes.append(f"negative prompt ignored: {family.name} ({type(pipe).__name__}) takes none")
     if pipeline_kinds.upsamples_prompt(pipe):
         notes.append("prompt rewritten first by the model's prompt upsampler (prompt_upsampling on)")
+    if request.upscaler and family.two_stage:
+        notes.append(f"two stages: {request.width // 2}x{request.height // 2}, latents upscaled x2 "
+                     f"({os.path.basename(request.upscaler)}), {family.two_stage.refine_steps} refine steps at "
+                     f"{request.width}x{request.height}")
     load_seconds = time.perf_counter() - start
     notes += entry.notes + features.notes(entry)
 

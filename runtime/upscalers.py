@@ -47,14 +47,12 @@ def problem(path: str, two_stage: TwoStage) -> str | None:
     return None
 
 
-def check(path: str, two_stage: TwoStage) -> None:
-    if found := problem(path, two_stage):
-        raise UserInputError(found)
-
-
-def is_upscaler(path: str) -> bool:
-    """Whether `path` is an upscaler of any family (the node lists and checks them before a model is known)."""
-    return any(problem(path, two_stage) is None for two_stage in KINDS)
+def check(path: str, two_stage: TwoStage | None = None) -> None:
+    """Refuse `path` unless it is an upscaler of this kind; None: of any family's (the node checks before a model is
+    known), the first kind's problem said."""
+    problems = [problem(path, kind) for kind in ((two_stage,) if two_stage else KINDS)]
+    if None not in problems:
+        raise UserInputError(problems[0])
 
 
 def list_folders(roots: list[str]) -> list[str]:

@@ -1,11 +1,14 @@
 """LTX-2 through the engine: text to video and image to video with sound, each equal to plain diffusers'
 LTX2Pipeline / LTX2ImageToVideoPipeline from the same folder for the same seed (seed + i per video), the frames and
-the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule refused before anything loads."""
+the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule refused before anything loads. With a latent
+upscaler, its two-stage generation (half size, x2 latent upscale, refine) equals diffusers' documented recipe."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+import ltx2_two_stages
 
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
@@ -128,44 +131,11 @@ def tiny_upscaler(tmp_path_factory):
     return str(tiny_models.ltx2_upsampler(tmp_path_factory.mktemp("models") / "tiny-ltx2-upscaler"))
 
 
-def two_stage_reference(folder, upscaler, videos):
-    """diffusers' documented two-stage recipe (docs api/pipelines/ltx2, "Two-stages Generation") with plain diffusers:
-    stage 1 at half size as latents, the video latents upscaled x2, stage 2 on STAGE_2_DISTILLED_SIGMA_VALUES with a
-    scheduler without dynamic shifting, renoised with the first sigma, guidance 1; one generator per video (seed + i)
-    through both stages."""
-    import diffusers
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
-    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
-    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
-
-    pipe = diffusers.DiffusionPipeline.from_pretrained(folder, local_files_only=True)
-    upsample = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=LTX2LatentUpsamplerModel.from_pretrained(
-        upscaler, local_files_only=True))
-    first_scheduler = pipe.scheduler
-    refine_scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=False,
-                                                                   shift_terminal=None)
-    frames, waveforms = [], []
-    for i in range(videos):
-        generator = torch.Generator("cpu").manual_seed(7 + i)
-        pipe.scheduler = first_scheduler
-        video_latent, audio_latent = pipe(
-            prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
-            num_inference_steps=2, guidance_scale=3.0, generator=generator, output_type="latent", return_dict=False)
-        upscaled = upsample(latents=video_latent, output_type="latent", return_dict=False)[0]
-        pipe.scheduler = refine_scheduler
-        video, audio = pipe(
-            latents=upscaled, audio_latents=audio_latent, prompt=PROMPT, negative_prompt="", height=64, width=64,
-            num_frames=FRAMES, frame_rate=24.0, num_inference_steps=3, noise_scale=SIGMAS[0], sigmas=SIGMAS,
-            guidance_scale=1.0, generator=generator, output_type="pt", return_dict=False)
-        frames.append(video[0].permute(0, 2, 3, 1))
-        waveforms.append(audio.float())
-    return torch.cat(frames), torch.cat(waveforms)
-
-
 def test_two_stages_with_an_upscaler_equal_diffusers_recipe_video_after_video(tiny_ltx2, tiny_upscaler):
     """64x64 with an upscaler: stage 1 at 32x32 (2 steps), x2 latent upscale, the 3-step refine; frames and sound equal
-    the documented recipe in plain diffusers for seed + i. Progress counts both stages' steps of both videos, and each
-    step has a preview of its stage's first frame (16x16 latents, then 32x32)."""
+    diffusers' documented recipe in plain diffusers (tests/ltx2_two_stages.py) for seed + i. Progress counts both
+    stages' steps of both videos, and each step has a preview of its stage's first frame (16x16 latents, then
+    32x32)."""
     from tpu_diffusers_runtime.preview import PreviewSpec
 
     calls = []
@@ -174,7 +144,8 @@ def test_two_stages_with_an_upscaler_equal_diffusers_recipe_video_after_video(ti
         request(width=64, height=64, upscaler=tiny_upscaler),
         on_progress=lambda done, total, what, *image: calls.append((done, total, what, *image)),
         preview=PreviewSpec(factors=((0.1, 0.2, 0.3),) * 4))
-    frames, waveform = two_stage_reference(tiny_ltx2, tiny_upscaler, 2)
+    frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 2, 64, 64, FRAMES, 2, 3.0)
+    assert "two stages: 32x32, latents upscaled x2 (tiny-ltx2-upscaler), 3 refine steps at 64x64" in made.info.notes
     assert made.images.shape == (2 * FRAMES, 64, 64, 3) == frames.shape
     assert (made.images - frames).abs().max() <= 1 / 255
     torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
