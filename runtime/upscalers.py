@@ -74,7 +74,7 @@ def load(path: str, two_stage: TwoStage, dtype, device):
     check(path, two_stage)
     cls = getattr(importlib.import_module(two_stage.upsampler_module), two_stage.upsampler_class)
     if os.path.isdir(path):
-        model = cls.from_pretrained(config_folder(path, two_stage), local_files_only=True)
+        model = cls.from_pretrained(config_folder(path, two_stage), torch_dtype=dtype, local_files_only=True)
     else:
         from safetensors.torch import load_file
 

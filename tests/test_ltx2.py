@@ -154,9 +154,9 @@ def test_two_stages_with_an_upscaler_equal_diffusers_recipe_video_after_video(ti
     assert [call[3].shape[:2] for call in sampling] == [(16, 16)] * 2 + [(32, 32)] * 3 + [(16, 16)] * 2 + [(32, 32)] * 3
 
 
-def test_a_single_upscaler_file_runs_as_its_folder(tiny_ltx2, tiny_upscaler, tmp_path):
+def test_a_single_upscaler_file_runs_as_its_folder_and_under_offload(tiny_ltx2, tiny_upscaler, tmp_path):
     """The folder's weights file alone (the original layout's keys are diffusers' own): its config read off the
-    shapes, the same video."""
+    shapes, the same video; and the same under model CPU offload."""
     import shutil
 
     single = tmp_path / "ltx-2.3-spatial-upscaler-x2-tiny.safetensors"
@@ -165,6 +165,11 @@ def test_a_single_upscaler_file_runs_as_its_folder(tiny_ltx2, tiny_upscaler, tmp
     from_file = engine.generate(handle, request(width=64, height=64, batch_size=1, upscaler=str(single)))
     from_folder = engine.generate(handle, request(width=64, height=64, batch_size=1, upscaler=tiny_upscaler))
     assert torch.equal(from_file.images, from_folder.images)
+    # under model CPU offload (the upscaler on the device beside the VAE the offload hooks move): the same video
+    offloaded = Engine(distribute=False).generate(
+        PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline", placement="model_cpu_offload"),
+        request(width=64, height=64, batch_size=1, upscaler=tiny_upscaler))
+    torch.testing.assert_close(offloaded.images, from_folder.images, atol=1e-5, rtol=0)
 
 
 def test_upscaler_refusals_come_before_anything_loads(tiny_ltx2, tiny_upscaler, tmp_path):
