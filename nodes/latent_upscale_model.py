@@ -18,24 +18,28 @@ FOLDER = "latent_upscale_models"  # ComfyUI's own folder for them (models/latent
 TWO_STAGE_FAMILIES = [family for family in FAMILIES if family.two_stage]
 
 
+def roots() -> list[str]:
+    """Where upscalers are looked for: ComfyUI's folder for them, then models/diffusers (a pipeline folder there may
+    hold one in its subfolder, as Lightricks/LTX-2's does)."""
+    return folder_paths.get_folder_paths(FOLDER) + folder_paths.get_folder_paths("diffusers")
+
+
 def choices() -> list[str]:
-    """The folder's files, then the diffusers upscaler folders in it."""
-    roots = folder_paths.get_folder_paths(FOLDER)
-    return folder_paths.get_filename_list(FOLDER) + upscalers.list_folders(roots)
+    """The folder's files, then the diffusers upscaler folders."""
+    return folder_paths.get_filename_list(FOLDER) + upscalers.list_folders(roots())
 
 
 def upscaler_path(name: str) -> str:
-    """The absolute path of a choice, never outside the folder, checked to be a latent upscaler; raises
+    """The absolute path of a choice, never outside the folders, checked to be a latent upscaler; raises
     UserInputError."""
-    roots = folder_paths.get_folder_paths(FOLDER)
     try:
-        found = find_inside(name, roots, os.path.exists)
+        found = find_inside(name, roots(), os.path.exists)
     except ValueError:
         raise UserInputError(f"'{name}' is not a name inside models/{FOLDER}; pick an upscaler from the "
                              "list.") from None
     if not found:
-        raise UserInputError(f"'{name}' was not found in {', '.join(roots)}; put the upscaler there (or pick another "
-                             "one) and press R in ComfyUI to refresh the lists.")
+        raise UserInputError(f"'{name}' was not found in {', '.join(roots())}; put the upscaler there (or pick "
+                             "another one) and press R in ComfyUI to refresh the lists.")
     upscalers.check(found)
     return found
 
@@ -61,9 +65,9 @@ class TPULatentUpscaleModel(io.ComfyNode):
                         f"(models with it: {listed(TWO_STAGE_FAMILIES)}). Checked now, loaded by the Sampler.",
             inputs=[
                 io.Combo.Input("upscaler", options=choices(),
-                               tooltip=f"A file in models/{FOLDER} (e.g. {files}) or a diffusers folder there "
-                                       "(config.json and weights, or a pipeline folder with the upscaler in "
-                                       "its subfolder)."),
+                               tooltip=f"A file in models/{FOLDER} (e.g. {files}), or a diffusers folder there "
+                                       "(config.json and weights) or in models/diffusers (a pipeline folder with the "
+                                       "upscaler in its subfolder)."),
             ],
             outputs=[TPUUpscaler.Output(display_name="upscaler",
                                         tooltip="Connect to the TPU Video Sampler's upscaler input.")],

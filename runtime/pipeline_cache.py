@@ -182,6 +182,7 @@ class PipelineCache:
         """1 when the pipeline's weights moved to host memory and must move back before it runs again."""
         if not offload.to_host(entry.hooked or entry.pipe, entry.placement):
             return 0
+        entry.upscaler = ()  # its device memory freed too: loaded again from its file when a run asks for it
         entry.on_host = why
         return 1
 

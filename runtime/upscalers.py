@@ -56,11 +56,11 @@ def check(path: str, two_stage: TwoStage | None = None) -> None:
 
 
 def list_folders(roots: list[str]) -> list[str]:
-    """Names (relative to a root) of the upscaler folders directly or deeper under the roots."""
+    """Names (relative to a root) of the upscaler folders inside the roots, at any depth."""
     names = set()
     for root in roots:
         for dirpath, dirnames, _ in os.walk(root, followlinks=True) if os.path.isdir(root) else ():
-            if any(config_folder(dirpath, two_stage) for two_stage in KINDS):
+            if dirpath != root and any(config_folder(dirpath, two_stage) for two_stage in KINDS):
                 names.add(os.path.relpath(dirpath, root).replace(os.sep, "/"))
                 dirnames.clear()
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

@@ -216,3 +216,21 @@ def test_two_replicas_in_worker_processes_run_the_upscaler_as_one_process(tiny_l
     frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 2, 64, 64, FRAMES, 2, 3.0)
     assert (made.images - frames).abs().max() <= 1 / 255
     torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+def test_upscaler_folders_are_listed_and_a_pipeline_folder_gives_its_subfolders(tiny_ltx2, tiny_upscaler, tmp_path):
+    """The node's list: upscaler folders at any depth (an upscaler folder itself, a pipeline folder holding one in
+    latent_upsampler/, as Lightricks/LTX-2's), not other model folders; the pipeline folder loads its subfolder's."""
+    import shutil
+
+    from tpu_diffusers_runtime import upscalers
+
+    shutil.copytree(tiny_upscaler, tmp_path / "upscalers" / "x2" / "tiny")
+    shutil.copytree(tiny_upscaler, tmp_path / "diffusers" / "LTX-2" / "latent_upsampler")
+    (tmp_path / "diffusers" / "LTX-2" / "model_index.json").write_text('{"_class_name": "LTX2Pipeline"}')
+    shutil.copytree(f"{tiny_ltx2}/vae", tmp_path / "diffusers" / "other" / "vae")
+    roots = [str(tmp_path / "upscalers"), str(tmp_path / "diffusers")]
+    assert upscalers.list_folders(roots) == ["LTX-2", "x2/tiny"]
+    two_stage = family_for("LTX2Pipeline").two_stage
+    loaded = upscalers.load(str(tmp_path / "diffusers" / "LTX-2"), two_stage, torch.float32, "cpu")
+    assert type(loaded).__name__ == "LTX2LatentUpsamplerModel" and loaded.config.in_channels == 4
