@@ -20,7 +20,7 @@ TWO_STAGE_FAMILIES = [family for family in FAMILIES if family.two_stage]
 
 def roots() -> list[str]:
     """Where upscalers are looked for: ComfyUI's folder for them, then models/diffusers (a pipeline folder there may
-    hold one in its subfolder, as Lightricks/LTX-2's does)."""
+    hold one in its subfolder, `TwoStage.subfolder`)."""
     return folder_paths.get_folder_paths(FOLDER) + folder_paths.get_folder_paths("diffusers")
 
 
