@@ -8,6 +8,7 @@ from tpu_diffusers_runtime.device import detect_device
 from . import comfy_memory
 from .compile_transformer import TPUCompileTransformer
 from .file_loader import TPUFileLoader
+from .latent_upscale_model import TPULatentUpscaleModel
 from .loader import TPULoader
 from .lora import TPULora
 from .mode_selector import TPUModeSelector
@@ -19,7 +20,7 @@ from .video_sampler import TPUVideoSampler
 class TPUDiffusersExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [TPULoader, TPUFileLoader, TPULora, TPUModeSelector, TPUCompileTransformer, TPUMesh, TPUSampler,
-                TPUVideoSampler]
+                TPUVideoSampler, TPULatentUpscaleModel]
 
 
 async def comfy_entrypoint() -> TPUDiffusersExtension:

@@ -15,6 +15,14 @@ class TPUPipeline(io.ComfyTypeIO):
     Type = PipelineHandle
 
 
+@io.comfytype(io_type="TPU_LATENT_UPSCALER")
+class TPUUpscaler(io.ComfyTypeIO):
+    """A latent upscaler's absolute path (a file or a diffusers folder), checked by the TPU Latent Upscale Model:
+    a plain string, so it travels in the request to worker processes."""
+
+    Type = str
+
+
 CATEGORY = "TPU Diffusers"
 
 

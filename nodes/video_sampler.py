@@ -8,8 +8,9 @@ from tpu_diffusers_runtime.families import FAMILIES, listed, with_each_setting
 from tpu_diffusers_runtime.input_checks import MAX_SIZE, frames_problem, last_image_problem, video_frame_factor
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
+from .latent_upscale_model import TWO_STAGE_FAMILIES
 from .sampler import queue_time_problem
-from .types import CATEGORY, TPUPipeline
+from .types import CATEGORY, TPUPipeline, TPUUpscaler
 
 MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
@@ -70,6 +71,13 @@ class TPUVideoSampler(io.ComfyNode):
                                tooltip="First/last frame to video: the last frame (Load Image), with image as the "
                                        "first. Only models with first/last frame to video take it; it needs image. "
                                        "Resized to width x height."),
+                # appended after the others, so that workflows saved before it keep their widget values
+                TPUUpscaler.Input("upscaler", optional=True,
+                                  tooltip="A latent upscaler (TPU Latent Upscale Model): the video is sampled at half "
+                                          "width and height, its latents upscaled x2, then refined at full size (the "
+                                          "model's fixed refine schedule, steps counted on the bar). Width and height "
+                                          "must then be multiples of twice the size step. Models with it: "
+                                          f"{listed(TWO_STAGE_FAMILIES) or 'none yet'}."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
@@ -103,12 +111,14 @@ class TPUVideoSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,
-                guidance: float, seed: int, batch_size: int, image=None, last_image=None) -> io.NodeOutput:
+                guidance: float, seed: int, batch_size: int, image=None, last_image=None,
+                upscaler: str | None = None) -> io.NodeOutput:
         if problem := last_image_problem(image is not None, last_image is not None):
             raise UserInputError(problem)  # (again: a ComfyUI that passes no input_types to validate_inputs)
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
                                 steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, frames=frames,
-                                images=tuple(i for i in (image, last_image) if i is not None))
+                                images=tuple(i for i in (image, last_image) if i is not None),
+                                upscaler=upscaler or "")
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
         return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory
@@ -61,6 +62,10 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         notes.append(f"negative prompt ignored: {family.name} ({type(pipe).__name__}) takes none")
     if pipeline_kinds.upsamples_prompt(pipe):
         notes.append("prompt rewritten first by the model's prompt upsampler (prompt_upsampling on)")
+    if request.upscaler and family.two_stage:
+        notes.append(f"two stages: {request.width // 2}x{request.height // 2}, latents upscaled x2 "
+                     f"({os.path.basename(request.upscaler)}), {family.two_stage.refine_steps} refine steps at "
+                     f"{request.width}x{request.height}")
     load_seconds = time.perf_counter() - start
     notes += entry.notes + features.notes(entry)
 
@@ -118,12 +123,15 @@ def sound_info(audio: dict | None) -> dict:
 
 def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
          preview: PreviewSpec | None = None):
-    """One task run on `pipe` (entry's pipeline of the task's class); with a compiled denoiser, its compiles are
-    counted and explained."""
+    """One task run on `pipe` (entry's pipeline of the task's class), with the request's latent upscaler if it has
+    one; with a compiled denoiser, its compiles are counted and explained."""
+    upscaler, two_stage = plan.request.upscaler, plan.family.two_stage
+    upsample = entry.upsample_pipeline(two_stage, upscaler) if upscaler and two_stage else None
     try:
         return compilation.counted_run(
             entry.states.get(compilation.NAME), run_denoisers, shape_of(plan.task, plan.request),
-            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview, plan.outputs))
+            lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview, plan.outputs,
+                                  upsample))
     except CompileError:
         entry.states.pop(compilation.NAME, None)  # the denoiser is eager again; the next compiled run starts afresh
         raise

@@ -42,6 +42,7 @@ class LoadedPipeline:
     placed_note: str = ""  # set by each get(): how this realisation placed it, when it did anything
     task_pipes: dict = dataclasses.field(default_factory=dict)  # diffusers class -> pipeline from_pipe made of `pipe`
     hooked: object = None  # under model CPU offload, the pipeline whose offload hooks the shared models carry now
+    upscaler: tuple = ()  # (path, its upsample pipeline): the last latent upscaler a run used, kept with the models
 
     def pipeline(self, cls: str, task: str, upsample_prompt: bool = True):
         """The pipeline of diffusers class `cls` on this entry's models: `pipe` itself, or one that `from_pipe`
@@ -66,6 +67,20 @@ class LoadedPipeline:
             offload.place(pipe, self.placement, self.device)
             self.hooked = pipe
         return pipe
+
+    def upsample_pipeline(self, two_stage, path: str):
+        """The pipeline that upscales latents with the upscaler at `path` (a family's TwoStage) on this entry's VAE:
+        loaded once, on this entry's device in its VAE's dtype, and kept until another upscaler is asked for."""
+        import diffusers
+
+        from . import upscalers
+
+        if not self.upscaler or self.upscaler[0] != path:
+            self.upscaler = ()  # the previous one goes before the next loads
+            model = upscalers.load(path, two_stage, self.pipe.vae.dtype, self.device.torch_device())
+            upsample = getattr(diffusers, two_stage.upsample_pipeline)(vae=self.pipe.vae, latent_upsampler=model)
+            self.upscaler = (path, upsample)
+        return self.upscaler[1]
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -167,6 +182,7 @@ class PipelineCache:
         """1 when the pipeline's weights moved to host memory and must move back before it runs again."""
         if not offload.to_host(entry.hooked or entry.pipe, entry.placement):
             return 0
+        entry.upscaler = ()  # its device memory freed too: loaded again from its file when a run asks for it
         entry.on_host = why
         return 1
 

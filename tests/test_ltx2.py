@@ -1,12 +1,15 @@
 """LTX-2 through the engine: text to video, image to video and first/last frame to video with sound, each equal to
 plain diffusers' LTX2Pipeline / LTX2ImageToVideoPipeline / LTX2ConditionPipeline from the same folder for the same seed
 (seed + i per video), the frames and the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule, and a
-last image it cannot take, refused before anything loads."""
+last image it cannot take, refused before anything loads. With a latent upscaler, its two-stage generation (half
+size, x2 latent upscale, refine) equals diffusers' documented recipe."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+import ltx2_two_stages
 
 from tpu_diffusers_runtime.engine import Engine
 from tpu_diffusers_runtime.errors import UserInputError
@@ -163,3 +166,115 @@ def test_each_step_sends_a_preview_of_the_first_frame(tiny_ltx2):
     images = [image for done, what, image in (c for c in calls if c[1] == "sampling" and len(c) == 3)]
     assert len(images) == 3 and all(image.shape == (16, 16, 3) for image in images)
     assert images[0].std() > 0 and not np.array_equal(images[0], images[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_upscaler(tmp_path_factory):
+    import tiny_models
+
+    return str(tiny_models.ltx2_upsampler(tmp_path_factory.mktemp("models") / "tiny-ltx2-upscaler"))
+
+
+def test_two_stages_with_an_upscaler_equal_diffusers_recipe_video_after_video(tiny_ltx2, tiny_upscaler):
+    """64x64 with an upscaler: stage 1 at 32x32 (2 steps), x2 latent upscale, the 3-step refine; frames and sound equal
+    diffusers' documented recipe in plain diffusers (tests/ltx2_two_stages.py) for seed + i. Progress counts both
+    stages' steps of both videos, and each step has a preview of its stage's first frame (16x16 latents, then
+    32x32)."""
+    from tpu_diffusers_runtime.preview import PreviewSpec
+
+    calls = []
+    made = Engine(distribute=False).generate(
+        PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
+        request(width=64, height=64, upscaler=tiny_upscaler),
+        on_progress=lambda done, total, what, *image: calls.append((done, total, what, *image)),
+        preview=PreviewSpec(factors=((0.1, 0.2, 0.3),) * 4))
+    frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 2, 64, 64, FRAMES, 2, 3.0)
+    assert "two stages: 32x32, latents upscaled x2 (tiny-ltx2-upscaler), 3 refine steps at 64x64" in made.info.notes
+    assert made.images.shape == (2 * FRAMES, 64, 64, 3) == frames.shape
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+    sampling = [call for call in calls if call[2] == "sampling"]
+    assert [(done, total) for done, total, *_ in sampling] == [(done, 10) for done in range(1, 11)]
+    assert [call[3].shape[:2] for call in sampling] == [(16, 16)] * 2 + [(32, 32)] * 3 + [(16, 16)] * 2 + [(32, 32)] * 3
+
+
+def test_a_single_upscaler_file_runs_as_its_folder_and_under_offload(tiny_ltx2, tiny_upscaler, tmp_path):
+    """The folder's weights file alone (the original layout's keys are diffusers' own): its config read off the
+    shapes, the same video; and the same under model CPU offload."""
+    import shutil
+
+    single = tmp_path / "ltx-2.3-spatial-upscaler-x2-tiny.safetensors"
+    shutil.copy(f"{tiny_upscaler}/diffusion_pytorch_model.safetensors", single)
+    engine, handle = Engine(distribute=False), PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline")
+    from_file = engine.generate(handle, request(width=64, height=64, batch_size=1, upscaler=str(single)))
+    from_folder = engine.generate(handle, request(width=64, height=64, batch_size=1, upscaler=tiny_upscaler))
+    assert torch.equal(from_file.images, from_folder.images)
+    # under model CPU offload (the upscaler on the device beside the VAE the offload hooks move): the same video
+    offloaded = Engine(distribute=False).generate(
+        PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline", placement="model_cpu_offload"),
+        request(width=64, height=64, batch_size=1, upscaler=tiny_upscaler))
+    torch.testing.assert_close(offloaded.images, from_folder.images, atol=1e-5, rtol=0)
+
+
+def test_upscaler_refusals_come_before_anything_loads(tiny_ltx2, tiny_upscaler, tmp_path):
+    """A model without a two-stage generation, a size that is not a multiple of twice the size step (the nearest
+    ones named), and a file that is not a latent upscaler: refused when the run is planned, with no model folder."""
+    from safetensors.torch import save_file
+
+    from tpu_diffusers_runtime.tasks import prepare
+
+    with pytest.raises(UserInputError, match=r"Wan 2.2 has no two-stage generation.*models that do: LTX-2.*disconnect"):
+        prepare("WanPipeline", request(frames=5, upscaler=tiny_upscaler))
+    with pytest.raises(UserInputError, match=r"width 96 cannot be used with a latent upscaler.*multiple of 64 "
+                                             r"\(2 x 32\): 64 or 128"):
+        prepare("LTX2Pipeline", request(width=96, height=64, upscaler=tiny_upscaler))
+    other = tmp_path / "not-an-upscaler.safetensors"
+    save_file({"initial_conv.weight": torch.zeros(1)}, other)
+    missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class="LTX2Pipeline")
+    with pytest.raises(UserInputError, match=r"'not-an-upscaler.safetensors' is not a latent upscaler.*"
+                                             r"post_upsample_res_blocks.0.conv1.weight.*ltx-2.3-spatial-upscaler-x2"):
+        Engine(distribute=False).generate(missing, request(width=64, height=64, upscaler=str(other)))
+    with pytest.raises(UserInputError, match=r"is not a latent upscaler folder.*latent_upsampler/"):
+        prepare("LTX2Pipeline", request(width=64, height=64, upscaler=tiny_ltx2))
+
+
+def test_the_refine_steps_are_the_distilled_schedule():
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES
+
+    assert family_for("LTX2Pipeline").two_stage.refine_steps == len(STAGE_2_DISTILLED_SIGMA_VALUES)
+
+
+def test_two_replicas_in_worker_processes_run_the_upscaler_as_one_process(tiny_ltx2, tiny_upscaler):
+    """The upscaler's path travels in the request to each worker rank (2 replicas on CPU ranks, a video each, seed
+    + its start), which loads it beside its pipeline: the videos equal diffusers' recipe for seed + i."""
+    from tpu_diffusers_runtime.specs import MeshSpec
+
+    engine = Engine()
+    try:
+        made = engine.generate(
+            PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline", mesh=MeshSpec(chips=2, replicas=2)),
+            request(width=64, height=64, upscaler=tiny_upscaler))
+    finally:
+        engine.unload()
+    assert made.info.replica_images == (1, 1)
+    frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 2, 64, 64, FRAMES, 2, 3.0)
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+def test_upscaler_folders_are_listed_and_a_pipeline_folder_gives_its_subfolders(tiny_ltx2, tiny_upscaler, tmp_path):
+    """The node's list: upscaler folders at any depth (an upscaler folder itself, a pipeline folder holding one in
+    latent_upsampler/, as Lightricks/LTX-2's), not other model folders; the pipeline folder loads its subfolder's."""
+    import shutil
+
+    from tpu_diffusers_runtime import upscalers
+
+    shutil.copytree(tiny_upscaler, tmp_path / "upscalers" / "x2" / "tiny")
+    shutil.copytree(tiny_upscaler, tmp_path / "diffusers" / "LTX-2" / "latent_upsampler")
+    (tmp_path / "diffusers" / "LTX-2" / "model_index.json").write_text('{"_class_name": "LTX2Pipeline"}')
+    shutil.copytree(f"{tiny_ltx2}/vae", tmp_path / "diffusers" / "other" / "vae")
+    roots = [str(tmp_path / "upscalers"), str(tmp_path / "diffusers")]
+    assert upscalers.list_folders(roots) == ["LTX-2", "x2/tiny"]
+    two_stage = family_for("LTX2Pipeline").two_stage
+    loaded = upscalers.load(str(tmp_path / "diffusers" / "LTX-2"), two_stage, torch.float32, "cpu")
+    assert type(loaded).__name__ == "LTX2LatentUpsamplerModel" and loaded.config.in_channels == 4

@@ -1032,6 +1032,21 @@ def ltx2(size: str):
                         connectors=connectors, vocoder=vocoder), {"tokenizer": raw}
 
 
+
+def ltx2_upsampler(out_dir) -> Path:
+    """LTX-2's latent upscaler (LTX2LatentUpsamplerModel) for the tiny ltx2's 4 latent channels, x2 spatial with the
+    rational resampler as ltx-2.3-spatial-upscaler-x2: a diffusers folder (config.json + weights). Its weights file
+    is also a single upscaler file: the original checkpoints' keys are diffusers' own. Returns out_dir as a Path."""
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    torch.manual_seed(0)
+    model = LTX2LatentUpsamplerModel(in_channels=4, mid_channels=32, num_blocks_per_stage=1, dims=3,
+                                     spatial_upsample=True, temporal_upsample=False, rational_spatial_scale=2.0,
+                                     use_rational_resampler=True)
+    out = Path(out_dir)
+    model.save_pretrained(str(out))
+    return out
+
 _BUILDERS = {
     "flux1-schnell": lambda size: flux1(size, dev=False),
     "flux1-dev": lambda size: flux1(size, dev=True),

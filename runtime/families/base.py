@@ -188,6 +188,27 @@ class MemoryModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class TwoStage:
+    """A family's two-stage generation: sample at half size, upscale the latents x2 with an upscaler model, refine
+    at full size (the Video Sampler's `upscaler` input). `run` holds the family's recipe; the rest lets the runtime
+    check, load and count it without naming the family."""
+
+    upsampler_module: str  # the diffusers module of the upscaler's model class, e.g. "diffusers.pipelines.x.y"
+    upsampler_class: str  # that class, as an upscaler folder's config.json names it (`_class_name`)
+    upsample_pipeline: str  # the diffusers pipeline made of (vae, latent_upsampler) that runs it
+    subfolder: str  # where a pipeline folder keeps the upscaler (model_index.json's component name)
+    key: str  # a key every weights file of such an upscaler has (its state dict's layout is diffusers')
+    comfy_file: str  # the upscaler file ComfyUI's templates download (models/latent_upscale_models), for messages
+    # (state dict) -> the upscaler's config, for a single file (whose header carries no config); raises
+    # UserInputError for one it cannot read
+    file_config: Callable
+    refine_steps: int  # the refine's steps (its fixed schedule's length): progress counts them
+    # (pipe, upsample pipeline, call kwargs at full size, run) -> the refine's diffusers output; run(pipe, kwargs,
+    # stage) runs one sampling call (stage 0: the first, 1: the refine) with progress and previews
+    run: Callable
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str  # shown to users
     # model_index.json `_class_name`s of this family -> {task: the diffusers pipeline that runs it}, built with
@@ -263,6 +284,8 @@ class Family:
     # vocoder's config) rather than written here, as the rate is the model's, not the family's. None: it makes no
     # sound, and the AUDIO output is blocked with a message saying so, never silence.
     sound_rate: Callable | None = None
+    # its generation at half size + latent upscale + refine, with an upscaler model; None: it has none
+    two_stage: TwoStage | None = None
 
     @property
     def makes_video(self) -> bool:

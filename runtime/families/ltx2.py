@@ -10,7 +10,8 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 `frame_rate` = the family's fps (24, diffusers' default), which the model conditions on.
 """
 
-from .base import FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, TaskPipeline
+from ..errors import UserInputError
+from .base import FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, TaskPipeline, TwoStage
 from .components import attention_shape, diffusers_detection_keys
 
 # diffusers' detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics), and its
@@ -55,6 +56,54 @@ def vae_shape(config) -> tuple[int, int, int, int]:
     return spatial, temporal, (config.get("decoder_block_out_channels") or (256,))[0], patch
 
 
+def upsampler_config(state_dict) -> dict:
+    """LTX2LatentUpsamplerModel's config read off a single file's shapes (the original checkpoint's keys are diffusers'
+    own: its converter loads them as they are), for x2 spatial upscalers: ComfyUI's ltx-2.3-spatial-upscaler-x2-*."""
+    first = state_dict["initial_conv.weight"]
+    mid = first.shape[0]
+    rational = "upsampler.conv.weight" in state_dict
+    upsampler = state_dict["upsampler.conv.weight" if rational else "upsampler.0.weight"]
+    if upsampler.shape[0] != 4 * mid:  # x2 in each direction: 4 channel groups shuffled into space
+        raise UserInputError("this latent upscaler is not an x2 spatial one (its upsampling layer has "
+                             f"{upsampler.shape[0] // mid} channel groups, not 4): use a spatial-upscaler-x2 file.")
+    return dict(in_channels=first.shape[1], mid_channels=mid, dims=first.ndim - 2,
+                num_blocks_per_stage=len({key.split(".")[1] for key in state_dict if key.startswith("res_blocks.")}),
+                spatial_upsample=True, temporal_upsample=False, use_rational_resampler=rational,
+                rational_spatial_scale=2.0)
+
+
+def two_stages(pipe, upsample, kwargs: dict, run):
+    """diffusers' documented two-stage recipe (docs api/pipelines/ltx2, "Two-stages Generation"), at the asked size:
+    the first stage at half width and height as latents (video and audio), the video latents upscaled x2, then the
+    refine on its distilled sigmas as they are (a scheduler without dynamic shifting), renoised with the first, at
+    guidance 1, from both latents. The first stage's generator goes on into the refine, as in the recipe."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
+
+    first = run(pipe, dict(kwargs, width=kwargs["width"] // 2, height=kwargs["height"] // 2, output_type="latent"), 0)
+    upscaled = upsample(latents=first.frames, output_type="latent", return_dict=False)[0]
+    scheduler = pipe.scheduler
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler.config, use_dynamic_shifting=False,
+                                                                 shift_terminal=None)
+    try:
+        return run(pipe, dict(kwargs, latents=upscaled, audio_latents=first.audio, num_inference_steps=len(SIGMAS),
+                              sigmas=SIGMAS, noise_scale=SIGMAS[0], guidance_scale=1.0), 1)
+    finally:
+        pipe.scheduler = scheduler  # the loaded pipeline's own, for the next run
+
+
+TWO_STAGE = TwoStage(
+    upsampler_module="diffusers.pipelines.ltx2.latent_upsampler",
+    upsampler_class="LTX2LatentUpsamplerModel",
+    upsample_pipeline="LTX2LatentUpsamplePipeline",
+    subfolder="latent_upsampler",  # Lightricks/LTX-2's
+    key="post_upsample_res_blocks.0.conv1.weight",
+    comfy_file="ltx-2.3-spatial-upscaler-x2-1.0.safetensors",
+    file_config=upsampler_config,
+    refine_steps=3,  # len(STAGE_2_DISTILLED_SIGMA_VALUES)
+    run=two_stages,
+)
+
 # Not measured for LTX-2: MemoryModel's defaults (measured on Wan's DiT blocks) with its FFN 4x the hidden width;
 # the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
 MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
@@ -93,6 +142,7 @@ FAMILY = Family(
     temporal_factor=8,
     default_frames=121,
     sound_rate=sound_rate,
+    two_stage=TWO_STAGE,
     # diffusers' LTX2VideoTransformer3DModel has a _cp_plan, but on 2 ranks the tiny model's run fails inside it (a
     # 2-vs-4 size mismatch in the audio-video attention's inputs, tools/verify_device.py's context_parallel cell)
     no_context_parallel="diffusers' context-parallel plan for its audio-video transformer fails on 2 ranks (a tensor "

@@ -15,7 +15,7 @@ from typing import Callable
 from .. import pipeline_kinds
 from ..features import offload
 from ..errors import UserInputError
-from ..families import Family, TaskPipeline
+from ..families import FAMILIES, Family, TaskPipeline
 from ..input_checks import frames_problem, prompt_problem, size_problem
 from ..preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
@@ -53,6 +53,9 @@ class SampleRequest:
     # a model whose blocks first rewrite the prompt with a language model (ModularBlocks.prompt_upsampler) does so, as
     # diffusers does by default; False: the prompt is encoded as written. Models without one ignore it.
     upsample_prompt: bool = True
+    # a latent upscaler's absolute path (file or folder): the family's two-stage generation (Family.two_stage) at
+    # half size, latent upscale x2, refine; "": one stage at the asked size
+    upscaler: str = ""
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
@@ -129,6 +132,8 @@ class Task:
         images.validate(pipeline, request)
         if request.latent is not None:
             validate_latent(family, pipeline, request)
+        if request.upscaler:
+            validate_two_stage(family, request)
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         """The image arguments of the call for image `index` of the Sampler's batch (none for text to image)."""
@@ -181,36 +186,46 @@ class Task:
 
     def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
             on_step: StepCallback | None = None, preview: PreviewSpec | None = None,
-            outputs: tuple[str, ...] | None = None) -> Outputs:
+            outputs: tuple[str, ...] | None = None, upsample=None) -> Outputs:
         """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): each of `outputs`' values (kind names, as
         the request's plan says; None: `output_kinds`'), the
         images a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE). Without a preview spec the step
         callback never touches the latents, so previews cost nothing when off; the LATENT keeps only the last
-        step's (a reference, copied once when the call ends)."""
+        step's (a reference, copied once when the call ends). With the request's upscaler, each call runs the
+        family's two stages, `upsample` (the upscaler's pipeline on `pipe`'s VAE) between them."""
         self.validate(family, pipeline, request)
         calls = self.calls(family, pipeline, request)
         kinds = self.output_kinds(family) if outputs is None else tuple(KINDS[name] for name in outputs)
         parts = {kind: [] for kind in kinds}
         keep_latents = any(kind.needs_final_latents for kind in kinds)
+        two_stage = family.two_stage if request.upscaler else None
         for call, kwargs in enumerate(calls):
-            previewer = Previewer(preview, pipe, family, request.height, request.width) if preview and on_step else None
             final = {}
             if request.latent is not None:  # ComfyUI's LATENT -> the latents the pipeline starts from
                 kwargs = dict(kwargs, image=family.comfy_latent.to_pipeline(pipe, kwargs["image"]))
 
-            def step_end(step, steps, latents, call=call, previewer=previewer, final=final):
-                # `steps`: the pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips
-                # the first ones by a rule of its own): the calls differ only in images and seeds, so each runs as many.
-                if keep_latents:
-                    final["latents"] = latents
-                done, total = call * steps + step + 1, len(calls) * steps
-                if previewer:
-                    on_step(done, total, previewer(latents))
-                elif on_step:
-                    on_step(done, total)
+            def run_stage(stage_pipe, stage_kwargs, stage=0, call=call, final=final):
+                # one sampling call: the only one, or a stage of two (the refine's steps count after the first's)
+                previewer = (Previewer(preview, stage_pipe, family, stage_kwargs["height"], stage_kwargs["width"])
+                             if preview and on_step else None)
+
+                def step_end(step, steps, latents):
+                    # `steps`: the pipeline's own count of the timesteps it runs (with denoise < 1 each pipeline skips
+                    # the first ones by a rule of its own): the calls differ only in images and seeds, so each runs as
+                    # many.
+                    if keep_latents:
+                        final["latents"] = latents
+                    per_call = request.steps + two_stage.refine_steps if two_stage else steps
+                    done = call * per_call + (request.steps if stage else 0) + step + 1
+                    if previewer:
+                        on_step(done, len(calls) * per_call, previewer(latents))
+                    elif on_step:
+                        on_step(done, len(calls) * per_call)
+
+                return pipeline_kinds.call(stage_pipe, family, stage_kwargs, step_end)
 
             with outside_inference_mode():  # either pipeline kind, classic or modular
-                output = pipeline_kinds.call(pipe, family, kwargs, step_end)
+                output = two_stage.run(pipe, upsample, kwargs, run_stage) if two_stage else run_stage(pipe, kwargs)
             offload.end_run(pipe)  # under model CPU offload, every model back on the host (either kind)
             made = CallResult(output, final.get("latents"), pipe, family)
             for kind in kinds:
@@ -257,6 +272,25 @@ def validate_size(family: Family, width: int, height: int) -> None:
     for name, value in (("width", width), ("height", height)):
         if problem := size_problem(name, value, family):
             raise UserInputError(problem)
+
+
+def validate_two_stage(family: Family, request: SampleRequest) -> None:
+    """An upscaler: the family must have a two-stage generation, the size a multiple of twice its size step (the first
+    stage samples at half of it), the file or folder an upscaler of its kind."""
+    from .. import upscalers
+
+    if family.two_stage is None:
+        with_one = [f.name for f in FAMILIES if f.two_stage]
+        raise UserInputError(f"{family.name} has no two-stage generation with a latent upscaler (models that do: "
+                             f"{', '.join(with_one)}): disconnect the upscaler.")
+    step = 2 * family.size_multiple
+    for name, value in (("width", request.width), ("height", request.height)):
+        if value % step:
+            lower = max(step, value // step * step)
+            raise UserInputError(f"{name} {value} cannot be used with a latent upscaler: {family.name} samples at half "
+                                 f"the size first, so it must be a multiple of {step} (2 x {family.size_multiple}): "
+                                 f"{lower} or {lower + step}.")
+    upscalers.check(request.upscaler, family.two_stage)
 
 
 def validate_latent(family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:

@@ -42,6 +42,10 @@ def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
     assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT", "MASK"]
     # AUDIO appended after frames, fps and info: saved links hold
     assert info["TPUVideoSampler"]["output"] == ["IMAGE", "FLOAT", "STRING", "AUDIO"]
+    # the upscaler input appended after the others: saved widget values hold
+    assert list(info["TPUVideoSampler"]["input"]["optional"])[-1] == "upscaler"
+    assert info["TPUVideoSampler"]["input"]["optional"]["upscaler"][0] == "TPU_LATENT_UPSCALER"
+    assert info["TPULatentUpscaleModel"]["output"] == ["TPU_LATENT_UPSCALER"]
 
 
 def test_the_ui_workflow_matches_the_api_workflow(server, workflow):

@@ -262,3 +262,46 @@ def test_ltx2_first_and_last_frame_from_two_load_images_equal_plain_diffusers(se
 def test_a_last_image_is_refused_clearly_without_image_or_on_a_model_without_the_task(
         server, start_image, last_image, model, image, when, patterns, then_a_good_prompt_succeeds):
     clear_error(server, video_prompt(model, image=image, last_image=True), SAMPLER, *patterns, when=when)
+
+
+def test_ltx2_with_the_latent_upscale_model_runs_two_stages_as_diffusers_recipe(server, tiny):
+    """TPU Latent Upscale Model (a diffusers upscaler folder in models/latent_upscale_models) -> the Video Sampler's
+    upscaler: at 64x64 stage 1 runs at 32x32 (2 steps), its latents are upscaled x2 and refined in 3 steps; the frames
+    Save Image writes equal diffusers' documented two-stage recipe in plain diffusers (within one 8-bit level)."""
+    from ltx2_two_stages import two_stages
+
+    entry = run_ok(server, with_upscaler(server, video_prompt("tiny-ltx2", width=64, height=64, frames=9, steps=2)))
+    folder = server.base_dir / "models" / "latent_upscale_models" / "tiny-ltx2-upscaler"
+    frames, _ = two_stages(tiny("ltx2"), str(folder), PROMPT, SEED, 1, 64, 64, 9, 2, 3.0)
+    expected = np.clip(255.0 * frames.numpy(), 0, 255).astype(np.uint8)
+    saved = saved_frames(server, entry)
+    assert len(saved) == 9 and max(np.abs(a.astype(int) - b).max() for a, b in zip(saved, expected)) <= 1
+
+
+UPSCALER = "30"
+
+
+def with_upscaler(server, prompt: dict, name: str = "tiny-ltx2-upscaler") -> dict:
+    """A TPU Latent Upscale Model (node 30) on `name` in models/latent_upscale_models (the tiny LTX-2 upscaler folder,
+    built there once) into the Video Sampler's upscaler."""
+    import tiny_models
+
+    folder = server.base_dir / "models" / "latent_upscale_models" / "tiny-ltx2-upscaler"
+    if not folder.exists():
+        tiny_models.ltx2_upsampler(folder)
+    prompt[UPSCALER] = {"class_type": "TPULatentUpscaleModel", "inputs": {"upscaler": name}}
+    prompt[SAMPLER]["inputs"]["upscaler"] = [UPSCALER, 0]
+    return prompt
+
+
+def test_a_file_that_is_no_latent_upscaler_is_refused_on_its_node_and_wan_refuses_an_upscaler(
+        server, then_a_good_prompt_succeeds):
+    from safetensors.torch import save_file
+
+    other = server.base_dir / "models" / "latent_upscale_models" / "not_an_upscaler.safetensors"
+    save_file({"weight": torch.zeros(1)}, str(other))
+    clear_error(server, with_upscaler(server, video_prompt("tiny-ltx2", width=64, height=64, frames=9), other.name),
+                UPSCALER, r"'not_an_upscaler.safetensors' is not a latent upscaler", when="rejected")
+    clear_error(server, with_upscaler(server, video_prompt("tiny-wan22-t2v-a14b")), SAMPLER,
+                r"Wan 2.2 has no two-stage generation with a latent upscaler", r"disconnect the upscaler",
+                when="failed")
