@@ -82,7 +82,8 @@ def test_a_loaded_pipeline_is_keyed_on_the_layout_its_ranks_run_and_not_on_how_i
 
 def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, engine, monkeypatch):
     """A replica is CP or TP (diffusers takes one); the latent tokens (latent frames x h x w) and the heads must
-    divide by the CP degree; a denoiser without diffusers' _cp_plan is refused naming the families with one."""
+    divide by the CP degree; a denoiser without a CP plan (diffusers' _cp_plan, or its family's) is refused naming
+    the families with one."""
     from tpu_diffusers_runtime.distributed.mesh import context_parallel_notes, families_with_plan, latent_tokens
     from tpu_diffusers_runtime.families import family_for
 
@@ -97,11 +98,11 @@ def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, en
     with pytest.raises(UserInputError, match=r"context_parallel 2 does not divide the 27 latent tokens of 48x48 x 9 "
                                              r"frames; use frames 5 or 13 at 48x48, or width 32 or 64 at height 48"):
         context_parallel_notes(2, wan, 48, 48, 9, tiny("wan22-t2v-a14b"))
-    assert families_with_plan("_cp_plan") == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein] and Wan 2.2"
+    assert families_with_plan("_cp_plan") == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2 and LTX-2"
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    with pytest.raises(UserInputError, match=r"SD3/SD3.5's SD3Transformer2DModel has no context-parallel plan in "
-                                             r"diffusers \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\] and Wan 2.2 "
-                                             r"have one\); set context_parallel to 1"):
+    with pytest.raises(UserInputError, match=r"SD3/SD3.5's SD3Transformer2DModel has no context-parallel plan, in "
+                                             r"diffusers or this pack \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\], "
+                                             r"Wan 2.2 and LTX-2 have one\); set context_parallel to 1"):
         engine.generate(handle_for(tiny, "sd3", mesh=MeshSpec(chips=2, context_parallel=2)), request())
     with pytest.raises(UserInputError, match=r"context_parallel 4 does not divide the transformer's 2 attention heads "
                                              r"\(Ulysses attention splits them over the ranks\); use one of \[1, 2\]"):

@@ -124,6 +124,23 @@ def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_ex
         assert "mesh: 1 replica(s) x 2 CP; replica 0 ranks [0, 1]" in result.info.summary()
 
 
+def test_two_context_parallel_ranks_give_the_single_process_video_and_sound_of_ltx2(tiny, engine):
+    """LTX-2 with the family's CP plan (diffusers' fails on 2 ranks): the video tokens are split (image to video's
+    per-token timestep with them), the audio tokens and the text stay whole on every rank. Text to video, then
+    image to video on the same warm group: the frames and the sound track equal one process's. Measured on CPU: max
+    diff 6e-7 (frames) and 6e-8 (sound) for both; with diffusers' plan the ranks fail (a 2-vs-4 size mismatch)."""
+    start = (np.random.default_rng(3).random((1, 32, 32, 3))).astype(np.float32)
+    single_engine = Engine(distribute=False)
+    for images in ((), (start,)):
+        video = dataclasses.replace(request(width=32, height=32, frames=9, steps=2), images=images)
+        single = single_engine.generate(handle_for(tiny, "ltx2"), video)
+        result = engine.generate(handle_for(tiny, "ltx2", mesh=MeshSpec(chips=2, context_parallel=2)), video)
+        assert result.info.task == ("image2video" if images else "text2video") and result.info.context_parallel == 2
+        assert (result.images - single.images).abs().max() <= 1 / 255
+        torch.testing.assert_close(result.audio["waveform"], single.audio["waveform"], atol=1e-4, rtol=0)
+        assert "context parallel (Ulysses): transformer over 2 ranks" in result.info.notes
+
+
 def test_context_parallel_under_model_cpu_offload_run_after_run_and_across_a_task_switch(tiny, engine):
     """CP under model CPU offload, for each Wan 2.2 model: each rank applies context parallelism before the offload
     hooks, so diffusers' re-arming of them after every run (and their move to the image to video pipeline on a task

@@ -192,8 +192,6 @@ def not_applicable(model_family, model_class: str, cell: str) -> str | None:
     tasks = model_family.model_classes[model_class]
     if cell == "context_parallel" and not model_family.makes_video:
         return "an image model: context parallelism splits a video's latent tokens over the ranks"
-    if cell == "context_parallel" and model_family.no_context_parallel:
-        return f"refused for it: {model_family.no_context_parallel}"
     if cell == "image_task" and set(tasks) <= {TEXT2IMAGE, TEXT2VIDEO}:
         return f"this {model_class} takes no image: it runs {', '.join(tasks)} only"
     return None

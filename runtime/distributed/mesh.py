@@ -190,10 +190,10 @@ def _joined(names: list[str]) -> str:
 
 
 def families_with_plan(plan: str) -> str:
-    """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`) and that use it, for
-    messages (a family that refuses context parallelism, `Family.no_context_parallel`, is not named for `_cp_plan`)."""
+    """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`), or (`_cp_plan`) that
+    declare their own (`Family.cp_plan`), for messages."""
     return _joined([family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None
-                    and not (plan == "_cp_plan" and family.no_context_parallel)])
+                    or (plan == "_cp_plan" and family.cp_plan is not None)])
 
 
 def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> int:
@@ -205,27 +205,28 @@ def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> i
 
 
 def context_parallel_notes(cp: int, family: Family, width: int, height: int, frames: int, source: str) -> list[str]:
-    """Refuse, before anything loads, context parallelism that cannot run: a denoiser without diffusers' CP plan,
-    a token count or head count the CP degree does not divide (Ulysses attention splits the tokens, then the
-    heads over the ranks). `source`: the model's folder (its denoiser config gives the heads) or a hub id."""
+    """Refuse, before anything loads, context parallelism that cannot run: a denoiser without a CP plan (diffusers'
+    or its family's), a token count or head count the CP degree does not divide (Ulysses attention splits the
+    tokens, then the heads over the ranks). `source`: the model's folder (its denoiser config gives the heads) or a
+    hub id."""
     cls = _denoiser_class(family)
-    if family.no_context_parallel:
-        raise UserInputError(f"context parallelism does not run {family.name} yet: {family.no_context_parallel}. Set "
-                             "context_parallel to 1 (replicas still split a batch).")
-    if getattr(cls, "_cp_plan", None) is None:
+    if getattr(cls, "_cp_plan", None) is None and family.cp_plan is None:
         raise UserInputError(f"{family.name}'s {cls.__name__ if cls else family.denoiser} has no context-parallel "
-                             f"plan in diffusers ({families_with_plan('_cp_plan')} have one); set context_parallel "
-                             "to 1.")
+                             f"plan, in diffusers or this pack ({families_with_plan('_cp_plan')} have one); set "
+                             "context_parallel to 1.")
     tokens = latent_tokens(family, width, height, frames)
     if tokens % cp:
         raise UserInputError(f"context_parallel {cp} does not divide the {tokens} latent tokens of "
                              f"{_shape_text(width, height, frames)}; "
                              f"{_divisible_shapes(cp, family, width, height, frames)}.")
     if os.path.isdir(os.path.join(source, family.denoiser)):
-        heads = component_config(source, family.denoiser).get("num_attention_heads")
-        if heads and heads % cp:
-            raise UserInputError(f"context_parallel {cp} does not divide the transformer's {heads} attention heads "
-                                 f"(Ulysses attention splits them over the ranks); use one of {_divisors(heads)}.")
+        config = component_config(source, family.denoiser)
+        # every attention's heads (a denoiser with a second branch has its own count: `audio_num_attention_heads`)
+        for heads in (config[key] for key in sorted(config) if key.endswith("num_attention_heads")):
+            if heads and heads % cp:
+                raise UserInputError(f"context_parallel {cp} does not divide the transformer's {heads} attention "
+                                     f"heads (Ulysses attention splits them over the ranks); use one of "
+                                     f"{_divisors(heads)}.")
     return [f"context parallel: {cp} ranks per video (Ulysses all-to-all attention), {tokens} latent tokens, "
             f"{tokens // cp} on each rank"]
 

@@ -73,18 +73,26 @@ def sharded_fraction(*modules) -> float:
     return held / full if full else 1.0
 
 
-def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh) -> str:
+def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh, plan=None, local_attention=()) -> str:
     """Context parallelism on every denoiser the pipeline has (both experts of a two-expert model), after loading:
-    each rank holds the whole model and runs 1/N of the tokens; diffusers' CP plan splits them at the first
-    block and gathers them after the last. Ulysses (all-to-all of heads): ring attention needs the attention
-    op's log-sum-exp, which diffusers' "native" backend (SDPA, the one every device here uses) does not give.
-    `cp_mesh`: the replica's ("ring", "ulysses") sub-mesh, ring 1. Returns a note of what the models now are."""
+    each rank holds the whole model and runs 1/N of the tokens; the CP plan splits them at the first block and
+    gathers them after the last: diffusers', or `plan`'s for the model's config (the family's `Family.cp_plan`), set
+    on the model, where diffusers' `enable_parallelism` and `remove_context_parallel` read it. The `local_attention`
+    modules (`Family.cp_local_attention`) are then taken out of CP: their keys are whole on every rank. Ulysses
+    (all-to-all of heads): ring attention needs the attention op's log-sum-exp, which diffusers' "native" backend
+    (SDPA, the one every device here uses) does not give. `cp_mesh`: the replica's ("ring", "ulysses") sub-mesh,
+    ring 1. Returns a note of what the models now are."""
     from diffusers import ContextParallelConfig
 
     present = [name for name in denoisers if getattr(pipe, name, None) is not None]  # TI2V-5B has no transformer_2
     for name in present:
-        getattr(pipe, name).enable_parallelism(config=ContextParallelConfig(ulysses_degree=cp_mesh.size(),
-                                                                            mesh=cp_mesh))
+        model = getattr(pipe, name)
+        if plan is not None:
+            model._cp_plan = plan(dict(model.config))
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=cp_mesh.size(), mesh=cp_mesh))
+        for module_name, module in model.named_modules():
+            if module_name.rsplit(".", 1)[-1] in local_attention:
+                module.processor._parallel_config = None
     return "context parallel (Ulysses): " + ", ".join(
         f"{name} over {context_parallel_degree(getattr(pipe, name))} ranks" for name in present)
 

@@ -245,9 +245,6 @@ class Family:
     # its repeated blocks (Qwen-Image 2.1's rotary embedding reads the token mask with tolist()); "": it can. Scope
     # auto then compiles its repeated blocks, and scope whole with fullgraph is refused before anything compiles.
     untraceable_whole: str = ""
-    # why context parallelism is refused for it although its denoiser class has diffusers' `_cp_plan` (not verified, or
-    # failing for it); "": the plan is used
-    no_context_parallel: str = ""
     # the __call__'s default negative prompt, used when the node's is empty (QwenImage runs true CFG only with
     # one, and " " is its own default; Wan's is "")
     default_negative_prompt: str = " "
@@ -267,6 +264,14 @@ class Family:
     # (a denoiser's config.json as a dict) -> diffusers' `_tp_plan` for it, for a denoiser class diffusers gives
     # none (Wan's: it depends on the head count). distributed/sharding.py sets it on the class before a sharded load.
     tp_plan: Callable | None = None
+    # (a denoiser's config.json as a dict) -> the `_cp_plan` context parallelism applies to it, for a denoiser class
+    # whose diffusers plan is missing or wrong for it (LTX-2's leaves the audio branch out). distributed/sharding.py
+    # sets it on the model before `enable_parallelism`.
+    cp_plan: Callable | None = None
+    # the denoiser's attention modules (their names' last part) that run outside context parallelism: their keys and
+    # values are whole on every rank (text, LTX-2's audio), so each rank's own queries need no exchange, and diffusers'
+    # Ulysses attention cannot take their per-head attention masks (it keeps all heads of a mask, not the rank's)
+    cp_local_attention: tuple[str, ...] = ()
     # model class -> the diffusers modular blocks that also run it (runtime/pipeline_kinds.py): used when its task
     # pipelines name no classic class (a modular-only model), or when TPU_DIFFUSERS_PIPELINE_KIND asks modular
     modular: Mapping[str, ModularBlocks] = dataclasses.field(default_factory=dict)

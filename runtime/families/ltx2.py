@@ -104,6 +104,38 @@ TWO_STAGE = TwoStage(
     run=two_stages,
 )
 
+
+def context_parallel_plan(config) -> dict:
+    """The `_cp_plan` for an LTX2VideoTransformer3DModel of this config: diffusers' (0.42.1) fails on 2 ranks.
+
+    It splits the video tokens and the text, and the video rotary tables as (B, tokens, D); but a "split" rotary
+    table (LTX-2's rope_type) is (B, heads, tokens, D/2), left whole (a 2-vs-4 size mismatch in the first
+    attention), the per-token timestep (image to video) and the video's table for audio-video attention
+    (`cross_attn_rope`) are not split, and the text attention masks, expanded per head by the attention processor,
+    cannot pass Ulysses attention (it keeps all heads of a mask). Here only the video tokens are split: the per-token
+    timestep and both video rotary tables with them, the video output gathered. The audio tokens and the text stay
+    whole on every rank (no audio token count to divide); the attentions over them run outside CP
+    (`CP_LOCAL_ATTENTION`), and the audio's attention over the video tokens (`video_to_audio_attn`) runs Ulysses
+    with every rank's whole audio as its queries (duplicated keys leave attention unchanged). Measured on the tiny
+    model, 2 ranks: the video and audio outputs equal one process's (max diff 0.0 on CPU)."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    def split(dim, dims, output):
+        return ContextParallelInput(split_dim=dim, expected_dims=dims, split_output=output)
+
+    # rotary tables (cos, sin): (B, heads, tokens, D/2) for "split", (B, tokens, D) for "interleaved"
+    table = split(2, 4, True) if config.get("rope_type", "interleaved") == "split" else split(1, 3, True)
+    return {
+        "": {"hidden_states": split(1, 3, False), "timestep": split(1, 2, False)},  # timestep: when per token
+        "rope": {0: table, 1: table},
+        "cross_attn_rope": {0: table, 1: table},
+        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+    }
+
+
+# the text attentions, and the audio's self-attention and the video's attention over it: their keys are whole
+CP_LOCAL_ATTENTION = ("attn2", "audio_attn2", "audio_attn1", "audio_to_video_attn")
+
 # Not measured for LTX-2: MemoryModel's defaults (measured on Wan's DiT blocks) with its FFN 4x the hidden width;
 # the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
 MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
@@ -143,8 +175,6 @@ FAMILY = Family(
     default_frames=121,
     sound_rate=sound_rate,
     two_stage=TWO_STAGE,
-    # diffusers' LTX2VideoTransformer3DModel has a _cp_plan, but on 2 ranks the tiny model's run fails inside it (a
-    # 2-vs-4 size mismatch in the audio-video attention's inputs, tools/verify_device.py's context_parallel cell)
-    no_context_parallel="diffusers' context-parallel plan for its audio-video transformer fails on 2 ranks (a tensor "
-                        "size mismatch), not yet worked out",
+    cp_plan=context_parallel_plan,  # diffusers' leaves the audio branch out
+    cp_local_attention=CP_LOCAL_ATTENTION,
 )

@@ -41,7 +41,8 @@ def asks_of(handle: PipelineHandle, family: Family, device: DeviceInfo,
     None."""
     spec = handle.compile or CompileSpec()
     split = None if context_parallel_mesh is None else context_parallel.ContextParallelAsk(
-        mesh=context_parallel_mesh, denoisers=family.denoisers)
+        mesh=context_parallel_mesh, denoisers=family.denoisers, plan=family.cp_plan,
+        local_attention=family.cp_local_attention)
     compiled = None if handle.mode is not ExecutionMode.COMPILED else compilation.CompileAsk(
         request=compilation.CompileRequest.of(spec, handle.placement, device), warmup_sizes=spec.warmup_sizes,
         denoisers=family.denoisers, prepare=family.prepare_compile, untraceable_whole=family.untraceable_whole)

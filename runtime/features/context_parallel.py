@@ -17,6 +17,8 @@ NAME = "context_parallel"
 class ContextParallelAsk:
     mesh: object  # the replica's ("ring", "ulysses") DeviceMesh
     denoisers: tuple[str, ...]  # the pipeline's denoiser components (a two-expert model: both)
+    plan: object  # the family's CP plan for a denoiser config (Family.cp_plan), or None: diffusers'
+    local_attention: tuple[str, ...]  # the family's attentions outside CP (Family.cp_local_attention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,8 @@ def apply(entry, ask: ContextParallelAsk | None, state: ContextParallelState | N
         remove(entry, state)
     if ask is None:
         return None
-    return ContextParallelState(ask=ask, notes=(apply_context_parallel(entry.pipe, ask.denoisers, ask.mesh),))
+    note = apply_context_parallel(entry.pipe, ask.denoisers, ask.mesh, ask.plan, ask.local_attention)
+    return ContextParallelState(ask=ask, notes=(note,))
 
 
 def remove(entry, state: ContextParallelState) -> None:
