@@ -117,7 +117,7 @@ def context_parallel_plan(config) -> dict:
     whole on every rank (no audio token count to divide); the attentions over them run outside CP
     (`CP_LOCAL_ATTENTION`), and the audio's attention over the video tokens (`video_to_audio_attn`) runs Ulysses
     with every rank's whole audio as its queries (duplicated keys leave attention unchanged). Measured on the tiny
-    model, 2 ranks: the video and audio outputs equal one process's (max diff 0.0 on CPU)."""
+    transformer, 2 ranks, both rope types: its video and audio outputs equal one process's (max diff 0.0 on CPU)."""
     from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
     def split(dim, dims, output):
