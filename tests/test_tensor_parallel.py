@@ -126,16 +126,17 @@ def test_two_context_parallel_ranks_give_the_single_process_video_of_both_wan_ex
 
 def test_two_context_parallel_ranks_give_the_single_process_video_and_sound_of_ltx2(tiny, engine):
     """LTX-2 with the family's CP plan (diffusers' fails on 2 ranks): the video tokens are split (image to video's
-    per-token timestep with them), the audio tokens and the text stay whole on every rank. Text to video, then
-    image to video on the same warm group: the frames and the sound track equal one process's. Measured on CPU: max
-    diff 6e-7 (frames) and 6e-8 (sound) for both; with diffusers' plan the ranks fail (a 2-vs-4 size mismatch)."""
-    start = (np.random.default_rng(3).random((1, 32, 32, 3))).astype(np.float32)
+    per-token timestep with them; first/last frame to video's last frame joins them as keyframe tokens), the audio
+    tokens and the text stay whole on every rank. Text to video, image to video and first/last frame to video on the
+    same warm group: the frames and the sound track equal one process's. Measured on CPU: max diff 6e-7 (frames) and
+    6e-8 (sound); with diffusers' plan the ranks fail (a 2-vs-4 size mismatch)."""
+    first, last = np.random.default_rng(3).random((2, 1, 32, 32, 3)).astype(np.float32)
     single_engine = Engine(distribute=False)
-    for images in ((), (start,)):
+    for task, images in (("text2video", ()), ("image2video", (first,)), ("firstlast2video", (first, last))):
         video = dataclasses.replace(request(width=32, height=32, frames=9, steps=2), images=images)
         single = single_engine.generate(handle_for(tiny, "ltx2"), video)
         result = engine.generate(handle_for(tiny, "ltx2", mesh=MeshSpec(chips=2, context_parallel=2)), video)
-        assert result.info.task == ("image2video" if images else "text2video") and result.info.context_parallel == 2
+        assert result.info.task == task and result.info.context_parallel == 2
         assert (result.images - single.images).abs().max() <= 1 / 255
         torch.testing.assert_close(result.audio["waveform"], single.audio["waveform"], atol=1e-4, rtol=0)
         assert "context parallel (Ulysses): transformer over 2 ranks" in result.info.notes
