@@ -63,8 +63,7 @@ def check_before_launch(handle: PipelineHandle, plan: Plan) -> list[str]:
     source = single_file.config_folder(handle.source) if handle.files and (tp > 1 or cp > 1) else handle.source
     notes = check_mesh(handle.mesh, source, plan.device, from_files=frozenset(dict(handle.files)))
     if cp > 1:
-        request = plan.request
-        notes += context_parallel_notes(cp, plan.family, request.width, request.height, request.frames, source)
+        notes += context_parallel_notes(cp, plan.family, plan.request, source, plan.pipeline.keyframes)
     return notes
 
 

@@ -332,7 +332,7 @@ class RankWorker:
                                    group_calls=sum(task.call_count(request.batch_slice(first, n))
                                                    for first, n in slices))
         mine = {"rank": dist.get_rank(), "replica": replica, "pid": os.getpid(), "cancelled": False}
-        tokens = latent_tokens(plan.family, request.width, request.height, request.frames)
+        tokens = latent_tokens(plan.family, request.width, request.height, request.frames, plan.pipeline.keyframes)
         try:
             try:
                 if count:

@@ -97,7 +97,15 @@ def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, en
     assert latent_tokens(wan, 64, 64, 5) == 2 * 4 * 4 and latent_tokens(wan, 48, 48, 9) == 3 * 3 * 3
     with pytest.raises(UserInputError, match=r"context_parallel 2 does not divide the 27 latent tokens of 48x48 x 9 "
                                              r"frames; use frames 5 or 13 at 48x48, or width 32 or 64 at height 48"):
-        context_parallel_notes(2, wan, 48, 48, 9, tiny("wan22-t2v-a14b"))
+        context_parallel_notes(2, wan, request(width=48, height=48, frames=9), tiny("wan22-t2v-a14b"))
+    # LTX-2's first/last frame appends its last frame as one latent frame of tokens; an upscaler's first stage runs at
+    # half the size: 64x64 x 9 frames is then 32x32, (2 + 1) x 1 x 1 tokens
+    ltx2 = family_for("LTX2Pipeline")
+    with pytest.raises(UserInputError, match=r"context_parallel 2 does not divide the 3 latent tokens of 32x32 x 9 "
+                                             r"frames \(the first stage's half size\); use frames 1 or 17 at 64x64"):
+        context_parallel_notes(2, ltx2, request(width=64, height=64, frames=9, upscaler="upscaler"), "ltx2", 1)
+    assert context_parallel_notes(2, ltx2, request(width=64, height=64, frames=9), "ltx2", 1)[0].endswith(
+        "12 latent tokens, 6 on each rank")  # (2 + 1) x 2 x 2, at the asked size only
     assert families_with_plan("_cp_plan") == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2 and LTX-2"
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     with pytest.raises(UserInputError, match=r"SD3/SD3.5's SD3Transformer2DModel has no context-parallel plan, in "

@@ -196,29 +196,45 @@ def families_with_plan(plan: str) -> str:
                     or (plan == "_cp_plan" and family.cp_plan is not None)])
 
 
-def latent_tokens(family: Family, width: int, height: int, frames: int = 0) -> int:
+def latent_tokens(family: Family, width: int, height: int, frames: int = 0, keyframes: int = 0) -> int:
     """The denoiser's sequence of image tokens: latent frames x (height / size_multiple) x (width / size_multiple),
     size_multiple being the VAE's factor times the patch size (temporal factor 4: 4k + 1 frames make k + 1 latent
-    frames)."""
+    frames), plus `keyframes` latent frames of condition tokens appended after the video's (TaskPipeline.keyframes)."""
     latent_frames = (frames - 1) // family.temporal_factor + 1 if frames and family.temporal_factor else 1
-    return latent_frames * (height // family.size_multiple) * (width // family.size_multiple)
+    return (latent_frames + keyframes) * (height // family.size_multiple) * (width // family.size_multiple)
 
 
-def context_parallel_notes(cp: int, family: Family, width: int, height: int, frames: int, source: str) -> list[str]:
+def stage_sizes(family: Family, width: int, height: int, two_stages: bool) -> list[tuple[int, int]]:
+    """The sizes the denoiser runs at: the asked one, after the half size first for a two-stage run (an upscaler)."""
+    return ([(width // 2, height // 2)] if two_stages and family.two_stage else []) + [(width, height)]
+
+
+def context_parallel_notes(cp: int, family: Family, request, source: str, keyframes: int = 0) -> list[str]:
     """Refuse, before anything loads, context parallelism that cannot run: a denoiser without a CP plan (diffusers'
     or its family's), a token count or head count the CP degree does not divide (Ulysses attention splits the
-    tokens, then the heads over the ranks). `source`: the model's folder (its denoiser config gives the heads) or a
-    hub id."""
+    tokens, then the heads over the ranks), at every size the run denoises at (a two-stage run's half size too).
+    `source`: the model's folder (its denoiser config gives the heads) or a hub id; `keyframes`: the task's appended
+    condition frames (TaskPipeline.keyframes)."""
     cls = _denoiser_class(family)
     if getattr(cls, "_cp_plan", None) is None and family.cp_plan is None:
         raise UserInputError(f"{family.name}'s {cls.__name__ if cls else family.denoiser} has no context-parallel "
                              f"plan, in diffusers or this pack ({families_with_plan('_cp_plan')} have one); set "
                              "context_parallel to 1.")
-    tokens = latent_tokens(family, width, height, frames)
-    if tokens % cp:
-        raise UserInputError(f"context_parallel {cp} does not divide the {tokens} latent tokens of "
-                             f"{_shape_text(width, height, frames)}; "
-                             f"{_divisible_shapes(cp, family, width, height, frames)}.")
+
+    def stage_tokens(width: int, height: int, frames: int) -> list[tuple[int, int, int]]:
+        return [(w, h, latent_tokens(family, w, h, frames, keyframes))
+                for w, h in stage_sizes(family, width, height, bool(request.upscaler))]
+
+    def divides(width: int, height: int, frames: int) -> bool:
+        return all(tokens % cp == 0 for _, _, tokens in stage_tokens(width, height, frames))
+
+    width, height, frames = request.width, request.height, request.frames
+    for w, h, tokens in stage_tokens(width, height, frames):
+        if tokens % cp:
+            stage = " (the first stage's half size)" if (w, h) != (width, height) else ""
+            raise UserInputError(f"context_parallel {cp} does not divide the {tokens} latent tokens of "
+                                 f"{_shape_text(w, h, frames)}{stage}; "
+                                 f"{_divisible_shapes(family, width, height, frames, divides)}.")
     if os.path.isdir(os.path.join(source, family.denoiser)):
         config = component_config(source, family.denoiser)
         # every attention's heads (a denoiser with a second branch has its own count: `audio_num_attention_heads`)
@@ -227,6 +243,7 @@ def context_parallel_notes(cp: int, family: Family, width: int, height: int, fra
                 raise UserInputError(f"context_parallel {cp} does not divide the transformer's {heads} attention "
                                      f"heads (Ulysses attention splits them over the ranks); use one of "
                                      f"{_divisors(heads)}.")
+    tokens = stage_tokens(width, height, frames)[-1][2]
     return [f"context parallel: {cp} ranks per video (Ulysses all-to-all attention), {tokens} latent tokens, "
             f"{tokens // cp} on each rank"]
 
@@ -235,8 +252,8 @@ def _shape_text(width: int, height: int, frames: int) -> str:
     return f"{width}x{height}" + (f" x {frames} frames" if frames else "")
 
 
-def _divisible_shapes(cp: int, family: Family, width: int, height: int, frames: int) -> str:
-    """The nearest frame counts (video) and widths that make the tokens divide by `cp`, for the message."""
+def _divisible_shapes(family: Family, width: int, height: int, frames: int, divides) -> str:
+    """The nearest frame counts (video) and widths at which `divides(width, height, frames)`, for the message."""
     def nearest(value: int, step: int, low: int, fits) -> list[int]:
         below = next((v for v in range(value - step, low - 1, -step) if fits(v)), None)
         above = next((v for v in range(value + step, value + 64 * step, step) if fits(v)), None)
@@ -244,12 +261,10 @@ def _divisible_shapes(cp: int, family: Family, width: int, height: int, frames: 
 
     options = []
     if frames and family.temporal_factor:
-        counts = nearest(frames, family.temporal_factor, 1,
-                         lambda f: latent_tokens(family, width, height, f) % cp == 0)
+        counts = nearest(frames, family.temporal_factor, 1, lambda f: divides(width, height, f))
         if counts:
             options.append(f"frames {' or '.join(map(str, counts))} at {width}x{height}")
-    widths = nearest(width, family.size_multiple, family.size_multiple,
-                     lambda w: latent_tokens(family, w, height, frames) % cp == 0)
+    widths = nearest(width, family.size_multiple, family.size_multiple, lambda w: divides(w, height, frames))
     if widths:
         options.append("width " + " or ".join(map(str, widths)) + f" at height {height}")
     return "use " + ", or ".join(options) if options else "choose another size"

@@ -36,6 +36,9 @@ class TaskPipeline:
     # (first frame, last frame: PIL images) -> the call arguments that pin them, for a first/last frame to video class
     # whose diffusers call takes them as its own condition objects rather than as `image`
     first_last: Callable | None = None
+    # latent frames of tokens its conditions append after the video's, which context parallelism splits with them
+    # (LTX2ConditionPipeline's last frame: a keyframe of one latent frame)
+    keyframes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

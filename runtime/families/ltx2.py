@@ -142,7 +142,7 @@ MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
 
 # LTX2ConditionPipeline reads the tokenizer's padding side when from_pipe makes it (the other two read it when called,
 # after setting it to left): Gemma's tokenizers pad on the left, so all three unpad the prompt alike whatever ran first.
-FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions)
+FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions, keyframes=1)
 
 FAMILY = Family(
     name="LTX-2",
