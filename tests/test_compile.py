@@ -76,12 +76,12 @@ def test_each_shape_compiles_once_warmup_compiles_ahead_and_matches_eager(tiny):
     torch.testing.assert_close(first.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name, pipeline_class", [("flux1-schnell", "FluxPipeline"), ("flux2", "Flux2Pipeline"),
-                                                  ("qwenimage", "QwenImagePipeline"),
+# The families whose denoiser test_the_other_families_compile_whole_and_match_eager does not compile already (FLUX.1;
+# Qwen-Image 2.1, which cannot compile whole; FLUX 3's base blocks), and SDXL's UNet: how offload and repeated blocks
+# combine is the same for every family, the blocks are each family's own.
+@pytest.mark.parametrize("name, pipeline_class", [("flux1-schnell", "FluxPipeline"),
                                                   ("sdxl", "StableDiffusionXLPipeline"),
-                                                  ("flux2-klein", "Flux2KleinPipeline"),
-                                                  ("zimage", "ZImagePipeline"),
-                                                  ("qwenimage21", "QwenImage21Pipeline"), ("krea2", "Krea2Pipeline"),
+                                                  ("qwenimage21", "QwenImage21Pipeline"),
                                                   ("flux3", "Flux3ModularPipeline")])
 def test_model_offload_with_auto_scope_compiles_the_repeated_blocks(tiny, name, pipeline_class):
     engine = Engine()
@@ -115,6 +115,27 @@ def test_wan_compiles_the_blocks_of_both_experts_for_its_frames(tiny):
         assert blocks and all(block._compiled_call_impl is not None for block in blocks)
     eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class="WanPipeline"), video)
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+
+
+def test_ltx2_compiles_its_audio_video_blocks_under_offload_and_matches_eager(tiny):
+    """LTX-2 (video with sound): auto scope under model CPU offload compiles the transformer's repeated blocks for the
+    frame count; the frames and the sound track equal eager. (Compiled whole with fullgraph it also equals eager: measured
+    once on CPU, ~90 s of compiling, not run here.)"""
+    video = SampleRequest(prompt="a corgi barking on a beach", width=32, height=32, steps=2, seed=3, frames=9,
+                          guidance=3.0)
+    handle = PipelineHandle.of(source=tiny("ltx2"), model_class="LTX2Pipeline", mode=ExecutionMode.COMPILED,
+                               placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
+    engine = Engine()
+    result = engine.generate(handle, video)
+    entry = engine.realise(handle)[0]
+    assert entry.states["compilation"].scope == "repeated_blocks"
+    assert entry.states["compilation"].shapes[(32, 32, 1, 9)].compiles == 1
+    blocks = [module for module in entry.pipe.transformer.modules()
+              if type(module).__name__ in entry.pipe.transformer._repeated_blocks]
+    assert blocks and all(block._compiled_call_impl is not None for block in blocks)
+    eager = Engine().generate(PipelineHandle.of(source=handle.source, model_class="LTX2Pipeline"), video)
+    torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+    torch.testing.assert_close(result.audio["waveform"], eager.audio["waveform"], atol=1e-4, rtol=0)
 
 
 def test_offload_of_a_transformer_without_repeated_blocks_says_what_to_do(tiny):
