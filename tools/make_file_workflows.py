@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-PIPE, IMAGE, MASK = "TPU_PIPELINE", "IMAGE", "MASK"
+PIPE, IMAGE, MASK, UPSCALER = "TPU_PIPELINE", "IMAGE", "MASK", "TPU_LATENT_UPSCALER"
 SIZES = {"TPULoader": [320, 130], "TPUFileLoader": [340, 250], "TPULora": [320, 82], "TPUModeSelector": [320, 82],
          "TPUCompileTransformer": [320, 130], "TPUMesh": [320, 206], "TPUSampler": [400, 420],
-         "TPUVideoSampler": [400, 440], "SaveImage": [400, 440], "LoadImage": [320, 330], "CreateVideo": [320, 110],
-         "SaveVideo": [400, 440]}
+         "TPUVideoSampler": [400, 480], "SaveImage": [400, 440], "LoadImage": [320, 330], "CreateVideo": [320, 110],
+         "SaveVideo": [400, 440], "TPULatentUpscaleModel": [320, 82]}
 # Each sampler's sockets in the frontend's order (widget inputs follow them); a link's target slot is the index here
 SAMPLER_SOCKETS = {"TPUSampler": {"pipeline": PIPE, "image": IMAGE, "image_2": IMAGE, "image_3": IMAGE, "mask": MASK},
-                   "TPUVideoSampler": {"pipeline": PIPE, "image": IMAGE}}
+                   "TPUVideoSampler": {"pipeline": PIPE, "image": IMAGE, "last_image": IMAGE, "upscaler": UPSCALER}}
 SAMPLERS = tuple(SAMPLER_SOCKETS)
 SAVERS = ("SaveImage", "CreateVideo")  # what a sampler's first output feeds (Create Video then feeds Save Video)
 LOAD_IMAGE_OUTPUTS = (("IMAGE", IMAGE), ("MASK", MASK))  # Load Image: the picture, and 1 - its alpha channel
@@ -36,6 +36,8 @@ class Workflow(NamedTuple):
     hardware: str  # extra.tpu_diffusers.hardware: which chip, which files go where
     steps: list  # (node type, widget values): the chain, left to right
     images: tuple = ()  # (file in ComfyUI's input folder, {Sampler input: Load Image output slot}), one per Load Image
+    upscaler: str = ""  # a TPU Latent Upscale Model's choice, into the Video Sampler's upscaler (two stages)
+    sound: bool = False  # the Video Sampler's audio into Create Video's audio
 
 
 WORKFLOWS = {
@@ -309,6 +311,23 @@ WORKFLOWS = {
          ("CreateVideo", [16.0]),
          ("SaveVideo", ["video/wan22_i2v_14b", "auto", "auto"])],
         images=(("wan22_start_corgi.png", {"image": 0}),)),
+    "ltx2_i2v_two_stages_sound_v5p_context_parallel": Workflow(
+        "One TPU v5p host of 4 chips (95 GB HBM each) and about 160 GB of host RAM. The LTX-2 diffusers folder "
+        "(Lightricks/LTX-2: model_index.json and its component folders, the x2 latent upscaler in latent_upsampler/) in "
+        "models/diffusers/LTX-2; the start image in ComfyUI's input folder. Each of the 4 ranks keeps the whole bf16 "
+        "pipeline on its chip (~66 GB: the 19B audio-video transformer, Gemma 3 12B) and 1/4 of the video tokens "
+        "(context parallel 4, the pack's plan for LTX-2). Image to video with its sound track in two stages: 768x512, "
+        "the latents upscaled x2 by TPU Latent Upscale Model (the folder's own upscaler), 3 refine steps at 1536x1024; "
+        "121 frames (5 s at 24 fps); Create Video takes the frames, fps and audio. Designed, not run on a chip; "
+        "LTX-2.3 and 2.5 from ComfyUI's template files are not supported yet.",
+        [("TPULoader", ["LTX-2", "", "auto", "auto"]),
+         ("TPUMesh", [4, False, False, "launch_local", "", "", 1, 4]),
+         ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
+                              "crashing, golden hour", "worst quality, inconsistent motion, blurry, jittery, distorted",
+                              1536, 1024, 121, 40, 4.0, 42, "fixed", 1]),
+         ("CreateVideo", [24.0]),
+         ("SaveVideo", ["video/ltx2_i2v", "auto", "auto"])],
+        images=(("wan22_start_corgi.png", {"image": 0}),), upscaler="LTX-2", sound=True),
     "wan22_t2v_14b_lightx2v_4steps_files": Workflow(
         "One TPU v7x device (96 GB HBM) or v5p chip (95 GB), about 96 GB of host RAM. ComfyUI's Wan 2.2 T2V A14B "
         "files: models/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors (model) and "
@@ -336,23 +355,28 @@ def node(node_id: int, node_type: str, pos: list, inputs: list, outputs: list, v
             "widgets_values": values}
 
 
-def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> dict:
-    """The pipeline nodes in a column, the Load Image nodes (if any) in the next, then the Sampler and Save
-    Image (a video sampler: Create Video, its fps linked from the sampler's fps, and Save Video). Node ids: the
-    chain's in order, then the Load Image nodes'. Link ids: link i enters chain node i + 1, then one link per
-    Sampler image input, then Create Video's fps."""
+def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = (), upscaler: str = "",
+          sound: bool = False) -> dict:
+    """The pipeline nodes in a column, the Load Image nodes (if any) and a TPU Latent Upscale Model (`upscaler`) in
+    the next, then the Sampler and Save Image (a video sampler: Create Video, its fps and with `sound` its audio linked
+    from the sampler, and Save Video). Node ids: the chain's in order, then the Load Image nodes', then the upscaler's.
+    Link ids: link i enters chain node i + 1, then one link per Sampler image input, then Create Video's fps, then the
+    upscaler's and the audio's."""
     nodes, links = [], []
     types = [node_type for node_type, _ in steps]
     sampler_type = next(node_type for node_type in types if node_type in SAMPLERS)
     sampler_id = 1 + types.index(sampler_type)
     sockets = SAMPLER_SOCKETS[sampler_type]
-    image_links = []  # (link id, Load Image id, its output slot, Sampler input)
+    input_links = []  # (link id, its origin: a Load Image or the upscaler, the origin's output slot, Sampler input)
     for n, (_, targets) in enumerate(images):
         for target, slot in targets.items():
-            image_links.append((len(steps) + len(image_links), len(steps) + 1 + n, slot, target))
+            input_links.append((len(steps) + len(input_links), len(steps) + 1 + n, slot, target))
     image_x = 420
-    sampler_x = image_x + (SIZES["LoadImage"][0] + 40 if images else 0)
-    fps_link = len(steps) + len(image_links)  # a video sampler's fps -> Create Video's fps
+    if upscaler:
+        input_links.append((len(steps) + len(input_links), len(steps) + 1 + len(images), 0, "upscaler"))
+    sampler_x = image_x + (SIZES["LoadImage"][0] + 40 if images or upscaler else 0)
+    fps_link = len(steps) + len(input_links)  # a video sampler's fps -> Create Video's fps
+    audio_link = fps_link + 1 if sound else None  # ... and its audio -> Create Video's audio
     x, y = 40, 80
     for index, (node_type, values) in enumerate(steps):
         node_id = index + 1
@@ -360,13 +384,14 @@ def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> d
         if node_type == "SaveImage":
             inputs, outputs = [{"name": "images", "type": IMAGE, "link": index}], []
         elif node_type == "CreateVideo":
-            inputs = [{"name": "images", "type": IMAGE, "link": index}, {"name": "audio", "type": "AUDIO", "link": None},
+            inputs = [{"name": "images", "type": IMAGE, "link": index},
+                      {"name": "audio", "type": "AUDIO", "link": audio_link},
                       {"name": "fps", "type": "FLOAT", "widget": {"name": "fps"}, "link": fps_link}]
             outputs = [{"name": "VIDEO", "type": "VIDEO", "links": [node_id], "slot_index": 0}]
         elif node_type == "SaveVideo":
             inputs, outputs = [{"name": "video", "type": "VIDEO", "link": index}], []
         elif is_sampler:
-            linked = {target: link for link, _, _, target in image_links}
+            linked = {target: link for link, _, _, target in input_links}
             inputs = [{"name": name, "type": kind, "link": index if name == "pipeline" else linked.get(name)}
                       for name, kind in sockets.items()]
             outputs = [{"name": "images", "type": IMAGE, "links": [node_id], "slot_index": 0},
@@ -375,6 +400,8 @@ def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> d
                 outputs[0]["name"] = "frames"
                 outputs.insert(1, {"name": "fps", "type": "FLOAT", "links": [fps_link], "slot_index": 1})
                 outputs[2]["slot_index"] = 2
+                if sound:
+                    outputs.append({"name": "audio", "type": "AUDIO", "links": [audio_link], "slot_index": 3})
         else:
             inputs = [] if index == 0 else [{"name": "pipeline", "type": PIPE, "link": index}]
             outputs = [{"name": "pipeline", "type": PIPE, "links": [node_id], "slot_index": 0}]
@@ -389,14 +416,22 @@ def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = ()) -> d
     for n, (file_name, _) in enumerate(images):
         node_id = len(steps) + 1 + n
         outputs = [{"name": name, "type": kind, "slot_index": slot,
-                    "links": [link for link, origin, out, _ in image_links if (origin, out) == (node_id, slot)] or None}
+                    "links": [link for link, origin, out, _ in input_links if (origin, out) == (node_id, slot)] or None}
                    for slot, (name, kind) in enumerate(LOAD_IMAGE_OUTPUTS)]
         y = 80 + n * (SIZES["LoadImage"][1] + 60)
         nodes.append(node(node_id, "LoadImage", [image_x, y], [], outputs, [file_name, "image"]))
+    if upscaler:
+        node_id = len(steps) + 1 + len(images)
+        outputs = [{"name": "upscaler", "type": UPSCALER, "slot_index": 0,
+                    "links": [link for link, origin, _, _ in input_links if origin == node_id]}]
+        y = 80 + len(images) * (SIZES["LoadImage"][1] + 60)
+        nodes.append(node(node_id, "TPULatentUpscaleModel", [image_x, y], [], outputs, [upscaler]))
     links += [[link, origin, slot, sampler_id, list(sockets).index(target), sockets[target]]
-              for link, origin, slot, target in image_links]
+              for link, origin, slot, target in input_links]
     if "CreateVideo" in types:
         links.append([fps_link, sampler_id, 1, 1 + types.index("CreateVideo"), 2, "FLOAT"])
+    if sound:
+        links.append([audio_link, sampler_id, 3, 1 + types.index("CreateVideo"), 1, "AUDIO"])
     return {"last_node_id": len(nodes), "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [],
             "config": {}, "extra": {"tpu_diffusers": {"hardware": hardware}}, "version": 0.4}
 

@@ -187,10 +187,11 @@ def test_workflow_converts_to_a_prompt_that_runs_or_is_refused_on_the_loader(pag
     with pytest.raises(PromptRejected) as rejected:
         server.queue(prompt)
     errors = rejected.value.body["node_errors"]
-    loras = {str(n["id"]): n["widgets_values"][0] for n in workflow["nodes"] if n["type"] == "TPULora"}
-    assert sorted(errors) == sorted([str(loader["id"]), *loras]), errors
-    for lora_id, name in loras.items():  # LoRA files are absent here too
-        assert f"'{name}' was not found" in errors[lora_id]["errors"][0]["details"], errors[lora_id]
+    files = {str(n["id"]): n["widgets_values"][0] for n in workflow["nodes"]
+             if n["type"] in ("TPULora", "TPULatentUpscaleModel")}
+    assert sorted(errors) == sorted([str(loader["id"]), *files]), errors
+    for node_id, name in files.items():  # LoRA and latent upscaler files are absent here too
+        assert f"'{name}' was not found" in errors[node_id]["errors"][0]["details"], errors[node_id]
     missing = f"model: model folder '{model}' was not found" if loader["type"] == "TPULoader" \
         else f"'{model}' was not found"
     for error in errors[str(loader["id"])]["errors"]:
@@ -330,13 +331,28 @@ def test_run_info_reaches_the_sampler_and_every_node_of_ours_up_its_pipeline_cha
     through the page's api object: the page's own handler gives it to the Sampler's onExecuted."""
     workflow = load(page, path)
     sampler = str(node_of(workflow, "TPUSampler", "TPUVideoSampler")["id"])
+    chain = pipeline_chain(workflow, sampler)
+    assert {n["type"] for n in workflow["nodes"] if str(n["id"]) in chain} >= {"TPULoader", "TPUFileLoader"} & \
+        {n["type"] for n in workflow["nodes"]}  # the chain reaches the loader
     for info, expected in STATUS_CASES:
         detail = {"node": sampler, "display_node": sampler, "output": {"tpu_run_info": [info]}, "prompt_id": "test"}
         page.evaluate("detail => window.comfyAPI.api.api.dispatchEvent(new CustomEvent('executed', {detail}))",
                       detail)
         statuses = page_statuses(page)
-        assert {str(n["id"]): expected if n["type"].startswith("TPU") else None for n in workflow["nodes"]} \
-            == statuses
+        assert {str(n["id"]): expected if str(n["id"]) in chain else None for n in workflow["nodes"]} == statuses
+
+
+def pipeline_chain(workflow: dict, sampler: str) -> set[str]:
+    """The ids of the Sampler and of the nodes up its `pipeline` input links (Compile, Mesh, Mode, LoRA, Loader): the
+    nodes the run info is about; other nodes of ours (TPU Latent Upscale Model) and ComfyUI's show none."""
+    nodes = {str(n["id"]): n for n in workflow["nodes"]}
+    origins = {link[0]: str(link[1]) for link in workflow["links"]}
+    chain, node_id = set(), sampler
+    while node_id is not None:
+        chain.add(node_id)
+        link = next((i["link"] for i in nodes[node_id]["inputs"] if i["name"] == "pipeline"), None)
+        node_id = origins.get(link)
+    return chain
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
