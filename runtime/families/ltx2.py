@@ -11,7 +11,8 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 """
 
 from ..errors import UserInputError
-from .base import FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, TaskPipeline, TwoStage
+from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, ReferenceModel,
+                   TaskPipeline, TwoStage)
 from .components import attention_shape, diffusers_detection_keys
 
 # diffusers' detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics), and its
@@ -136,9 +137,30 @@ def context_parallel_plan(config) -> dict:
 # the text attentions, and the audio's self-attention and the video's attention over it: their keys are whole
 CP_LOCAL_ATTENTION = ("attn2", "audio_attn2", "audio_attn1", "audio_to_video_attn")
 
+# Lightricks/LTX-2's published configs, for the docs' table of what fits each chip: the 19B audio-video transformer,
+# Gemma 3 12B (google/gemma-3-12b-it's text and vision configs) and the video VAE (32x spatial, 8x temporal); the
+# connectors, audio VAE and vocoder (well under 1B together) at diffusers' defaults. LTX-2.3 (22B) is not here: the
+# diffusers configs published for it so far add to 19B, so where its other 3B are is not known yet.
+REFERENCE_MODELS = {
+    "LTX-2 (19B)": ReferenceModel({
+        "text_encoder": ("transformers", "Gemma3ForConditionalGeneration", dict(
+            text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                             num_key_value_heads=8, head_dim=256, vocab_size=262208),
+            vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                               patch_size=14, image_size=896))),
+        "connectors": ("diffusers.pipelines.ltx2.connectors", "LTX2TextConnectors", {}),
+        "transformer": ("diffusers", "LTX2VideoTransformer3DModel", dict(
+            num_attention_heads=32, attention_head_dim=128, num_layers=48, patch_size=1, patch_size_t=1,
+            rope_type="split")),
+        "vae": ("diffusers", "AutoencoderKLLTX2Video", dict(
+            spatial_compression_ratio=32, temporal_compression_ratio=8, decoder_causal=False)),
+        "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", {}),
+        "vocoder": ("diffusers.pipelines.ltx2.vocoder", "LTX2Vocoder", {})}),
+}
+
 # Not measured for LTX-2: MemoryModel's defaults (measured on Wan's DiT blocks) with its FFN 4x the hidden width;
 # the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
-MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape)
+MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape, reference_models=REFERENCE_MODELS)
 
 # LTX2ConditionPipeline reads the tokenizer's padding side when from_pipe makes it (the other two read it when called,
 # after setting it to left): Gemma's tokenizers pad on the left, so all three unpad the prompt alike whatever ran first.
