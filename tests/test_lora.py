@@ -30,15 +30,18 @@ CHANGED = 1e-3  # a LoRA that changes the image changes some pixel by more than 
 def loras(tiny_dir, tmp_path_factory):
     """name -> LoRA file: '<family>' and '<family>-b' (diffusers format, two seeds), 'flux1-kohya' (with a CLIP
     layer), 'flux1-comfyui' (BFL names), 'qwenimage-lightx2v' (the Lightning LoRAs' layout), 'zimage'
-    (ai-toolkit's diffusion_model. layout), 'krea2' (Krea's names under diffusion_model.), 'wan-high' / 'wan-low'
+    (ai-toolkit's diffusion_model. layout), 'krea2' (Krea's names under diffusion_model.), 'ltx2-comfyui'
+    (Lightricks' diffusion_model. layout), 'wan-high' / 'wan-low'
     (lightx2v's Wan 2.2 4-step layout, one per expert of the tiny T2V A14B), built once."""
     root = tmp_path_factory.mktemp("loras")
     files = {}
-    for family in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "qwenimage21", "flux3"):
+    for family in ("flux1-schnell", "sd3", "flux2", "qwenimage", "flux2-klein", "qwenimage21", "flux3", "ltx2"):
         files[family] = tiny_loras.build(tiny_dir / f"tiny-{family}", root / f"{family}.safetensors", seed=1)
     files["flux1-schnell-b"] = tiny_loras.build(tiny_dir / "tiny-flux1-schnell", root / "flux1-b.safetensors", seed=2)
     files["zimage"] = tiny_loras.build(tiny_dir / "tiny-zimage", root / "zimage.safetensors", "comfyui", seed=1)
     files["krea2"] = tiny_loras.build(tiny_dir / "tiny-krea2", root / "krea2.safetensors", "comfyui", seed=1)
+    files["ltx2-comfyui"] = tiny_loras.build(tiny_dir / "tiny-ltx2", root / "ltx2-comfyui.safetensors", "comfyui",
+                                             seed=2)
     for fmt in ("kohya", "comfyui"):
         files[f"flux1-{fmt}"] = tiny_loras.build(tiny_dir / "tiny-flux1-schnell", root / f"flux1-{fmt}.safetensors",
                                                  fmt, seed=3)
@@ -248,6 +251,36 @@ def test_wan_lightx2v_loras_on_the_two_experts_give_plain_diffusers_frames_and_t
     assert both.info.notes[-1].endswith(f"(fused, {2 * layers} layers, both: transformer + transformer_2)")
     assert differs(both.images, alone["high_noise"])  # the low-noise expert's step changed too
     assert torch.equal(engine.generate(base_handle, video).images, base)
+    assert engine.cache.stats.loads == 1
+
+
+LTX2_REQUEST = dict(width=32, height=32, frames=9, guidance=3.0, steps=2)
+
+
+@pytest.mark.parametrize("name, strength", [("ltx2", 1.0), ("ltx2-comfyui", 0.6)])
+def test_ltx2_loras_give_plain_diffusers_frames_and_sound_and_the_base_back(tiny, loras, name, strength):
+    """A LoRA on the LTX-2 transformer (its video, audio and audio-video attentions), in diffusers' layout and in
+    Lightricks' / ComfyUI's (diffusion_model. names, which diffusers' LTX-2 loader converts): the frames and the sound
+    track are those of plain diffusers' load_lora_weights + fuse_lora at the same strength, and differ from the base's;
+    no LoRA gives the base back bit for bit."""
+    engine = Engine()
+    base_handle = handle(tiny, "ltx2")
+    video = request(**LTX2_REQUEST)
+    base = engine.generate(base_handle, video)
+    result = engine.generate(with_loras(base_handle, (loras[name], strength)), video)
+    assert "fused" in result.info.notes[-1]
+    with outside_inference_mode():
+        pipe = load_pipeline(base_handle, resolve_device(base_handle.device))
+        pipe.load_lora_weights(loras[name], adapter_name="lora")
+        pipe.set_adapters(["lora"], [strength])
+        pipe.fuse_lora(components=["transformer"], adapter_names=["lora"])
+        pipe.unload_lora_weights()
+        plain = run_pipeline(pipe, family_for("LTX2Pipeline"), video)
+    assert (result.images - plain.images).abs().max() <= 1 / 255
+    torch.testing.assert_close(result.audio["waveform"], plain.audio["waveform"], atol=1e-4, rtol=0)
+    assert differs(result.images, base.images) and differs(result.audio["waveform"], base.audio["waveform"])
+    again = engine.generate(base_handle, video)
+    assert torch.equal(again.images, base.images) and torch.equal(again.audio["waveform"], base.audio["waveform"])
     assert engine.cache.stats.loads == 1
 
 

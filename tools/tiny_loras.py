@@ -252,19 +252,31 @@ KREA2_NAMES = {"transformer.": "diffusion_model.", "transformer_blocks.": "block
                ".attn.to_out.0.": ".attn.wo."}
 
 
-def krea2_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4) -> Path:
-    """The diffusers LoRA renamed to the layout of Krea 2's LoRAs for ComfyUI (Krea's reference trainer): Krea's module
-    names under `diffusion_model.`, `lora_A`/`lora_B` and no alpha, e.g. `diffusion_model.blocks.0.attn.wq.lora_A.weight`
-    (and the text fusion blocks' `txtfusion.refiner_blocks.0.attn.wq`); diffusers' Krea 2 loader converts it."""
+def _renamed_diffusers_lora(model_dir: Path, out_file: Path, names: dict[str, str], seed: int, rank: int) -> Path:
+    """The diffusers LoRA with each `names` key replaced by its value in every tensor name (no alpha added)."""
     from safetensors.torch import load_file, save_file
 
     tensors = {}
     for key, value in load_file(diffusers_lora(model_dir, out_file, seed, rank)).items():
-        for new, old in KREA2_NAMES.items():
+        for new, old in names.items():
             key = key.replace(new, old)
         tensors[key] = value
     save_file(tensors, str(out_file))
     return out_file
+
+
+def krea2_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4) -> Path:
+    """The diffusers LoRA renamed to the layout of Krea 2's LoRAs for ComfyUI (Krea's reference trainer): Krea's module
+    names under `diffusion_model.`, `lora_A`/`lora_B` and no alpha, e.g. `diffusion_model.blocks.0.attn.wq.lora_A.weight`
+    (and the text fusion blocks' `txtfusion.refiner_blocks.0.attn.wq`); diffusers' Krea 2 loader converts it."""
+    return _renamed_diffusers_lora(model_dir, out_file, KREA2_NAMES, seed, rank)
+
+
+def ltx2_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4) -> Path:
+    """The diffusers LoRA in the layout of Lightricks' LTX-2 LoRAs (the distilled LoRA, ComfyUI's): the attention
+    linears keep their names under `diffusion_model.`, `lora_A`/`lora_B` and no alpha, e.g.
+    `diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`; diffusers' LTX-2 loader converts it."""
+    return _renamed_diffusers_lora(model_dir, out_file, {"transformer.": "diffusion_model."}, seed, rank)
 
 
 def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4,
@@ -282,6 +294,8 @@ def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int 
         return zimage_comfyui_lora(model_dir, out_file, seed, rank)
     if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "Krea2Pipeline":
         return krea2_comfyui_lora(model_dir, out_file, seed, rank)
+    if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "LTX2Pipeline":
+        return ltx2_comfyui_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
         return bfl_lora(model_dir, out_file, fmt, seed, rank)
     if fmt == "lightx2v":
