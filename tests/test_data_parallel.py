@@ -84,7 +84,7 @@ def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, en
     """A replica is CP or TP (diffusers takes one); the latent tokens (latent frames x h x w) and the heads must
     divide by the CP degree; a denoiser without a CP plan (diffusers' _cp_plan, or its family's) is refused naming
     the families with one."""
-    from tpu_diffusers_runtime.distributed.mesh import context_parallel_notes, families_with_plan, latent_tokens
+    from tpu_diffusers_runtime.distributed.mesh import context_parallel_notes, families_with_cp_plan, latent_tokens
     from tpu_diffusers_runtime.families import family_for
 
     with pytest.raises(UserInputError, match=r"leaves 2 chips per replica for tensor parallelism, and diffusers runs "
@@ -106,7 +106,7 @@ def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, en
         context_parallel_notes(2, ltx2, request(width=64, height=64, frames=9, upscaler="upscaler"), "ltx2", 1)
     assert context_parallel_notes(2, ltx2, request(width=64, height=64, frames=9), "ltx2", 1)[0].endswith(
         "12 latent tokens, 6 on each rank")  # (2 + 1) x 2 x 2, at the asked size only
-    assert families_with_plan("_cp_plan") == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2 and LTX-2"
+    assert families_with_cp_plan() == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2 and LTX-2"
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     with pytest.raises(UserInputError, match=r"SD3/SD3.5's SD3Transformer2DModel has no context-parallel plan, in "
                                              r"diffusers or this pack \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\], "

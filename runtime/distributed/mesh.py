@@ -189,11 +189,14 @@ def _joined(names: list[str]) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-def families_with_plan(plan: str) -> str:
-    """The families whose denoiser class has this diffusers plan (`_tp_plan`, `_cp_plan`), or (`_cp_plan`) that
-    declare their own (`Family.cp_plan`), for messages."""
-    return _joined([family.name for family in FAMILIES if getattr(_denoiser_class(family), plan, None) is not None
-                    or (plan == "_cp_plan" and family.cp_plan is not None)])
+def has_cp_plan(family: Family) -> bool:
+    """Context parallelism can split its denoiser: its class has diffusers' `_cp_plan`, or the family its own."""
+    return family.cp_plan is not None or getattr(_denoiser_class(family), "_cp_plan", None) is not None
+
+
+def families_with_cp_plan() -> str:
+    """The families context parallelism runs, for messages."""
+    return _joined([family.name for family in FAMILIES if has_cp_plan(family)])
 
 
 def latent_tokens(family: Family, width: int, height: int, frames: int = 0, keyframes: int = 0) -> int:
@@ -215,10 +218,10 @@ def context_parallel_notes(cp: int, family: Family, request, source: str, keyfra
     tokens, then the heads over the ranks), at every size the run denoises at (a two-stage run's half size too).
     `source`: the model's folder (its denoiser config gives the heads) or a hub id; `keyframes`: the task's appended
     condition frames (TaskPipeline.keyframes)."""
-    cls = _denoiser_class(family)
-    if getattr(cls, "_cp_plan", None) is None and family.cp_plan is None:
+    if not has_cp_plan(family):
+        cls = _denoiser_class(family)
         raise UserInputError(f"{family.name}'s {cls.__name__ if cls else family.denoiser} has no context-parallel "
-                             f"plan, in diffusers or this pack ({families_with_plan('_cp_plan')} have one); set "
+                             f"plan, in diffusers or this pack ({families_with_cp_plan()} have one); set "
                              "context_parallel to 1.")
 
     def stage_tokens(width: int, height: int, frames: int) -> list[tuple[int, int, int]]:
