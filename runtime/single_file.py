@@ -408,9 +408,11 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
 
 
 def _single_file_loadable(cls) -> bool:
+    """diffusers maps a converter to the class and the class has from_single_file (AutoencoderKLLTX2Audio has a
+    converter in diffusers 0.42.1 but not the mixin: its converted state dict is loaded as it is)."""
     from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class
 
-    return _get_single_file_loadable_mapping_class(cls) is not None
+    return _get_single_file_loadable_mapping_class(cls) is not None and hasattr(cls, "from_single_file")
 
 
 def _to_dtype(model, dtype):
@@ -466,8 +468,11 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
         weights_cache[path] = (read_weights(path, dtype, quantized),
                                quantized if quantized_weights.keeps_quantized else {})
     weights, quantized = weights_cache[path]
+    slot = family.slot(name)
     if prefix:
-        weights = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+        weights = {**{k: v for k, v in weights.items() if slot and slot.checkpoint_also and
+                      k.startswith(slot.checkpoint_also)},
+                   **{k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}}
     kind = slot_kind(family, name)
     want = kind.words
     try:

@@ -642,6 +642,30 @@ def test_flux3_from_comfy_org_files_matches_the_folder(sf_dir):
         ("transformer", f["transformer"]), ("text_encoder", f["text_encoder"]), ("vae", f["vae"])), flux3_image)
 
 
+def video_and_sound(pipe):
+    """LTX-2's frames and its sound track, side by side in one array (9 frames of 32x32, two steps)."""
+    import numpy as np
+
+    made = pipe(prompt="a corgi on a beach", negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
+                num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator().manual_seed(0), output_type="np")
+    return np.concatenate([made.frames.reshape(-1), made.audio.float().numpy().reshape(-1)])
+
+
+def test_ltx2_from_its_all_in_one_checkpoint_and_gemma_file_matches_the_folder(sf_dir):
+    """LTX-2 from Lightricks' all-in-one checkpoint (ltx-2-19b-dev: the diffusion model, the text connectors split
+    between the diffusion model and the top-level text projection, the video and audio VAEs, the vocoder) and ComfyUI's
+    Gemma 3 file: every component holds exactly the folder's weights; frames and sound are the folder's."""
+    source, f = folder(sf_dir, "ltx2"), files(sf_dir, "ltx2")
+    checkpoint = f["checkpoint"]
+    assert single_file.components_in_checkpoint(checkpoint) == {
+        "transformer": "model.diffusion_model.", "vae": "vae.", "connectors": "text_embedding_projection.",
+        "audio_vae": "audio_vae.", "vocoder": "vocoder."}
+    assert single_file.default_config_repo(checkpoint) == "Lightricks/LTX-2"
+    assert_same_pipeline(source, "LTX2Pipeline", (
+        *((name, checkpoint) for name in ("transformer", "connectors", "vae", "audio_vae", "vocoder")),
+        ("text_encoder", f["text_encoder"])), video_and_sound)
+
+
 @pytest.mark.parametrize("family, pipeline_class, configs_repo, sample", [
     ("krea2", "Krea2Pipeline", "krea/Krea-2-Turbo", image_at_default_text_length),
     ("qwenimage21", "QwenImage21Pipeline", "Qwen/Qwen-Image-2.1", image_at_default_text_length),

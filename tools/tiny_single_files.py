@@ -1134,3 +1134,110 @@ def flux1_fill_wide(wide, out) -> Path:
     transformer.load_state_dict(weights, strict=True, assign=True)
     pipe.register_modules(transformer=transformer)
     return tiny_models.save(pipe, raw, out)
+
+
+# LTX-2: diffusers key part -> Lightricks' original (what diffusers' convert_ltx2_*_to_diffusers and its
+# scripts/convert_ltx2_to_diffusers.py read), applied in order to each key
+LTX2_TRANSFORMER_NAMES = (
+    ("audio_proj_in.", "audio_patchify_proj."), ("proj_in.", "patchify_proj."),
+    ("av_cross_attn_video_scale_shift.", "av_ca_video_scale_shift_adaln_single."),
+    ("av_cross_attn_video_a2v_gate.", "av_ca_a2v_gate_adaln_single."),
+    ("av_cross_attn_audio_scale_shift.", "av_ca_audio_scale_shift_adaln_single."),
+    ("av_cross_attn_audio_v2a_gate.", "av_ca_v2a_gate_adaln_single."),
+    ("video_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_video"),
+    ("audio_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_audio"),
+    (".norm_q.", ".q_norm."), (".norm_k.", ".k_norm."),
+)
+LTX2_CONNECTOR_NAMES = (("video_connector.", "video_embeddings_connector."),
+                        ("audio_connector.", "audio_embeddings_connector."),
+                        (".transformer_blocks.", ".transformer_1d_blocks."), (".norm_q.", ".q_norm."),
+                        (".norm_k.", ".k_norm."))
+LTX2_VOCODER_NAMES = (("upsamplers.", "ups."), ("resnets.", "resblocks."), ("conv_in.", "conv_pre."),
+                      ("conv_out.", "conv_post."))
+LTX2_STATISTICS = {"latents_mean": "per_channel_statistics.mean-of-means",
+                   "latents_std": "per_channel_statistics.std-of-means"}
+
+
+def _replaced(key: str, names) -> str:
+    for d, o in names:
+        key = key.replace(d, o)
+    return key
+
+
+def ltx2_transformer_to_original(sd: dict) -> dict:
+    """LTX2VideoTransformer3DModel keys -> Lightricks' layout: patchify_proj, adaln_single / audio_adaln_single,
+    av_ca_*_adaln_single, scale_shift_table_a2v_ca_*, q_norm / k_norm."""
+    out = {}
+    for key, value in sd.items():
+        key = re.sub(r"^(audio_)?time_embed\.", lambda m: f"{m.group(1) or ''}adaln_single.", key)
+        out[_replaced(key, LTX2_TRANSFORMER_NAMES)] = value
+    return out
+
+
+def ltx2_connectors_to_original(sd: dict) -> dict:
+    """LTX2TextConnectors keys -> Lightricks' layout: the text projection (`text_embedding_projection.aggregate_embed`,
+    top level in the checkpoint) and the video/audio embeddings connectors (inside the diffusion model)."""
+    projection = {k.replace("text_proj_in.", "aggregate_embed."): v for k, v in sd.items() if k.startswith("text_proj_in.")}
+    connectors = {_replaced(k, LTX2_CONNECTOR_NAMES): v for k, v in sd.items() if not k.startswith("text_proj_in.")}
+    return {**_prefixed(projection, "text_embedding_projection."), **_prefixed(connectors, "model.diffusion_model.")}
+
+
+def _ltx2_vae_key(key: str) -> str:
+    for pattern, stage in ((r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", lambda i: f"encoder.down_blocks.{2 * i + 1}."),
+                           (r"encoder\.down_blocks\.(\d+)\.", lambda i: f"encoder.down_blocks.{2 * i}."),
+                           (r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda i: f"decoder.up_blocks.{2 * i + 1}."),
+                           (r"decoder\.up_blocks\.(\d+)\.", lambda i: f"decoder.up_blocks.{2 * i + 2}.")):
+        m = re.match(pattern, key)
+        if m:
+            return stage(int(m.group(1))) + key[m.end():]
+    return key.replace("encoder.mid_block.", "encoder.down_blocks.8.").replace("decoder.mid_block.", "decoder.up_blocks.0.")
+
+
+def ltx2_video_vae_to_original(sd: dict) -> dict:
+    """AutoencoderKLLTX2Video keys -> Lightricks' layout: each encoder stage and its downsampler one `down_blocks.N`
+    entry each (the mid block entry 8, as diffusers' converter reads a 4-stage encoder), the decoder's mid block
+    `up_blocks.0` and then each upsampler and stage, res_blocks, the latent statistics as per_channel_statistics
+    (with the two entries diffusers' converter drops)."""
+    out = {LTX2_STATISTICS.get(key) or _ltx2_vae_key(key).replace(".resnets.", ".res_blocks."): value
+           for key, value in sd.items()}
+    out["per_channel_statistics.channel"] = torch.arange(sd["latents_mean"].shape[0])
+    out["per_channel_statistics.mean-of-stds"] = torch.ones_like(sd["latents_std"])
+    return out
+
+
+def ltx2_audio_vae_to_original(sd: dict) -> dict:
+    """AutoencoderKLLTX2Audio keys -> Lightricks' layout: diffusers' own but for the latent statistics."""
+    return {LTX2_STATISTICS.get(key, key): value for key, value in sd.items()}
+
+
+def ltx2_vocoder_to_original(sd: dict) -> dict:
+    """LTX2Vocoder keys -> Lightricks' HiFi-GAN layout: conv_pre, ups, resblocks, conv_post."""
+    return {_replaced(key, LTX2_VOCODER_NAMES): value for key, value in sd.items()}
+
+
+def ltx2_files(folder, out) -> dict[str, Path]:
+    """LTX-2's files as ComfyUI's templates load them: the all-in-one checkpoint (ltx-2-19b-dev: the diffusion model
+    with the text connectors under model.diffusion_model., the text projection, vae., audio_vae., vocoder.) and the
+    Gemma 3 text encoder (gemma_3_12B_it: transformers' layout, its vision tower included)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = {**_prefixed(ltx2_transformer_to_original(folder_weights(folder, "transformer")), "model.diffusion_model."),
+                  **ltx2_connectors_to_original(folder_weights(folder, "connectors")),
+                  **_prefixed(ltx2_video_vae_to_original(folder_weights(folder, "vae")), "vae."),
+                  **_prefixed(ltx2_audio_vae_to_original(folder_weights(folder, "audio_vae")), "audio_vae."),
+                  **_prefixed(ltx2_vocoder_to_original(folder_weights(folder, "vocoder")), "vocoder.")}
+    return {"checkpoint": _save(checkpoint, out / "ltx-2-19b-dev.safetensors"),
+            "text_encoder": _save(gemma3_file_layout(folder_weights(folder, "text_encoder")),
+                                  out / "gemma_3_12B_it.safetensors")}
+
+
+def gemma3_file_layout(sd: dict) -> dict:
+    """Gemma3ForConditionalGeneration keys (as transformers saves them) -> ComfyUI's Gemma 3 file layout
+    (comfy/text_encoders/lt.py): the language model as a plain causal LM ("model.layers..."), the SigLIP tower as
+    "vision_model.", the projector as it is."""
+    out = {}
+    for key, value in sd.items():
+        key = re.sub(r"^(model\.)?language_model\.(model\.)?", "model.", key)
+        key = re.sub(r"^(model\.)?vision_tower\.(vision_model\.)?", "vision_model.", key)
+        out[re.sub(r"^model\.multi_modal_projector\.", "multi_modal_projector.", key)] = value
+    return out

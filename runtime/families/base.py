@@ -110,6 +110,10 @@ class FileSlot:
     kind: FileKind
     comfy_file: str  # the file ComfyUI's own templates download for it (Comfy-Org names)
     checkpoint_prefix: str = ""  # where an all-in-one checkpoint keeps it ("" = never in one)
+    # key prefixes of its other weights in such a checkpoint, which its weights keep whole beside those under
+    # checkpoint_prefix (LTX-2's text connectors: the projection at the top level, the connector blocks inside the
+    # diffusion model)
+    checkpoint_also: tuple[str, ...] = ()
     optional: bool = False  # the pipeline runs without it (left None when no file or weights give it)
     # lower-case parts of a file name that say the file belongs elsewhere, though its kind fits (Wan 2.2's
     # high-noise expert picked for the low-noise expert's slot)

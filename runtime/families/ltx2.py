@@ -11,7 +11,7 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 """
 
 from ..errors import UserInputError
-from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, MemoryModel, ReferenceModel,
+from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, MemoryModel, ReferenceModel,
                    TaskPipeline, TwoStage)
 from .components import attention_shape, diffusers_detection_keys
 
@@ -19,6 +19,49 @@ from .components import attention_shape, diffusers_detection_keys
 # transformer's audio-to-video gate (a diffusion-model file's own key, without ComfyUI's prefix)
 TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
     *diffusers_detection_keys("ltx2"), "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight"))
+
+# The other parts of Lightricks' all-in-one checkpoint (ltx-2-19b-dev, ltx-2.3-22b-dev-fp8), each told by a key of
+# its own layout. diffusers' single-file converters read the video and audio VAEs' (its scripts/
+# convert_ltx2_to_diffusers.py renames the connectors and the vocoder, as the two functions below do).
+CONNECTOR_BLOCKS = ("model.diffusion_model.video_embeddings_connector.",
+                    "model.diffusion_model.audio_embeddings_connector.")
+CONNECTOR_NAMES = ((r"^model\.diffusion_model\.(video|audio)_embeddings_connector\.", r"\1_connector."),
+                   (r"^aggregate_embed\.", "text_proj_in."), (r"\.transformer_1d_blocks\.", ".transformer_blocks."),
+                   (r"\.q_norm\.", ".norm_q."), (r"\.k_norm\.", ".norm_k."))
+VOCODER_NAMES = ((r"^conv_pre\.", "conv_in."), (r"^conv_post\.", "conv_out."), (r"^ups\.", "upsamplers."),
+                 (r"^resblocks\.", "resnets."))
+
+
+def renamed(state: dict, rules) -> dict:
+    """state with every matching rule ((pattern, replacement)) applied to each key, in order."""
+    import re
+
+    out = {}
+    for key, value in state.items():
+        for pattern, replacement in rules:
+            key = re.sub(pattern, replacement, key)
+        out[key] = value
+    return out
+
+
+VIDEO_VAE = FileKind("ltx2_video_vae", "an LTX-2 video VAE", lambda: (
+    "per_channel_statistics.mean-of-stds", "decoder.mid_block.resnets.0.conv1.conv.weight"))
+AUDIO_VAE = FileKind("ltx2_audio_vae", "an LTX-2 audio VAE", lambda: ("decoder.mid.block_1.conv1.conv.weight",))
+VOCODER = FileKind("ltx2_vocoder", "an LTX-2 vocoder", lambda: ("conv_pre.weight",),
+                   to_diffusers=lambda state: renamed(state, VOCODER_NAMES))
+# in a checkpoint under "text_embedding_projection." (the projection), the connector blocks beside it (their key is
+# the first, as the slot hands them over whole, so the kind's own renames apply)
+CONNECTORS = FileKind("ltx2_connectors", "LTX-2's text connectors", lambda: (
+    CONNECTOR_BLOCKS[0] + "transformer_1d_blocks.0.attn1.to_q.weight", "aggregate_embed.weight"),
+    to_diffusers=lambda state: renamed(state, CONNECTOR_NAMES))
+GEMMA3_NAMES = ((r"^model\.", "model.language_model."), (r"^vision_model\.", "model.vision_tower."),
+                (r"^multi_modal_projector\.", "model.multi_modal_projector."))
+# ComfyUI's Gemma 3 files (comfy/text_encoders/lt.py) name the language model as a plain causal LM ("model.layers"),
+# the SigLIP tower "vision_model."; transformers' and its older layout follow
+GEMMA3 = FileKind("gemma3", "a Gemma 3 text encoder", lambda: (
+    "model.layers.0.pre_feedforward_layernorm.weight", "model.language_model.layers.0.pre_feedforward_layernorm.weight",
+    "language_model.model.layers.0.pre_feedforward_layernorm.weight"),
+    to_transformers=lambda cls, config, state: renamed(state, GEMMA3_NAMES))
 
 
 def first_frame_latents(pipe, latents, height, width):
@@ -186,8 +229,15 @@ FAMILY = Family(
     comfy_latent_format="LTXV",
     comfy_latent=None,  # video: the Video Sampler has no LATENT
     denoiser_kind=TRANSFORMER,
-    denoiser_files=(),  # single files are not supported yet: an LTX-2 diffusers folder with the TPU Loader
-    file_slots=(),
+    denoiser_files=("ltx-2-19b-dev.safetensors", "ltx-2.3-22b-dev-fp8.safetensors"),  # all-in-one checkpoints
+    file_slots=(
+        FileSlot("text_encoder", GEMMA3, "gemma_3_12B_it_fp4_mixed.safetensors"),
+        FileSlot("connectors", CONNECTORS, "the LTX-2 checkpoint's", "text_embedding_projection.",
+                 checkpoint_also=CONNECTOR_BLOCKS),
+        FileSlot("vae", VIDEO_VAE, "the LTX-2 checkpoint's", "vae."),
+        FileSlot("audio_vae", AUDIO_VAE, "the LTX-2 checkpoint's", "audio_vae."),
+        FileSlot("vocoder", VOCODER, "the LTX-2 checkpoint's", "vocoder."),
+    ),
     default_config_repo="Lightricks/LTX-2",  # diffusers' DIFFUSERS_DEFAULT_PIPELINE_PATHS["ltx2-dev"]
     memory=MEMORY,
     default_negative_prompt="",

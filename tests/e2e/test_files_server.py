@@ -278,6 +278,39 @@ def test_wan22_t2v_a14b_from_its_two_expert_files_gives_the_frames_of_plain_diff
     assert np.abs(saved - np.clip(plain * 255.0, 0, 255).astype(np.int16)).max() <= 1  # SaveImage's 8 bits
 
 
+def test_ltx2_from_its_checkpoint_and_gemma_file_gives_the_frames_and_sound_of_its_folder(files_server):
+    """ComfyUI's LTX-2 files through the File Loader (the all-in-one checkpoint in checkpoints/, Gemma 3 in
+    text_encoders/) into the TPU Video Sampler, its frames and AUDIO into Create Video + Save Video: the saved frames
+    are those of the same prompt from the diffusers folder (TPU Loader), and the run has the folder's sound track."""
+    import av
+
+    def frames_and_sound(prompt):
+        sampler = prompt[SAMPLER]["inputs"]
+        prompt[SAMPLER] = {"class_type": "TPUVideoSampler", "inputs": {
+            "pipeline": sampler["pipeline"], "prompt": "a corgi runs on a beach", "negative_prompt": "", "width": 32,
+            "height": 32, "frames": 9, "steps": 2, "guidance": 3.0, "seed": 5, "batch_size": 1}}
+        prompt["11"] = {"class_type": "CreateVideo", "inputs": {"images": [SAMPLER, 0], "fps": [SAMPLER, 1],
+                                                                "audio": [SAMPLER, 3]}}
+        prompt["12"] = {"class_type": "SaveVideo", "inputs": {"video": ["11", 0], "filename_prefix": "ltx2_files",
+                                                              "format": "mp4", "codec": "h264"}}
+        entry = run_ok(files_server, prompt)
+        saved = np.stack([np.asarray(Image.open(p), dtype=np.int16) for p in sorted(files_server.output_images(entry))
+                          if p.suffix == ".png"])
+        return entry, saved
+
+    folder_entry, from_folder = frames_and_sound(sampler_prompt(model="tiny-ltx2"))
+    picks = ("ltx2/ltx-2-19b-dev.safetensors", "ltx2/gemma_3_12B_it.safetensors", "none", "none", "none")
+    entry, from_files = frames_and_sound(files_prompt("tiny-ltx2", picks))
+    info = run_info(entry)
+    assert info["pipeline"] == "LTX2Pipeline" and info["loaded"], info
+    assert from_files.shape == (9, 32, 32, 3) and np.abs(from_files - from_folder).max() <= 1
+    assert info["audio_seconds"] == run_info(folder_entry)["audio_seconds"] > 0
+    [video] = [files_server.output_dir / item.get("subfolder", "") / item["filename"]
+               for item in entry["outputs"]["12"]["images"]]
+    with av.open(str(video)) as container:
+        assert container.streams.audio and len(list(container.decode(container.streams.video[0]))) == 9
+
+
 @pytest.mark.parametrize("model, model_2, message", [
     ("wan22-ti2v-5b/wan2.2_ti2v_5B_fp16.safetensors", "wan22-t2v-a14b/wan2.2_t2v_low_noise_14B_fp16.safetensors",
      "which has one diffusion model"),
