@@ -85,12 +85,7 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
 
 
 def check_supported_file(model: HeaderView, family: Family) -> None:
-    """A diffusion-model file that is of the family's kind but not one it can load (told by its name), or of a family
-    whose single files are not supported at all (it names no `denoiser_files`)."""
-    if not family.denoiser_files:
-        raise UserInputError(f"'{model.name}' is {family.denoiser_kind.words}, but {family.name}'s single files are "
-                             f"not supported yet: load a diffusers folder of {family.name} (model_index.json) with "
-                             "the TPU Loader.")
+    """A diffusion-model file that is of the family's kind but not one it can load (told by its name)."""
     part = next((part for part in family.unsupported_files if part in model.name.lower()), None)
     if part:
         raise UserInputError(f"'{model.name}' is named '{part}': {family.unsupported_files[part]}.")

@@ -376,6 +376,18 @@ def test_a_wan21_file_is_refused_with_what_to_load_instead(sf_dir, tmp_path):
              "auto", [])
 
 
+def test_ltx23_and_ltx25_files_are_refused_by_name_with_what_to_load_instead(sf_dir, tmp_path):
+    """LTX-2.3/2.5 checkpoints carry LTX-2's identifying keys in other layouts: refused by name when queued."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    f = files(sf_dir, "ltx2")
+    for name in ("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors"):
+        (tmp_path / name).symlink_to(f["checkpoint"])
+        with pytest.raises(UserInputError, match=rf"'{name}' is named 'ltx-2\.[35]': LTX-2\.[35]'s single files do not "
+                                                 r"load yet .* load an LTX-2\.[35] diffusers folder with the TPU Loader"):
+            plan(str(tmp_path / name), {"text_encoder": f["text_encoder"]}, "auto", [])
+
+
 def test_wan22_configs_of_the_other_wan_pipeline_are_refused(sf_dir, tmp_path):
     """TI2V-5B and T2V A14B are both WanPipelines; expand_timesteps (in model_index.json) tells their configs apart."""
     from tpu_diffusers_runtime.file_choice import plan
@@ -858,17 +870,6 @@ def test_int8_convrot_files_of_models_tpu_diffusers_lacks_are_refused_when_queue
     path = str(tsf.unsupported_model_file(model_type, tmp_path / f"{model_type}_int8_convrot.safetensors"))
     with pytest.raises(UserInputError, match=f"'{os.path.basename(path)}' is not a diffusion model of a supported "
                                              rf"family \(it is {words}, which TPU Diffusers does not run yet\)"):
-        plan(path, {}, "auto", [])
-
-
-def test_a_file_of_a_family_without_single_files_is_refused_when_queued(tmp_path):
-    """LTX-2 runs from diffusers folders only (it names no `denoiser_files`): its file is told as LTX-2 from
-    diffusers' own keys and refused from the header (the File Loader's plan), saying to load its folder."""
-    from tpu_diffusers_runtime.file_choice import plan
-
-    path = str(tsf.unsupported_model_file("ltx2", tmp_path / "ltx-2.3-22b-dev-int8_convrot.safetensors"))
-    with pytest.raises(UserInputError, match="is an LTX-2 diffusion model, but LTX-2's single files are not supported "
-                                             r"yet: load a diffusers folder of LTX-2 \(model_index.json\)"):
         plan(path, {}, "auto", [])
 
 

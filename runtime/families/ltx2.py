@@ -229,14 +229,20 @@ FAMILY = Family(
     comfy_latent_format="LTXV",
     comfy_latent=None,  # video: the Video Sampler has no LATENT
     denoiser_kind=TRANSFORMER,
-    denoiser_files=("ltx-2-19b-dev.safetensors", "ltx-2.3-22b-dev-fp8.safetensors"),  # all-in-one checkpoints
+    denoiser_files=("ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),  # all-in-one checkpoints
+    # LTX-2.3 and 2.5 keep other layouts (per-modality text projections, gated connectors, a vocoder with bandwidth
+    # extension, renamed prompt modulation that diffusers' 0.42.1 converter leaves as it is): refused by name
+    unsupported_files={part: f"LTX-{version}'s single files do not load yet (its layout differs from LTX-2's): load "
+                             f"an LTX-{version} diffusers folder with the TPU Loader, or LTX-2's files "
+                             "(ltx-2-19b-dev-fp8.safetensors with gemma_3_12B_it_fp4_mixed.safetensors)"
+                       for version in ("2.3", "2.5") for part in (f"ltx-{version}", f"ltx_{version}")},
     file_slots=(
         FileSlot("text_encoder", GEMMA3, "gemma_3_12B_it_fp4_mixed.safetensors"),
-        FileSlot("connectors", CONNECTORS, "the LTX-2 checkpoint's", "text_embedding_projection.",
+        FileSlot("connectors", CONNECTORS, "the checkpoint's text connectors", "text_embedding_projection.",
                  checkpoint_also=CONNECTOR_BLOCKS),
-        FileSlot("vae", VIDEO_VAE, "the LTX-2 checkpoint's", "vae."),
-        FileSlot("audio_vae", AUDIO_VAE, "the LTX-2 checkpoint's", "audio_vae."),
-        FileSlot("vocoder", VOCODER, "the LTX-2 checkpoint's", "vocoder."),
+        FileSlot("vae", VIDEO_VAE, "the checkpoint's VAE", "vae."),
+        FileSlot("audio_vae", AUDIO_VAE, "the checkpoint's audio VAE", "audio_vae."),
+        FileSlot("vocoder", VOCODER, "the checkpoint's vocoder", "vocoder."),
     ),
     default_config_repo="Lightricks/LTX-2",  # diffusers' DIFFUSERS_DEFAULT_PIPELINE_PATHS["ltx2-dev"]
     memory=MEMORY,
