@@ -179,6 +179,7 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "wan22-t2v-a14b": (wan_a14b["wan22-t2v-a14b"], wan22_writer("t2v")),
                "wan22-i2v-a14b": (wan_a14b["wan22-i2v-a14b"], wan22_writer("i2v")),
                "wan22-ti2v-5b": (tiny_dir / "tiny-wan22-ti2v-5b", wan22_writer("ti2v")),
-               "ltx2": (tiny_dir / "tiny-ltx2", tsf.ltx2_files)}
+               "ltx2": (tiny_dir / "tiny-ltx2", tsf.ltx2_files),
+               "ltx23": (tiny_dir / "tiny-ltx23", lambda folder, out: tsf.ltx2_files(folder, out, "ltx-2.3-22b-dev"))}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

@@ -376,16 +376,16 @@ def test_a_wan21_file_is_refused_with_what_to_load_instead(sf_dir, tmp_path):
              "auto", [])
 
 
-def test_ltx23_and_ltx25_files_are_refused_by_name_with_what_to_load_instead(sf_dir, tmp_path):
-    """LTX-2.3/2.5 checkpoints carry LTX-2's identifying keys in other layouts: refused by name when queued."""
+def test_ltx25_files_are_refused_by_name_with_what_to_load_instead(sf_dir, tmp_path):
+    """LTX-2.5's diffusion model file carries LTX-2's identifying keys but ships apart from its other parts: refused by
+    name when queued."""
     from tpu_diffusers_runtime.file_choice import plan
 
-    f = files(sf_dir, "ltx2")
-    for name in ("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors"):
-        (tmp_path / name).symlink_to(f["checkpoint"])
-        with pytest.raises(UserInputError, match=rf"'{name}' is named 'ltx-2\.[35]': LTX-2\.[35]'s single files do not "
-                                                 r"load yet .* load an LTX-2\.[35] diffusers folder with the TPU Loader"):
-            plan(str(tmp_path / name), {"text_encoder": f["text_encoder"]}, "auto", [])
+    name = "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors"
+    (tmp_path / name).symlink_to(files(sf_dir, "ltx2")["checkpoint"])
+    with pytest.raises(UserInputError, match=rf"'{name}' is named 'ltx-2\.5': LTX-2\.5's single files do not load yet "
+                                             r".* load an LTX-2\.5 diffusers folder with the TPU Loader"):
+        plan(str(tmp_path / name), {"text_encoder": files(sf_dir, "ltx2")["text_encoder"]}, "auto", [])
 
 
 def test_wan22_configs_of_the_other_wan_pipeline_are_refused(sf_dir, tmp_path):
@@ -663,16 +663,19 @@ def video_and_sound(pipe):
     return np.concatenate([made.frames.reshape(-1), made.audio.float().numpy().reshape(-1)])
 
 
-def test_ltx2_from_its_all_in_one_checkpoint_and_gemma_file_matches_the_folder(sf_dir):
-    """LTX-2 from Lightricks' all-in-one checkpoint (ltx-2-19b-dev: the diffusion model, the text connectors split
-    between the diffusion model and the top-level text projection, the video and audio VAEs, the vocoder) and ComfyUI's
-    Gemma 3 file: every component holds exactly the folder's weights; frames and sound are the folder's."""
-    source, f = folder(sf_dir, "ltx2"), files(sf_dir, "ltx2")
+@pytest.mark.parametrize("model, configs_repo", [("ltx2", "Lightricks/LTX-2"), ("ltx23", "Lightricks/LTX-2.3")])
+def test_ltx2_from_its_all_in_one_checkpoint_and_gemma_file_matches_the_folder(sf_dir, model, configs_repo):
+    """LTX-2 and LTX-2.3 from Lightricks' all-in-one checkpoint (ltx-2-19b-dev / ltx-2.3-22b-dev: the diffusion
+    model, the text connectors split between the diffusion model and the top-level text projection, the video and
+    audio VAEs, the vocoder) and ComfyUI's Gemma 3 file: every component holds exactly the folder's weights; frames and
+    sound are the folder's. LTX-2.3's layout (renamed prompt modulation, a projection per modality, gated connectors,
+    a fourth decoder stage, the vocoder with bandwidth extension) is told from LTX-2's by its name, with its configs."""
+    source, f = folder(sf_dir, model), files(sf_dir, model)
     checkpoint = f["checkpoint"]
     assert single_file.components_in_checkpoint(checkpoint) == {
         "transformer": "model.diffusion_model.", "vae": "vae.", "connectors": "text_embedding_projection.",
         "audio_vae": "audio_vae.", "vocoder": "vocoder."}
-    assert single_file.default_config_repo(checkpoint) == "Lightricks/LTX-2"
+    assert single_file.default_config_repo(checkpoint) == configs_repo
     assert_same_pipeline(source, "LTX2Pipeline", (
         *((name, checkpoint) for name in ("transformer", "connectors", "vae", "audio_vae", "vocoder")),
         ("text_encoder", f["text_encoder"])), video_and_sound)

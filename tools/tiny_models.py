@@ -45,7 +45,8 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "wan22-ti2v-5b": "WanPipeline", "wan21-t2v": "WanPipeline", "wan21-i2v": "WanImageToVideoPipeline",
                  "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline",
                  "qwenimage21-turbo": "QwenImage21Pipeline", "flux3": "Flux3ModularPipeline",
-                 "flux3-distilled": "Flux3DistilledModularPipeline", "ltx2": "LTX2Pipeline"}
+                 "flux3-distilled": "Flux3DistilledModularPipeline", "ltx2": "LTX2Pipeline",
+                 "ltx23": "LTX2Pipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -1033,6 +1034,61 @@ def ltx2(size: str):
 
 
 
+def ltx23(size: str):
+    """LTX-2.3 (LTX2Pipeline with 2.3's components, as diffusers' convert_ltx2_to_diffusers --version 2.3 makes
+    them): the transformer with gated attention, prompt cross-attention modulation and the perturbed (STG)
+    attention, without its own caption projection; connectors with a projection per modality (biased) and gated
+    attention; a 4-stage video VAE (spatial, temporal and spatio-temporal stages, as 2.3's); the vocoder with
+    bandwidth extension (LTX2VocoderWithBWE: its waveform at output_sampling_rate, twice the inner vocoder's)."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
+
+    if size != "tiny":
+        raise ValueError("ltx23 has a tiny size only")
+    base, raw = ltx2(size)
+    hidden = base.text_encoder.config.text_config.hidden_size
+    torch.manual_seed(0)
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
+        caption_channels=hidden, rope_double_precision=False, rope_type="split", gated_attn=True, cross_attn_mod=True,
+        audio_gated_attn=True, audio_cross_attn_mod=True, use_prompt_embeddings=False, perturbed_attn=True)
+    torch.manual_seed(0)
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=base.text_encoder.config.text_config.num_hidden_layers + 1,
+        video_connector_num_attention_heads=2, video_connector_attention_head_dim=8, video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None, video_gated_attn=True, audio_connector_num_attention_heads=2,
+        audio_connector_attention_head_dim=4, audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None, audio_gated_attn=True, connector_rope_base_seq_len=32,
+        rope_theta=10000.0, rope_double_precision=False, causal_temporal_positioning=False, rope_type="split",
+        per_modality_projections=True, video_hidden_dim=16, audio_hidden_dim=8, proj_bias=True)
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTX2Video(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 32, 32),
+        decoder_block_out_channels=(8, 16, 16, 32), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True, True, True, True),
+        decoder_spatio_temporal_scaling=(True, True, True, True), decoder_inject_noise=(False,) * 5,
+        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+        upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"), upsample_residual=(False,) * 4,
+        upsample_factor=(2, 2, 1, 2), timestep_conditioning=False, patch_size=1, patch_size_t=1,
+        encoder_causal=True, decoder_causal=False, decoder_spatial_padding_mode="zeros", spatial_compression_ratio=8,
+        temporal_compression_ratio=8)
+    torch.manual_seed(0)
+    vocoder = LTX2VocoderWithBWE(
+        in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2],
+        resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]], antialias_kernel_size=4, bwe_in_channels=2 * 8,
+        bwe_hidden_channels=16, bwe_upsample_kernel_sizes=[4, 4, 4], bwe_upsample_factors=[2, 2, 2],
+        bwe_resnet_kernel_sizes=[3], bwe_resnet_dilations=[[1, 3, 5]], bwe_antialias_kernel_size=4,
+        filter_length=32, hop_length=4, window_length=32, num_mel_channels=8, input_sampling_rate=16000,
+        output_sampling_rate=32000)
+    return LTX2Pipeline(transformer=transformer, vae=vae, audio_vae=base.audio_vae,
+                        scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=base.text_encoder,
+                        tokenizer=base.tokenizer, connectors=connectors, vocoder=vocoder), raw
+
+
 def ltx2_upsampler(out_dir) -> Path:
     """LTX-2's latent upscaler (LTX2LatentUpsamplerModel) for the tiny ltx2's 4 latent channels, x2 spatial with the
     rational resampler as ltx-2.3-spatial-upscaler-x2: a diffusers folder (config.json + weights). Its weights file
@@ -1071,6 +1127,7 @@ _BUILDERS = {
     "flux3": lambda size: flux3(size, distilled=False),
     "flux3-distilled": lambda size: flux3(size, distilled=True),
     "ltx2": ltx2,
+    "ltx23": ltx23,
 }
 
 

@@ -1146,6 +1146,7 @@ LTX2_TRANSFORMER_NAMES = (
     ("av_cross_attn_audio_v2a_gate.", "av_ca_v2a_gate_adaln_single."),
     ("video_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_video"),
     ("audio_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_audio"),
+    ("prompt_adaln.", "prompt_adaln_single."),  # LTX-2.3's (audio_prompt_adaln too)
     (".norm_q.", ".q_norm."), (".norm_k.", ".k_norm."),
 )
 LTX2_CONNECTOR_NAMES = (("video_connector.", "video_embeddings_connector."),
@@ -1153,7 +1154,8 @@ LTX2_CONNECTOR_NAMES = (("video_connector.", "video_embeddings_connector."),
                         (".transformer_blocks.", ".transformer_1d_blocks."), (".norm_q.", ".q_norm."),
                         (".norm_k.", ".k_norm."))
 LTX2_VOCODER_NAMES = (("upsamplers.", "ups."), ("resnets.", "resblocks."), ("conv_in.", "conv_pre."),
-                      ("conv_out.", "conv_post."))
+                      ("conv_out.", "conv_post."), ("act_out.", "act_post."),  # LTX-2.3's anti-aliased activations
+                      (".downsample.filter", ".downsample.lowpass.filter"))
 LTX2_STATISTICS = {"latents_mean": "per_channel_statistics.mean-of-means",
                    "latents_std": "per_channel_statistics.std-of-means"}
 
@@ -1177,8 +1179,11 @@ def ltx2_transformer_to_original(sd: dict) -> dict:
 def ltx2_connectors_to_original(sd: dict) -> dict:
     """LTX2TextConnectors keys -> Lightricks' layout: the text projection (`text_embedding_projection.aggregate_embed`,
     top level in the checkpoint) and the video/audio embeddings connectors (inside the diffusion model)."""
-    projection = {k.replace("text_proj_in.", "aggregate_embed."): v for k, v in sd.items() if k.startswith("text_proj_in.")}
-    connectors = {_replaced(k, LTX2_CONNECTOR_NAMES): v for k, v in sd.items() if not k.startswith("text_proj_in.")}
+    def projection_name(key):  # LTX-2's one projection, LTX-2.3's one per modality
+        return re.sub(r"^(video_|audio_)?text_proj_in\.", lambda m: f"{m.group(1) or ''}aggregate_embed.", key)
+
+    projection = {projection_name(k): v for k, v in sd.items() if "text_proj_in." in k}
+    connectors = {_replaced(k, LTX2_CONNECTOR_NAMES): v for k, v in sd.items() if "text_proj_in." not in k}
     return {**_prefixed(projection, "text_embedding_projection."), **_prefixed(connectors, "model.diffusion_model.")}
 
 
@@ -1211,14 +1216,16 @@ def ltx2_audio_vae_to_original(sd: dict) -> dict:
 
 
 def ltx2_vocoder_to_original(sd: dict) -> dict:
-    """LTX2Vocoder keys -> Lightricks' HiFi-GAN layout: conv_pre, ups, resblocks, conv_post."""
+    """LTX2Vocoder keys -> Lightricks' HiFi-GAN layout: conv_pre, ups, resblocks, conv_post; LTX2VocoderWithBWE's
+    (LTX-2.3: vocoder., bwe_generator., mel_stft.) the same inside each, with act_post and downsample.lowpass."""
     return {_replaced(key, LTX2_VOCODER_NAMES): value for key, value in sd.items()}
 
 
-def ltx2_files(folder, out) -> dict[str, Path]:
-    """LTX-2's files as ComfyUI's templates load them: the all-in-one checkpoint (ltx-2-19b-dev: the diffusion model
-    with the text connectors under model.diffusion_model., the text projection, vae., audio_vae., vocoder.) and the
-    Gemma 3 text encoder (gemma_3_12B_it: transformers' layout, its vision tower included)."""
+def ltx2_files(folder, out, name: str = "ltx-2-19b-dev") -> dict[str, Path]:
+    """LTX-2's files as ComfyUI's templates load them: the all-in-one checkpoint `name` (ltx-2-19b-dev, or
+    ltx-2.3-22b-dev of an LTX-2.3 folder: the diffusion model with the text connectors under model.diffusion_model.,
+    the text projection, vae., audio_vae., vocoder.) and the Gemma 3 text encoder (gemma_3_12B_it in ComfyUI's
+    layout, its vision tower included)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = {**_prefixed(ltx2_transformer_to_original(folder_weights(folder, "transformer")), "model.diffusion_model."),
@@ -1226,7 +1233,7 @@ def ltx2_files(folder, out) -> dict[str, Path]:
                   **_prefixed(ltx2_video_vae_to_original(folder_weights(folder, "vae")), "vae."),
                   **_prefixed(ltx2_audio_vae_to_original(folder_weights(folder, "audio_vae")), "audio_vae."),
                   **_prefixed(ltx2_vocoder_to_original(folder_weights(folder, "vocoder")), "vocoder.")}
-    return {"checkpoint": _save(checkpoint, out / "ltx-2-19b-dev.safetensors"),
+    return {"checkpoint": _save(checkpoint, out / f"{name}.safetensors"),
             "text_encoder": _save(gemma3_file_layout(folder_weights(folder, "text_encoder")),
                                   out / "gemma_3_12B_it.safetensors")}
 

@@ -11,25 +11,31 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 """
 
 from ..errors import UserInputError
-from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, MemoryModel, ReferenceModel,
-                   TaskPipeline, TwoStage)
+from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, MemoryModel,
+                   ReferenceModel, TaskPipeline, TwoStage)
 from .components import attention_shape, diffusers_detection_keys
 
 # diffusers' detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics), and its
 # transformer's audio-to-video gate (a diffusion-model file's own key, without ComfyUI's prefix)
-TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
-    *diffusers_detection_keys("ltx2"), "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight"))
-
-# The other parts of Lightricks' all-in-one checkpoint (ltx-2-19b-dev, ltx-2.3-22b-dev-fp8), each told by a key of
-# its own layout. diffusers' single-file converters read the video and audio VAEs' (its scripts/
-# convert_ltx2_to_diffusers.py renames the connectors and the vocoder, as the two functions below do).
+# Lightricks' all-in-one checkpoints (ltx-2-19b-dev, ltx-2.3-22b-dev-fp8) hold every part but the text encoder, each
+# told by a key of its own layout. diffusers' single-file converters read LTX-2's transformer and VAEs; LTX-2.3 renamed
+# its prompt modulation and added two decoder stages, which diffusers 0.42.1's converters leave as they are, so those
+# keys are renamed here as diffusers' scripts/convert_ltx2_to_diffusers.py (--version 2.3) does; that script's renames
+# also give the text connectors and the vocoder (diffusers has no single-file converter for either).
+PROMPT_MODULATION_NAMES = ((r"^(audio_)?prompt_adaln_single\.", r"\1prompt_adaln."),)
+DECODER_STAGE_4_NAMES = ((r"^decoder\.up_blocks\.7\.", "decoder.up_blocks.3.upsamplers.0."),
+                         (r"^decoder\.up_blocks\.8\.", "decoder.up_blocks.3."))
 CONNECTOR_BLOCKS = ("model.diffusion_model.video_embeddings_connector.",
                     "model.diffusion_model.audio_embeddings_connector.")
 CONNECTOR_NAMES = ((r"^model\.diffusion_model\.(video|audio)_embeddings_connector\.", r"\1_connector."),
-                   (r"^aggregate_embed\.", "text_proj_in."), (r"\.transformer_1d_blocks\.", ".transformer_blocks."),
-                   (r"\.q_norm\.", ".norm_q."), (r"\.k_norm\.", ".norm_k."))
-VOCODER_NAMES = ((r"^conv_pre\.", "conv_in."), (r"^conv_post\.", "conv_out."), (r"^ups\.", "upsamplers."),
-                 (r"^resblocks\.", "resnets."))
+                   (r"^(video_|audio_)?aggregate_embed\.", r"\1text_proj_in."),  # LTX-2.3: one per modality
+                   (r"\.transformer_1d_blocks\.", ".transformer_blocks."), (r"\.q_norm\.", ".norm_q."),
+                   (r"\.k_norm\.", ".norm_k."))
+# LTX-2's HiFi-GAN; LTX-2.3's vocoder with bandwidth extension nests two of them (vocoder., bwe_generator.) beside
+# its mel STFT, with anti-aliased activations
+VOCODER_NAMES = ((r"(^|\.)conv_pre\.", r"\1conv_in."), (r"(^|\.)conv_post\.", r"\1conv_out."),
+                 (r"(^|\.)ups\.", r"\1upsamplers."), (r"(^|\.)resblocks\.", r"\1resnets."),
+                 (r"(^|\.)act_post\.", r"\1act_out."), (r"\.downsample\.lowpass\.", ".downsample."))
 
 
 def renamed(state: dict, rules) -> dict:
@@ -44,16 +50,33 @@ def renamed(state: dict, rules) -> dict:
     return out
 
 
+def transformer_to_diffusers(state: dict) -> dict:
+    """diffusers' converter, after LTX-2.3's prompt modulation renames."""
+    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
+
+    return convert_ltx2_transformer_to_diffusers(renamed(state, PROMPT_MODULATION_NAMES))
+
+
+def video_vae_to_diffusers(state: dict) -> dict:
+    """diffusers' converter (three decoder stages), then LTX-2.3's fourth."""
+    from diffusers.loaders.single_file_utils import convert_ltx2_vae_to_diffusers
+
+    return renamed(convert_ltx2_vae_to_diffusers(dict(state)), DECODER_STAGE_4_NAMES)
+
+
+TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
+    "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight", *diffusers_detection_keys("ltx2")),
+    to_diffusers=transformer_to_diffusers)
 VIDEO_VAE = FileKind("ltx2_video_vae", "an LTX-2 video VAE", lambda: (
-    "per_channel_statistics.mean-of-stds", "decoder.mid_block.resnets.0.conv1.conv.weight"))
+    "per_channel_statistics.mean-of-stds", "decoder.mid_block.resnets.0.conv1.conv.weight"),
+    to_diffusers=video_vae_to_diffusers)
 AUDIO_VAE = FileKind("ltx2_audio_vae", "an LTX-2 audio VAE", lambda: ("decoder.mid.block_1.conv1.conv.weight",))
-VOCODER = FileKind("ltx2_vocoder", "an LTX-2 vocoder", lambda: ("conv_pre.weight",),
-                   to_diffusers=lambda state: renamed(state, VOCODER_NAMES))
-# in a checkpoint under "text_embedding_projection." (the projection), the connector blocks beside it (their key is
-# the first, as the slot hands them over whole, so the kind's own renames apply)
+VOCODER = FileKind("ltx2_vocoder", "an LTX-2 vocoder", lambda: ("conv_pre.weight", "vocoder.conv_pre.weight"),
+                   converter=lambda checkpoint, config: renamed(checkpoint, VOCODER_NAMES))
+# in a checkpoint under "text_embedding_projection." (the projection), the connector blocks beside it
 CONNECTORS = FileKind("ltx2_connectors", "LTX-2's text connectors", lambda: (
-    CONNECTOR_BLOCKS[0] + "transformer_1d_blocks.0.attn1.to_q.weight", "aggregate_embed.weight"),
-    to_diffusers=lambda state: renamed(state, CONNECTOR_NAMES))
+    "aggregate_embed.weight", "video_aggregate_embed.weight"),
+    converter=lambda checkpoint, config: renamed(checkpoint, CONNECTOR_NAMES))
 GEMMA3_NAMES = ((r"^model\.", "model.language_model."), (r"^vision_model\.", "model.vision_tower."),
                 (r"^multi_modal_projector\.", "model.multi_modal_projector."))
 # ComfyUI's Gemma 3 files (comfy/text_encoders/lt.py) name the language model as a plain causal LM ("model.layers"),
@@ -229,13 +252,14 @@ FAMILY = Family(
     comfy_latent_format="LTXV",
     comfy_latent=None,  # video: the Video Sampler has no LATENT
     denoiser_kind=TRANSFORMER,
-    denoiser_files=("ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),  # all-in-one checkpoints
-    # LTX-2.3 and 2.5 keep other layouts (per-modality text projections, gated connectors, a vocoder with bandwidth
-    # extension, renamed prompt modulation that diffusers' 0.42.1 converter leaves as it is): refused by name
-    unsupported_files={part: f"LTX-{version}'s single files do not load yet (its layout differs from LTX-2's): load "
-                             f"an LTX-{version} diffusers folder with the TPU Loader, or LTX-2's files "
-                             "(ltx-2-19b-dev-fp8.safetensors with gemma_3_12B_it_fp4_mixed.safetensors)"
-                       for version in ("2.3", "2.5") for part in (f"ltx-{version}", f"ltx_{version}")},
+    # all-in-one checkpoints (LTX-2.3's: its own configs, told by the name as ComfyUI's templates name it)
+    denoiser_files=("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),
+    file_variants=(FileVariant("LTX2Pipeline", "Lightricks/LTX-2.3", name_contains=("ltx-2.3", "ltx_2.3")),),
+    # LTX-2.5 ships its parts as separate files, with a Gemma 4 text encoder that carries the text projection
+    unsupported_files={part: "LTX-2.5's single files do not load yet (separate transformer, VAE and audio VAE files "
+                             "and a Gemma 4 encoder with the text projection): load an LTX-2.5 diffusers folder with "
+                             "the TPU Loader, or LTX-2.3's files (ltx-2.3-22b-dev-fp8.safetensors with "
+                             "gemma_3_12B_it_fp4_mixed.safetensors)" for part in ("ltx-2.5", "ltx_2.5")},
     file_slots=(
         FileSlot("text_encoder", GEMMA3, "gemma_3_12B_it_fp4_mixed.safetensors"),
         FileSlot("connectors", CONNECTORS, "the checkpoint's text connectors", "text_embedding_projection.",
