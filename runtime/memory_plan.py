@@ -377,7 +377,19 @@ def reference_sizes(model: str) -> ModelSizes:
     family, reference = REFERENCE_MODELS[model]
     configs = {name: (getattr(importlib.import_module(library), cls_name), config)
                for name, (library, cls_name, config) in reference.components.items()}
-    return sizes_from_configs(family.with_settings(reference.settings), configs)
+    sizes = sizes_from_configs(family.with_settings(reference.settings), configs)
+    return dataclasses.replace(sizes, quantized={name: linear_weights(configs[name], per_weight)
+                                                 for name, per_weight in reference.quantized.items()})
+
+
+def linear_weights(component, bytes_per_weight: int) -> tuple[int, int]:
+    """(weights of a component's linear layers, their bytes at `bytes_per_weight`), as ModelSizes.quantized counts
+    the layers a File Loader keeps quantized."""
+    import torch
+
+    count = sum(module.weight.numel() for module in meta_module(*component).modules()
+                if isinstance(module, torch.nn.Linear))
+    return count, count * bytes_per_weight
 
 
 def markdown_table() -> str:

@@ -171,6 +171,9 @@ class ReferenceModel:
 
     components: Mapping[str, tuple[str, str, Mapping]]
     settings: Mapping = dataclasses.field(default_factory=dict)
+    # {component: bytes per weight of its linear layers}: a row for a file whose linear layers stay quantized on the
+    # chip (an int8 or fp8 file: 1), as a File Loader keeps them
+    quantized: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

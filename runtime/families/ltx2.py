@@ -203,17 +203,39 @@ def context_parallel_plan(config) -> dict:
 # the text attentions, and the audio's self-attention and the video's attention over it: their keys are whole
 CP_LOCAL_ATTENTION = ("attn2", "audio_attn2", "audio_attn1", "audio_to_video_attn")
 
-# Lightricks/LTX-2's published configs, for the docs' table of what fits each chip: the 19B audio-video transformer,
-# Gemma 3 12B (google/gemma-3-12b-it's text and vision configs) and the video VAE (32x spatial, 8x temporal); the
-# connectors, audio VAE and vocoder (well under 1B together) at diffusers' defaults. LTX-2.3 (22B) is not here: the
-# diffusers configs published for it so far add to 19B, so where its other 3B are is not known yet.
+# The published configs, for the docs' table of what fits each chip: Gemma 3 12B (google/gemma-3-12b-it's text and
+# vision configs) for both; LTX-2's 19B audio-video transformer and video VAE (32x spatial, 8x temporal), its
+# connectors, audio VAE and vocoder at diffusers' defaults; LTX-2.3's 22B (diffusers' convert_ltx2_to_diffusers.py
+# --version 2.3: gated attention and prompt modulation in the transformer, 8-layer gated connectors with a
+# projection per modality, the 4-stage VAE, the vocoder with bandwidth extension), also with its transformer's linear
+# layers kept in int8 or fp8 (1 byte per weight), as a File Loader keeps ltx-2.3-22b-dev-fp8's.
+GEMMA3_12B = ("transformers", "Gemma3ForConditionalGeneration", dict(
+    text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                     num_key_value_heads=8, head_dim=256, vocab_size=262208),
+    vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                       patch_size=14, image_size=896)))
+LTX23 = {
+    "text_encoder": GEMMA3_12B,
+    "connectors": ("diffusers.pipelines.ltx2.connectors", "LTX2TextConnectors", dict(
+        video_connector_num_attention_heads=32, video_connector_num_layers=8, video_gated_attn=True,
+        audio_connector_num_attention_heads=32, audio_connector_attention_head_dim=64, audio_connector_num_layers=8,
+        audio_gated_attn=True, rope_type="split", per_modality_projections=True, proj_bias=True)),
+    "transformer": ("diffusers", "LTX2VideoTransformer3DModel", dict(
+        num_attention_heads=32, attention_head_dim=128, num_layers=48, patch_size=1, patch_size_t=1, rope_type="split",
+        gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
+        use_prompt_embeddings=False, perturbed_attn=True)),
+    "vae": ("diffusers", "AutoencoderKLLTX2Video", dict(
+        block_out_channels=(256, 512, 1024, 1024), decoder_block_out_channels=(256, 512, 512, 1024),
+        layers_per_block=(4, 6, 4, 2, 2), decoder_layers_per_block=(4, 6, 4, 2, 2),
+        decoder_spatio_temporal_scaling=(True, True, True, True), decoder_inject_noise=(False,) * 5,
+        upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"), upsample_residual=(False,) * 4,
+        upsample_factor=(2, 2, 1, 2), spatial_compression_ratio=32, temporal_compression_ratio=8,
+        decoder_causal=False)),
+    "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", {}),
+    "vocoder": ("diffusers.pipelines.ltx2.vocoder", "LTX2VocoderWithBWE", {})}
 REFERENCE_MODELS = {
     "LTX-2 (19B)": ReferenceModel({
-        "text_encoder": ("transformers", "Gemma3ForConditionalGeneration", dict(
-            text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
-                             num_key_value_heads=8, head_dim=256, vocab_size=262208),
-            vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                               patch_size=14, image_size=896))),
+        "text_encoder": GEMMA3_12B,
         "connectors": ("diffusers.pipelines.ltx2.connectors", "LTX2TextConnectors", {}),
         "transformer": ("diffusers", "LTX2VideoTransformer3DModel", dict(
             num_attention_heads=32, attention_head_dim=128, num_layers=48, patch_size=1, patch_size_t=1,
@@ -222,6 +244,8 @@ REFERENCE_MODELS = {
             spatial_compression_ratio=32, temporal_compression_ratio=8, decoder_causal=False)),
         "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", {}),
         "vocoder": ("diffusers.pipelines.ltx2.vocoder", "LTX2Vocoder", {})}),
+    "LTX-2.3 (22B)": ReferenceModel(LTX23),
+    "LTX-2.3 (22B), int8/fp8 transformer": ReferenceModel(LTX23, quantized={"transformer": 1}),
 }
 
 # Not measured for LTX-2: MemoryModel's defaults (measured on Wan's DiT blocks) with its FFN 4x the hidden width;
