@@ -318,8 +318,8 @@ WORKFLOWS = {
         "pipeline on its chip (~66 GB: the 19B audio-video transformer, Gemma 3 12B) and 1/4 of the video tokens "
         "(context parallel 4, the pack's plan for LTX-2). Image to video with its sound track in two stages: 768x512, "
         "the latents upscaled x2 by TPU Latent Upscale Model (the folder's own upscaler), 3 refine steps at 1536x1024; "
-        "121 frames (5 s at 24 fps); Create Video takes the frames, fps and audio. Designed, not run on a chip; "
-        "LTX-2.3 and 2.5 from ComfyUI's template files are not supported yet.",
+        "121 frames (5 s at 24 fps); Create Video takes the frames, fps and audio. Designed, not run on a chip. "
+        "LTX-2.3 from ComfyUI's template files: ltx23_i2v_two_stages_sound_v6e8_files_context_parallel.",
         [("TPULoader", ["LTX-2", "", "auto", "auto"]),
          ("TPUMesh", [4, False, False, "launch_local", "", "", 1, 4]),
          ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
@@ -328,6 +328,31 @@ WORKFLOWS = {
          ("CreateVideo", [24.0]),
          ("SaveVideo", ["video/ltx2_i2v", "auto", "auto"])],
         images=(("wan22_start_corgi.png", {"image": 0}),), upscaler="LTX-2", sound=True),
+    "ltx23_i2v_two_stages_sound_v6e8_files_context_parallel": Workflow(
+        "One TPU v6e-8 host (8 chips of 32 GB HBM; of its 1.5 TB of host RAM each of the 8 ranks keeps its own "
+        "pipeline, ~50 GB, under model CPU offload). ComfyUI's LTX-2.3 template files: models/checkpoints/"
+        "ltx-2.3-22b-dev-fp8.safetensors (the diffusion model, text connectors, both VAEs and the vocoder), models/"
+        "text_encoders/gemma_3_12B_it_fp4_mixed.safetensors (Gemma 3 12B; its nvfp4 layers dequantized to bf16 on "
+        "load), models/latent_upscale_models/ltx-2.3-spatial-upscaler-x2-1.1.safetensors; configs: an "
+        "LTX-2.3-Diffusers folder in models/diffusers or the hub cache (diffusers/LTX-2.3-Diffusers, its config "
+        "files only). The start image is in ComfyUI's input folder. The transformer's fp8 layers stay fp8 on the "
+        "chip (quantized_weights auto); under model CPU offload a chip holds one model at a time (Gemma 3 12B in "
+        "bf16 is the largest, ~23 GiB: docs/parallelism.md) and 1/8 of the video tokens (context parallel 8, the "
+        "pack's plan for LTX-2). Image to video with its sound track in two stages, as ComfyUI's template: 768x512, "
+        "the latents upscaled x2, 3 refine steps at 1536x1024; 97 frames (4 s at 24 fps); 30 steps at guidance 3.0 "
+        "on the dev model (the template's distilled LoRA and distilled schedule for the first stage are not "
+        "applied); Create Video takes the frames, fps and audio. Designed, not run on a chip.",
+        [("TPUFileLoader", ["ltx-2.3-22b-dev-fp8.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors", "none", "none",
+                            "none", "auto", "auto", "auto", "none", "auto"]),
+         OFFLOAD,
+         ("TPUMesh", [8, False, False, "launch_local", "", "", 1, 8]),
+         ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
+                              "crashing, golden hour", "worst quality, inconsistent motion, blurry, jittery, distorted",
+                              1536, 1024, 97, 30, 3.0, 42, "fixed", 1]),
+         ("CreateVideo", [24.0]),
+         ("SaveVideo", ["video/ltx23_i2v", "auto", "auto"])],
+        images=(("wan22_start_corgi.png", {"image": 0}),), upscaler="ltx-2.3-spatial-upscaler-x2-1.1.safetensors",
+        sound=True),
     "wan22_t2v_14b_lightx2v_4steps_files": Workflow(
         "One TPU v7x device (96 GB HBM) or v5p chip (95 GB), about 96 GB of host RAM. ComfyUI's Wan 2.2 T2V A14B "
         "files: models/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors (model) and "
