@@ -5,7 +5,8 @@ from comfy_api.latest import io
 from tpu_diffusers_runtime.engine import ENGINE
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import FAMILIES, listed, with_each_setting
-from tpu_diffusers_runtime.input_checks import MAX_SIZE, frames_problem, last_image_problem, video_frame_factor
+from tpu_diffusers_runtime.input_checks import (MAX_SIZE, frames_problem, last_image_problem, sigmas_problem,
+                                                video_frame_factor)
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
 from .latent_upscale_model import TWO_STAGE_FAMILIES
@@ -14,6 +15,7 @@ from .types import CATEGORY, TPUPipeline, TPUUpscaler
 
 MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
+SIGMAS_FAMILIES = [family for family in VIDEO_FAMILIES if family.sigmas_as_given]
 SOUND_FAMILIES = [family for family in VIDEO_FAMILIES if family.makes_sound]
 VIDEO_MODELS = with_each_setting(VIDEO_FAMILIES)  # each with its own size step, frame rate and frame count
 STEPS = " or ".join(str(step) for step in sorted({model.size_multiple for model in VIDEO_MODELS}))
@@ -78,6 +80,13 @@ class TPUVideoSampler(io.ComfyNode):
                                           "model's fixed refine schedule, steps counted on the bar). Width and height "
                                           "must then be multiples of twice the size step. Models with it: "
                                           f"{listed(TWO_STAGE_FAMILIES) or 'none yet'}."),
+                # appended after the others, so that workflows saved before it keep their input indices
+                io.Sigmas.Input("sigmas", optional=True,
+                                tooltip="A denoising schedule (ComfyUI's ManualSigmas, ending at 0), run as given: a "
+                                        "distilled model's, e.g. '1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, "
+                                        "0.725, 0.421875, 0.0' at guidance 1. Its sigmas but the final 0 are "
+                                        "the steps (the steps widget is then not used). Models that take one: "
+                                        f"{listed(SIGMAS_FAMILIES) or 'none yet'}."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
@@ -112,17 +121,33 @@ class TPUVideoSampler(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,
                 guidance: float, seed: int, batch_size: int, image=None, last_image=None,
-                upscaler: str | None = None) -> io.NodeOutput:
+                upscaler: str | None = None, sigmas=None) -> io.NodeOutput:
         if problem := last_image_problem(image is not None, last_image is not None):
             raise UserInputError(problem)  # (again: a ComfyUI that passes no input_types to validate_inputs)
+        schedule = schedule_of(sigmas)
+        if sigmas is not None and not schedule:
+            raise UserInputError(sigmas_problem(schedule))
         request = SampleRequest(prompt=prompt, negative_prompt=negative_prompt, width=width, height=height,
-                                steps=steps, guidance=guidance, seed=seed, batch_size=batch_size, frames=frames,
+                                steps=len(schedule) if sigmas is not None else steps, guidance=guidance, seed=seed,
+                                batch_size=batch_size, frames=frames,
                                 images=tuple(i for i in (image, last_image) if i is not None),
-                                upscaler=upscaler or "")
+                                upscaler=upscaler or "", sigmas=schedule)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
         return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),
                              ui={"tpu_run_info": [info.as_dict()]})
+
+
+def schedule_of(sigmas) -> tuple[float, ...]:
+    """A SIGMAS input (a 1-D tensor ending at 0, as ComfyUI's schedulers give it) as the pipeline's `sigmas`: its
+    values but the final zeros, which diffusers' flow-matching schedulers append themselves; () when none is
+    connected. An empty or wrong schedule is refused when the run is planned (input_checks.sigmas_problem)."""
+    if sigmas is None:
+        return ()
+    values = [float(s) for s in sigmas.flatten().tolist()] if hasattr(sigmas, "flatten") else [float(s) for s in sigmas]
+    while values and values[-1] == 0:
+        values.pop()
+    return tuple(values)
 
 
 def sound_track(generation):

@@ -88,6 +88,18 @@ def image_inputs_problem(images: tuple[str, ...], mask: bool, latent: bool = Fal
     return None
 
 
+def sigmas_problem(sigmas: tuple[float, ...]) -> str | None:
+    """A SIGMAS schedule (without its final 0) for a flow-matching model: decreasing noise levels in (0, 1]."""
+    if not sigmas:
+        return "the sigmas input holds no step: connect a schedule of at least two sigmas (the last one 0)."
+    if not all(0 < s <= 1 for s in sigmas) or any(b >= a for a, b in zip(sigmas, sigmas[1:])):
+        shown = ", ".join(f"{s:g}" for s in sigmas)
+        return (f"sigmas {shown} cannot be used: a flow-matching model's schedule decreases from at most 1 towards 0 "
+                "(e.g. ManualSigmas '1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0', a distilled "
+                "model's).")
+    return None
+
+
 def last_image_problem(image: bool, last_image: bool) -> str | None:
     """The Video Sampler's last_image (connected or not) is the last frame of a video that starts from its image."""
     if last_image and not image:

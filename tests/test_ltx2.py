@@ -278,3 +278,46 @@ def test_upscaler_folders_are_listed_and_a_pipeline_folder_gives_its_subfolders(
     two_stage = family_for("LTX2Pipeline").two_stage
     loaded = upscalers.load(str(tmp_path / "diffusers" / "LTX-2"), two_stage, torch.float32, "cpu")
     assert type(loaded).__name__ == "LTX2LatentUpsamplerModel" and loaded.config.in_channels == 4
+
+
+def distilled_reference(folder, sigmas, guidance):
+    """Plain diffusers' distilled-checkpoint recipe (docs api/pipelines/ltx2, "Distilled checkpoint generation") on one
+    video: the schedule as `sigmas`, on a scheduler that uses them as given (no dynamic shift), at `guidance`."""
+    import diffusers
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    pipe.scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
+        pipe.scheduler.config, use_dynamic_shifting=False, shift_terminal=None)
+    made = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
+                num_inference_steps=len(sigmas), sigmas=list(sigmas), guidance_scale=guidance,
+                generator=torch.Generator("cpu").manual_seed(7), output_type="pt")
+    return made.frames[0].permute(0, 2, 3, 1), made.audio.float()
+
+
+def test_a_sigmas_schedule_runs_as_given_as_diffusers_distilled_recipe(tiny_ltx2, engine):
+    """A SIGMAS input (here LTX-2's distilled schedule, at guidance 1): the frames and sound of diffusers' distilled
+    recipe, which runs the schedule unshifted; the loaded pipeline keeps its own scheduler for the next run (a run
+    without sigmas after it still equals plain diffusers)."""
+    from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
+
+    handle = PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline")
+    made = engine.generate(handle, request(batch_size=1, steps=len(DISTILLED_SIGMA_VALUES), guidance=1.0,
+                                           sigmas=tuple(DISTILLED_SIGMA_VALUES)))
+    frames, waveform = distilled_reference(tiny_ltx2, DISTILLED_SIGMA_VALUES, 1.0)
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+    again = engine.generate(handle, request(batch_size=1))
+    plain, _, _ = reference(tiny_ltx2, "LTX2Pipeline", 1)
+    assert (again.images - plain).abs().max() <= 1 / 255
+
+
+def test_a_sigmas_schedule_is_refused_when_the_model_takes_none_or_it_is_no_schedule():
+    from tpu_diffusers_runtime.tasks import prepare
+
+    with pytest.raises(UserInputError, match=r"Wan 2.2 takes no sigmas schedule \(models that do: LTX-2\): disconnect"):
+        prepare("WanPipeline", request(frames=5, steps=2, sigmas=(1.0, 0.5)))
+    with pytest.raises(UserInputError, match=r"sigmas 1, 1.5 cannot be used: a flow-matching model's schedule "
+                                             r"decreases from at most 1"):
+        prepare("LTX2Pipeline", request(steps=2, sigmas=(1.0, 1.5)))
+    with pytest.raises(UserInputError, match=r"3 sigmas make 3 steps, but steps is 2"):
+        prepare("LTX2Pipeline", request(steps=2, sigmas=(1.0, 0.5, 0.25)))

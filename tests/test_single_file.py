@@ -663,7 +663,7 @@ def video_and_sound(pipe):
     return np.concatenate([made.frames.reshape(-1), made.audio.float().numpy().reshape(-1)])
 
 
-@pytest.mark.parametrize("model, configs_repo", [("ltx2", "Lightricks/LTX-2"), ("ltx23", "Lightricks/LTX-2.3")])
+@pytest.mark.parametrize("model, configs_repo", [("ltx2", "Lightricks/LTX-2"), ("ltx23", "diffusers/LTX-2.3-Diffusers")])
 def test_ltx2_from_its_all_in_one_checkpoint_and_gemma_file_matches_the_folder(sf_dir, model, configs_repo):
     """LTX-2 and LTX-2.3 from Lightricks' all-in-one checkpoint (ltx-2-19b-dev / ltx-2.3-22b-dev: the diffusion
     model, the text connectors split between the diffusion model and the top-level text projection, the video and

@@ -18,7 +18,8 @@ SIZES = {"TPULoader": [320, 130], "TPUFileLoader": [340, 250], "TPULora": [320, 
          "SaveVideo": [400, 440], "TPULatentUpscaleModel": [320, 82]}
 # Each sampler's sockets in the frontend's order (widget inputs follow them); a link's target slot is the index here
 SAMPLER_SOCKETS = {"TPUSampler": {"pipeline": PIPE, "image": IMAGE, "image_2": IMAGE, "image_3": IMAGE, "mask": MASK},
-                   "TPUVideoSampler": {"pipeline": PIPE, "image": IMAGE, "last_image": IMAGE, "upscaler": UPSCALER}}
+                   "TPUVideoSampler": {"pipeline": PIPE, "image": IMAGE, "last_image": IMAGE, "upscaler": UPSCALER,
+                                       "sigmas": "SIGMAS"}}
 SAMPLERS = tuple(SAMPLER_SOCKETS)
 SAVERS = ("SaveImage", "CreateVideo")  # what a sampler's first output feeds (Create Video then feeds Save Video)
 LOAD_IMAGE_OUTPUTS = (("IMAGE", IMAGE), ("MASK", MASK))  # Load Image: the picture, and 1 - its alpha channel

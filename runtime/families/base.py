@@ -301,6 +301,9 @@ class Family:
     sound_rate: Callable | None = None
     # its generation at half size + latent upscale + refine, with an upscaler model; None: it has none
     two_stage: TwoStage | None = None
+    # (loaded pipeline) -> a context in which its call runs a `sigmas` argument as given (no shift of the schedule),
+    # as a SIGMAS input (ComfyUI's ManualSigmas: a distilled model's schedule) means; None: it takes no sigmas
+    sigmas_as_given: Callable | None = None
 
     @property
     def makes_video(self) -> bool:

@@ -10,6 +10,8 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 `frame_rate` = the family's fps (24, diffusers' default), which the model conditions on.
 """
 
+import contextlib
+
 from ..errors import UserInputError
 from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, MemoryModel,
                    ReferenceModel, TaskPipeline, TwoStage)
@@ -139,24 +141,32 @@ def upsampler_config(state_dict) -> dict:
                 rational_spatial_scale=2.0)
 
 
-def two_stages(pipe, upsample, kwargs: dict, run):
-    """diffusers' documented two-stage recipe (docs api/pipelines/ltx2, "Two-stages Generation"), at the asked size:
-    the first stage at half width and height as latents (video and audio), the video latents upscaled x2, then the
-    refine on its distilled sigmas as they are (a scheduler without dynamic shifting), renoised with the first, at
-    guidance 1, from both latents. The first stage's generator goes on into the refine, as in the recipe."""
+@contextlib.contextmanager
+def sigmas_as_given(pipe):
+    """The pipeline's scheduler without dynamic shifting or a terminal shift while a call runs: its `sigmas` are
+    used as they are, as diffusers' recipes run the distilled schedules; the loaded one is back for the next run."""
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
 
-    first = run(pipe, dict(kwargs, width=kwargs["width"] // 2, height=kwargs["height"] // 2, output_type="latent"), 0)
-    upscaled = upsample(latents=first.frames, output_type="latent", return_dict=False)[0]
     scheduler = pipe.scheduler
     pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler.config, use_dynamic_shifting=False,
                                                                  shift_terminal=None)
     try:
-        return run(pipe, dict(kwargs, latents=upscaled, audio_latents=first.audio, num_inference_steps=len(SIGMAS),
-                              sigmas=SIGMAS, noise_scale=SIGMAS[0], guidance_scale=1.0), 1)
+        yield
     finally:
-        pipe.scheduler = scheduler  # the loaded pipeline's own, for the next run
+        pipe.scheduler = scheduler
+
+
+def two_stages(pipe, upsample, kwargs: dict, run):
+    """diffusers' documented two-stage recipe (docs api/pipelines/ltx2, "Two-stages Generation"), at the asked size:
+    the first stage at half width and height as latents (video and audio), the video latents upscaled x2, then the
+    refine on its distilled sigmas as they are (`run` runs a call with sigmas in `sigmas_as_given`), renoised with the
+    first, at guidance 1, from both latents. The first stage's generator goes on into the refine, as in the recipe."""
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
+
+    first = run(pipe, dict(kwargs, width=kwargs["width"] // 2, height=kwargs["height"] // 2, output_type="latent"), 0)
+    upscaled = upsample(latents=first.frames, output_type="latent", return_dict=False)[0]
+    return run(pipe, dict(kwargs, latents=upscaled, audio_latents=first.audio, num_inference_steps=len(SIGMAS),
+                          sigmas=SIGMAS, noise_scale=SIGMAS[0], guidance_scale=1.0), 1)
 
 
 TWO_STAGE = TwoStage(
@@ -278,7 +288,8 @@ FAMILY = Family(
     denoiser_kind=TRANSFORMER,
     # all-in-one checkpoints (LTX-2.3's: its own configs, told by the name as ComfyUI's templates name it)
     denoiser_files=("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),
-    file_variants=(FileVariant("LTX2Pipeline", "Lightricks/LTX-2.3", name_contains=("ltx-2.3", "ltx_2.3")),),
+    # Lightricks/LTX-2.3 holds the single files only; diffusers' own examples load its diffusers layout from here
+    file_variants=(FileVariant("LTX2Pipeline", "diffusers/LTX-2.3-Diffusers", name_contains=("ltx-2.3", "ltx_2.3")),),
     # LTX-2.5 ships its parts as separate files, with a Gemma 4 text encoder that carries the text projection
     unsupported_files={part: "LTX-2.5's single files do not load yet (separate transformer, VAE and audio VAE files "
                              "and a Gemma 4 encoder with the text projection): load an LTX-2.5 diffusers folder with "
@@ -303,4 +314,5 @@ FAMILY = Family(
     two_stage=TWO_STAGE,
     cp_plan=context_parallel_plan,  # diffusers' leaves the audio branch out
     cp_local_attention=CP_LOCAL_ATTENTION,
+    sigmas_as_given=sigmas_as_given,  # its distilled schedules (DISTILLED_SIGMA_VALUES, ComfyUI's ManualSigmas)
 )

@@ -9,6 +9,7 @@ what batches of one with seed + i give.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -16,7 +17,7 @@ from .. import pipeline_kinds
 from ..features import offload
 from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
-from ..input_checks import frames_problem, prompt_problem, size_problem
+from ..input_checks import frames_problem, prompt_problem, sigmas_problem, size_problem
 from ..preview import Previewer, PreviewSpec
 from ..modes import outside_inference_mode
 from ..outputs import IMAGES, KINDS, LATENT, MASK, CallResult, OutputKind, Outputs, joined
@@ -56,6 +57,9 @@ class SampleRequest:
     # a latent upscaler's absolute path (file or folder): the family's two-stage generation (Family.two_stage) at
     # half size, latent upscale x2, refine; "": one stage at the asked size
     upscaler: str = ""
+    # the denoising schedule as given (a SIGMAS input without its final 0; steps = its length), for a family that
+    # takes one (Family.sigmas_as_given); (): the pipeline's own schedule of `steps`
+    sigmas: tuple = ()
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
@@ -70,6 +74,7 @@ class SampleRequest:
             return array[None] if array.ndim == dims - 1 else array
 
         object.__setattr__(self, "images", tuple(batch(image, 4) for image in self.images))
+        object.__setattr__(self, "sigmas", tuple(float(s) for s in self.sigmas))
         if self.mask is not None:
             object.__setattr__(self, "mask", batch(self.mask, 3))
         if self.latent is not None:
@@ -134,6 +139,8 @@ class Task:
             validate_latent(family, pipeline, request)
         if request.upscaler:
             validate_two_stage(family, request)
+        if request.sigmas:
+            validate_sigmas(family, request)
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         """The image arguments of the call for image `index` of the Sampler's batch (none for text to image)."""
@@ -153,6 +160,8 @@ class Task:
             kwargs["max_area"] = request.width * request.height
         if pipeline.strength:
             kwargs["strength"] = request.denoise
+        if request.sigmas:
+            kwargs["sigmas"] = list(request.sigmas)
         kwargs.update(self.extra_kwargs(request))
         every = generators(request)
         if not self.per_image:
@@ -222,7 +231,8 @@ class Task:
                     elif on_step:
                         on_step(done, len(calls) * per_call)
 
-                return pipeline_kinds.call(stage_pipe, family, stage_kwargs, step_end)
+                with family.sigmas_as_given(stage_pipe) if "sigmas" in stage_kwargs else contextlib.nullcontext():
+                    return pipeline_kinds.call(stage_pipe, family, stage_kwargs, step_end)
 
             with outside_inference_mode():  # either pipeline kind, classic or modular
                 output = two_stage.run(pipe, upsample, kwargs, run_stage) if two_stage else run_stage(pipe, kwargs)
@@ -291,6 +301,19 @@ def validate_two_stage(family: Family, request: SampleRequest) -> None:
                                  f"the size first, so it must be a multiple of {step} (2 x {family.size_multiple}): "
                                  f"{lower} or {lower + step}.")
     upscalers.check(request.upscaler, family.two_stage)
+
+
+def validate_sigmas(family: Family, request: SampleRequest) -> None:
+    """A SIGMAS schedule: the family must take one, the values be a flow-matching schedule, one per step."""
+    if family.sigmas_as_given is None:
+        with_them = [f.name for f in FAMILIES if f.sigmas_as_given]
+        raise UserInputError(f"{family.name} takes no sigmas schedule (models that do: {', '.join(with_them)}): "
+                             "disconnect sigmas and set steps instead.")
+    if problem := sigmas_problem(request.sigmas):
+        raise UserInputError(problem)
+    if len(request.sigmas) != request.steps:
+        raise UserInputError(f"{len(request.sigmas)} sigmas make {len(request.sigmas)} steps, but steps is "
+                             f"{request.steps}: a schedule's steps are its sigmas but the final 0.")
 
 
 def validate_latent(family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:

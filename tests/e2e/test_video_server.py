@@ -235,6 +235,29 @@ def test_ltx2_text_to_video_with_its_sound_into_create_video_and_save_video(serv
         assert abs(sum(frame.samples for frame in decoded) / rate - seconds) <= 2 * 1024 / rate
 
 
+def test_ltx2_with_a_sigmas_schedule_from_comfyuis_scheduler_node_runs_it_as_given(server, tiny):
+    """ComfyUI's KarrasScheduler (a SIGMAS output ending at 0) into the LTX-2 Video Sampler's sigmas, at guidance 1 as a
+    distilled model runs: the frames of plain diffusers given those sigmas on a scheduler that keeps them as they are
+    (diffusers' distilled recipe); the sampler's steps widget is not used (the schedule's three steps are)."""
+    import diffusers
+
+    prompt = video_prompt("tiny-ltx2", width=32, height=32, frames=9, steps=5, guidance=1.0)
+    prompt["30"] = {"class_type": "KarrasScheduler", "inputs": {"steps": 3, "sigma_max": 1.0, "sigma_min": 0.3,
+                                                                "rho": 7.0}}
+    prompt[SAMPLER]["inputs"]["sigmas"] = ["30", 0]
+    entry = run_ok(server, prompt)
+    ramp = torch.linspace(0, 1, 3)
+    sigmas = ((1.0 ** (1 / 7.0) + ramp * (0.3 ** (1 / 7.0) - 1.0 ** (1 / 7.0))) ** 7.0).tolist()
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tiny("ltx2"), local_files_only=True)
+    pipe.scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
+        pipe.scheduler.config, use_dynamic_shifting=False, shift_terminal=None)
+    video = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
+                 num_inference_steps=3, sigmas=sigmas, guidance_scale=1.0, output_type="pt",
+                 generator=torch.Generator("cpu").manual_seed(SEED)).frames[0]
+    expected = list(np.clip(255.0 * video.permute(0, 2, 3, 1).numpy(), 0, 255).astype(np.uint8))
+    assert_equal_frames(saved_frames(server, entry), expected, levels=1)
+
+
 def test_ltx2_first_and_last_frame_from_two_load_images_equal_plain_diffusers(server, tiny, start_image, last_image):
     """Two Load Image nodes into the LTX-2 Video Sampler's image and last_image: diffusers' LTX2ConditionPipeline
     (from_pipe on the loaded model) with the first frame at latent index 0 and the last at -1, as diffusers documents;
