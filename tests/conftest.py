@@ -152,6 +152,8 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
     tsf.bf16_valued_transformer(qwenimage21)  # as Z-Image's: qwen_image_2.1_bf16.safetensors
     flux3 = Path(shutil.copytree(tiny_dir / "tiny-flux3", root / "flux3"))
     tsf.bf16_valued_transformer(flux3)  # as Qwen-Image 2.1's: flux3-image-klein-base-bf16.safetensors
+    ltx23 = Path(shutil.copytree(tiny_dir / "tiny-ltx23", root / "ltx23"))
+    tsf.transformer_holding(ltx23, tsf.fp8_valued)  # its ltx-2.3-22b-dev-fp8 checkpoint then holds the folder's weights
     krea2 = Path(shutil.copytree(tiny_dir / "tiny-krea2", root / "krea2"))
     tsf.krea2_turbo_folder(krea2)  # Turbo; its scaled fp8 files then hold exactly the folder's weights
     wan_a14b = {}  # Wan 2.2 A14B's wan_2.1_vae: diffusers' converter needs Wan 2.1's block structure, as QwenImage's
@@ -180,6 +182,6 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "wan22-i2v-a14b": (wan_a14b["wan22-i2v-a14b"], wan22_writer("i2v")),
                "wan22-ti2v-5b": (tiny_dir / "tiny-wan22-ti2v-5b", wan22_writer("ti2v")),
                "ltx2": (tiny_dir / "tiny-ltx2", tsf.ltx2_files),
-               "ltx23": (tiny_dir / "tiny-ltx23", lambda folder, out: tsf.ltx2_files(folder, out, "ltx-2.3-22b-dev"))}
+               "ltx23": (ltx23, lambda folder, out: tsf.ltx2_files(folder, out, "ltx-2.3-22b-dev-fp8"))}
     return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
             for family, (folder, write) in writers.items()}

@@ -669,7 +669,8 @@ def test_ltx2_from_its_all_in_one_checkpoint_and_gemma_file_matches_the_folder(s
     model, the text connectors split between the diffusion model and the top-level text projection, the video and
     audio VAEs, the vocoder) and ComfyUI's Gemma 3 file: every component holds exactly the folder's weights; frames and
     sound are the folder's. LTX-2.3's layout (renamed prompt modulation, a projection per modality, gated connectors,
-    a fourth decoder stage, the vocoder with bandwidth extension) is told from LTX-2's by its name, with its configs."""
+    a fourth decoder stage, the vocoder with bandwidth extension) is told from LTX-2's by its name, with its configs;
+    its file is ltx-2.3-22b-dev-fp8 (ComfyUI's scaled fp8 diffusion model, of a folder holding those weights)."""
     source, f = folder(sf_dir, model), files(sf_dir, model)
     checkpoint = f["checkpoint"]
     assert single_file.components_in_checkpoint(checkpoint) == {

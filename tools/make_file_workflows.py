@@ -341,8 +341,9 @@ WORKFLOWS = {
         "bf16 is the largest, ~23 GiB: docs/parallelism.md) and 1/8 of the video tokens (context parallel 8, the "
         "pack's plan for LTX-2). Image to video with its sound track in two stages, as ComfyUI's template: 768x512, "
         "the latents upscaled x2, 3 refine steps at 1536x1024; 97 frames (4 s at 24 fps); 30 steps at guidance 3.0 "
-        "on the dev model (the template's distilled LoRA and distilled schedule for the first stage are not "
-        "applied); Create Video takes the frames, fps and audio. Designed, not run on a chip.",
+        "on the dev model. For the template's 8-step first stage, add its distilled LoRA (TPU LoRA at 0.5) and, on a "
+        "ComfyUI with ManualSigmas, connect the distilled schedule to the sampler's sigmas at guidance 1. Create "
+        "Video takes the frames, fps and audio. Designed, not run on a chip.",
         [("TPUFileLoader", ["ltx-2.3-22b-dev-fp8.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors", "none", "none",
                             "none", "auto", "auto", "auto", "none", "auto"]),
          OFFLOAD,

@@ -899,17 +899,23 @@ def qwen_edit_2511_configs(folder) -> None:
     config["zero_cond_t"] = True
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
-def bf16_valued_transformer(folder) -> None:
-    """Round a folder's transformer weights to bf16 values (kept float32), so that a bf16 file of it
-    (z_image_turbo_bf16.safetensors, qwen_image_2.1_bf16.safetensors) holds exactly the folder's weights."""
+def transformer_holding(folder, values) -> None:
+    """Replace a folder's transformer weights by `values` of them (a function of its state dict), so that a file of
+    that precision holds exactly the folder's weights."""
     import json
 
     import diffusers
 
     path = Path(folder, "transformer")
     model = getattr(diffusers, json.loads((path / "config.json").read_text())["_class_name"]).from_pretrained(path)
-    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
+    model.load_state_dict(values(model.state_dict()))
     model.save_pretrained(path)
+
+
+def bf16_valued_transformer(folder) -> None:
+    """Round a folder's transformer weights to bf16 values (kept float32): a bf16 file of it
+    (z_image_turbo_bf16.safetensors, qwen_image_2.1_bf16.safetensors) holds exactly the folder's weights."""
+    transformer_holding(folder, lambda sd: {k: v.to(torch.bfloat16).float() for k, v in sd.items()})
 
 
 
@@ -1223,12 +1229,16 @@ def ltx2_vocoder_to_original(sd: dict) -> dict:
 
 def ltx2_files(folder, out, name: str = "ltx-2-19b-dev") -> dict[str, Path]:
     """LTX-2's files as ComfyUI's templates load them: the all-in-one checkpoint `name` (ltx-2-19b-dev, or
-    ltx-2.3-22b-dev of an LTX-2.3 folder: the diffusion model with the text connectors under model.diffusion_model.,
+    ltx-2.3-22b-dev-fp8 of an LTX-2.3 folder: the diffusion model with the text connectors under model.diffusion_model.,
     the text projection, vae., audio_vae., vocoder.) and the Gemma 3 text encoder (gemma_3_12B_it in ComfyUI's
-    layout, its vision tower included)."""
+    layout, its vision tower included). An `-fp8` name holds the diffusion model's 2-D weights in ComfyUI's newer scaled
+    fp8 (the folder needs `transformer_holding(folder, fp8_valued)` for it to hold exactly the folder's weights)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint = {**_prefixed(ltx2_transformer_to_original(folder_weights(folder, "transformer")), "model.diffusion_model."),
+    transformer = ltx2_transformer_to_original(folder_weights(folder, "transformer"))
+    if name.endswith("-fp8"):
+        transformer = scaled_fp8(transformer, new_format=True)
+    checkpoint = {**_prefixed(transformer, "model.diffusion_model."),
                   **ltx2_connectors_to_original(folder_weights(folder, "connectors")),
                   **_prefixed(ltx2_video_vae_to_original(folder_weights(folder, "vae")), "vae."),
                   **_prefixed(ltx2_audio_vae_to_original(folder_weights(folder, "audio_vae")), "audio_vae."),

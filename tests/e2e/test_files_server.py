@@ -278,13 +278,14 @@ def test_wan22_t2v_a14b_from_its_two_expert_files_gives_the_frames_of_plain_diff
     assert np.abs(saved - np.clip(plain * 255.0, 0, 255).astype(np.int16)).max() <= 1  # SaveImage's 8 bits
 
 
-@pytest.mark.parametrize("model, checkpoint", [("ltx2", "ltx-2-19b-dev"), ("ltx23", "ltx-2.3-22b-dev")])
-def test_ltx2_from_its_checkpoint_and_gemma_file_gives_the_frames_and_sound_of_its_folder(files_server, model,
+@pytest.mark.parametrize("model, configs, checkpoint", [("ltx2", "tiny-ltx2", "ltx-2-19b-dev"),
+                                                      ("ltx23", "ltx23", "ltx-2.3-22b-dev-fp8")])
+def test_ltx2_from_its_checkpoint_and_gemma_file_gives_the_frames_and_sound_of_its_folder(files_server, model, configs,
                                                                                          checkpoint):
-    """ComfyUI's LTX-2 and LTX-2.3 files through the File Loader (the all-in-one checkpoint in checkpoints/, Gemma 3
-    in text_encoders/) into the TPU Video Sampler, its frames and AUDIO into Create Video + Save Video: the saved
-    frames are those of the same prompt from the diffusers folder (TPU Loader), and the run has the folder's sound
-    track."""
+    """ComfyUI's LTX-2 and LTX-2.3 files through the File Loader (the all-in-one checkpoint in checkpoints/, LTX-2.3's
+    in scaled fp8, Gemma 3 in text_encoders/) into the TPU Video Sampler, its frames and AUDIO into Create Video + Save
+    Video: the saved frames are those of the same prompt from the diffusers folder (TPU Loader; LTX-2.3's holds the
+    fp8 file's weights), and the run has the folder's sound track."""
     import av
 
     def frames_and_sound(prompt):
@@ -301,9 +302,9 @@ def test_ltx2_from_its_checkpoint_and_gemma_file_gives_the_frames_and_sound_of_i
                           if p.suffix == ".png"])
         return entry, saved
 
-    folder_entry, from_folder = frames_and_sound(sampler_prompt(model=f"tiny-{model}"))
+    folder_entry, from_folder = frames_and_sound(sampler_prompt(model=configs))
     picks = (f"{model}/{checkpoint}.safetensors", f"{model}/gemma_3_12B_it.safetensors", "none", "none", "none")
-    entry, from_files = frames_and_sound(files_prompt(f"tiny-{model}", picks))
+    entry, from_files = frames_and_sound(files_prompt(configs, picks))
     info = run_info(entry)
     assert info["pipeline"] == "LTX2Pipeline" and info["loaded"], info
     assert from_files.shape == (9, 32, 32, 3) and np.abs(from_files - from_folder).max() <= 1
