@@ -143,6 +143,19 @@ def test_two_context_parallel_ranks_give_the_single_process_video_and_sound_of_l
         assert "context parallel (Ulysses): transformer over 2 ranks" in result.info.notes
 
 
+@pytest.mark.parametrize("name", ["ltx2", "ltx23"])
+def test_two_tensor_parallel_ranks_give_the_single_process_video_and_sound_of_ltx2(tiny, engine, name):
+    """LTX-2 and LTX-2.3 with the family's TP plan (diffusers has none): each rank holds a 1/2 slice of every
+    attention's value and output projections (per head) and of both FFNs; the frames and the sound track equal one
+    process's, and each rank holds half of what the plan shards."""
+    video = request(width=32, height=32, frames=9, steps=2)
+    single = Engine(distribute=False).generate(handle_for(tiny, name), video)
+    # the tiny Gemma has one key/value head, which 2 ranks cannot divide: its text encoder stays whole
+    result = engine.generate(handle_for(tiny, name, mesh=MeshSpec(chips=2, shard_text_encoder=False)), video)
+    assert (result.images - single.images).abs().max() <= 1 / 255
+    torch.testing.assert_close(result.audio["waveform"], single.audio["waveform"], atol=1e-4, rtol=0)
+    assert result.info.world_size == 2 and result.info.sharded_fraction_per_rank == (0.5, 0.5)
+
 def test_context_parallel_under_model_cpu_offload_run_after_run_and_across_a_task_switch(tiny, engine):
     """CP under model CPU offload, for each Wan 2.2 model: each rank applies context parallelism before the offload
     hooks, so diffusers' re-arming of them after every run (and their move to the image to video pipeline on a task

@@ -210,6 +210,28 @@ def context_parallel_plan(config) -> dict:
     }
 
 
+def tensor_parallel_plan(config) -> dict:
+    """A `_tp_plan` for an LTX2VideoTransformer3DModel of this config (diffusers 0.42.1 gives it none), as Wan's
+    (runtime/families/wan.py): its q/k norms span all heads (`rms_norm_across_heads`), so the query and key
+    projections stay whole; each attention's value projection is sharded per head (every rank a 1/tp slice of each
+    head's value channels, PackedColwiseParallel) and its output projection takes that slice (PackedRowwiseParallel,
+    all-reduced); the video and the audio FFNs colwise in, rowwise out. The per-head gates of LTX-2.3's gated attention
+    and its perturbed attention's value pass-through act per head, so they take the slices as they are. The video
+    attentions have the video heads, the audio ones and both cross-modal attentions the audio heads."""
+    from diffusers.hooks.tensor_parallel import PackedColwiseParallel, PackedRowwiseParallel
+
+    video, audio = [1] * config["num_attention_heads"], [1] * config["audio_num_attention_heads"]
+    plan = {}
+    for attention, heads in (("attn1", video), ("attn2", video), ("audio_attn1", audio), ("audio_attn2", audio),
+                             ("audio_to_video_attn", audio), ("video_to_audio_attn", audio)):
+        plan[f"transformer_blocks.*.{attention}.to_v"] = PackedColwiseParallel(heads)
+        plan[f"transformer_blocks.*.{attention}.to_out.0"] = PackedRowwiseParallel(heads)
+    for ffn in ("ff", "audio_ff"):
+        plan[f"transformer_blocks.*.{ffn}.net.0.proj"] = "colwise"
+        plan[f"transformer_blocks.*.{ffn}.net.2"] = "rowwise"
+    return plan
+
+
 # the text attentions, and the audio's self-attention and the video's attention over it: their keys are whole
 CP_LOCAL_ATTENTION = ("attn2", "audio_attn2", "audio_attn1", "audio_to_video_attn")
 
@@ -231,8 +253,8 @@ LTX23 = {
         audio_connector_num_attention_heads=32, audio_connector_attention_head_dim=64, audio_connector_num_layers=8,
         audio_gated_attn=True, rope_type="split", per_modality_projections=True, proj_bias=True)),
     "transformer": ("diffusers", "LTX2VideoTransformer3DModel", dict(
-        num_attention_heads=32, attention_head_dim=128, num_layers=48, patch_size=1, patch_size_t=1, rope_type="split",
-        gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
+        num_attention_heads=32, attention_head_dim=128, audio_num_attention_heads=32, num_layers=48, patch_size=1,
+        patch_size_t=1, rope_type="split", gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
         use_prompt_embeddings=False, perturbed_attn=True)),
     "vae": ("diffusers", "AutoencoderKLLTX2Video", dict(
         block_out_channels=(256, 512, 1024, 1024), decoder_block_out_channels=(256, 512, 512, 1024),
@@ -248,8 +270,8 @@ REFERENCE_MODELS = {
         "text_encoder": GEMMA3_12B,
         "connectors": ("diffusers.pipelines.ltx2.connectors", "LTX2TextConnectors", {}),
         "transformer": ("diffusers", "LTX2VideoTransformer3DModel", dict(
-            num_attention_heads=32, attention_head_dim=128, num_layers=48, patch_size=1, patch_size_t=1,
-            rope_type="split")),
+            num_attention_heads=32, attention_head_dim=128, audio_num_attention_heads=32, num_layers=48, patch_size=1,
+            patch_size_t=1, rope_type="split")),
         "vae": ("diffusers", "AutoencoderKLLTX2Video", dict(
             spatial_compression_ratio=32, temporal_compression_ratio=8, decoder_causal=False)),
         "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", {}),
@@ -315,4 +337,5 @@ FAMILY = Family(
     cp_plan=context_parallel_plan,  # diffusers' leaves the audio branch out
     cp_local_attention=CP_LOCAL_ATTENTION,
     sigmas_as_given=sigmas_as_given,  # its distilled schedules (DISTILLED_SIGMA_VALUES, ComfyUI's ManualSigmas)
+    tp_plan=tensor_parallel_plan,  # diffusers gives its transformer none
 )
