@@ -1,4 +1,4 @@
-"""LTX-2 (and LTX-2.3's parts) through the engine: text to video, image to video and first/last frame to video with
+"""LTX-2 (and LTX-2.3's and LTX-2.5's parts) through the engine: text to video, image to video and first/last frame to video with
 sound, each equal to plain diffusers' LTX2Pipeline / LTX2ImageToVideoPipeline / LTX2ConditionPipeline from the same
 folder for the same seed (seed + i per video), the frames and the sound track (AUDIO, at the vocoder's rate); its 8k + 1 frame rule, and a
 last image it cannot take, refused before anything loads. With a latent upscaler, its two-stage generation (half
@@ -33,14 +33,15 @@ def tiny_ltx2(tmp_path_factory):
     return str(folder)
 
 
-@pytest.fixture(scope="module")
-def tiny_ltx23(tmp_path_factory):
-    """LTX-2.3's parts (tools/tiny_models.py ltx23): gated attention, prompt modulation, perturbed attention, a
-    projection per modality, a 4-stage VAE, the vocoder with bandwidth extension."""
+@pytest.fixture(scope="module", params=["ltx23", "ltx25"])
+def tiny_later_ltx(request, tmp_path_factory):
+    """LTX-2.3's parts (tools/tiny_models.py ltx23: gated attention, prompt modulation, perturbed attention, a
+    projection per modality, a 4-stage VAE, the vocoder with bandwidth extension) and LTX-2.5's for the classic
+    pipeline (ltx25: a Gemma 4 text encoder, a video FFN without bias, the keyframe position embedding)."""
     import tiny_models
 
-    folder = tmp_path_factory.mktemp("models") / "tiny-ltx23"
-    tiny_models.build("ltx23", folder)
+    folder = tmp_path_factory.mktemp("models") / f"tiny-{request.param}"
+    tiny_models.build(request.param, folder)
     return str(folder)
 
 
@@ -101,13 +102,14 @@ def test_frames_and_sound_equal_plain_diffusers_video_after_video(tiny_ltx2, eng
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_ltx23_frames_and_sound_equal_plain_diffusers(tiny_ltx23, engine, task):
-    """LTX-2.3's parts, each task, one video: its frames, and its 2x bandwidth-extended sound (32 kHz here)."""
+def test_ltx23_and_ltx25_frames_and_sound_equal_plain_diffusers(tiny_later_ltx, engine, task):
+    """LTX-2.3's and LTX-2.5's parts, each task, one video: the frames (LTX-2.5's start images re-encoded at its own
+    CRF, which diffusers picks from the Gemma 4 encoder), and the 2x bandwidth-extended sound (32 kHz here)."""
     cls, images, inputs = TASKS[task]
-    made = engine.generate(PipelineHandle.of(source=tiny_ltx23, model_class="LTX2Pipeline"),
+    made = engine.generate(PipelineHandle.of(source=tiny_later_ltx, model_class="LTX2Pipeline"),
                            request(batch_size=1, images=tuple(image.astype(np.float32) / 255.0 for image in images)))
     assert made.info.task == task and made.info.pipeline == cls
-    frames, waveform, rate = reference(tiny_ltx23, cls, 1, inputs)
+    frames, waveform, rate = reference(tiny_later_ltx, cls, 1, inputs)
     assert (made.images - frames).abs().max() <= 1 / 255
     assert made.audio["sample_rate"] == rate == 32_000
     assert made.audio["waveform"].shape == waveform.shape and waveform.shape[:2] == (1, 2)

@@ -46,7 +46,7 @@ MODEL_CLASSES = {"flux1-schnell": "FluxPipeline", "flux1-dev": "FluxPipeline", "
                  "qwenimage21": "QwenImage21Pipeline", "krea2": "Krea2Pipeline",
                  "qwenimage21-turbo": "QwenImage21Pipeline", "flux3": "Flux3ModularPipeline",
                  "flux3-distilled": "Flux3DistilledModularPipeline", "ltx2": "LTX2Pipeline",
-                 "ltx23": "LTX2Pipeline"}
+                 "ltx23": "LTX2Pipeline", "ltx25": "LTX2Pipeline"}
 FAMILIES = tuple(MODEL_CLASSES)
 SIZES = ("tiny", "bench")
 
@@ -1089,6 +1089,30 @@ def ltx23(size: str):
                         tokenizer=base.tokenizer, connectors=connectors, vocoder=vocoder), raw
 
 
+def ltx25(size: str):
+    """LTX-2.5 (LTX2Pipeline with 2.5's parts, as diffusers' convert_ltx2_to_diffusers --version 2.5 makes them for the
+    classic pipeline): a Gemma 4 text encoder (Gemma4UnifiedForConditionalGeneration, text only), LTX-2.3's parts
+    otherwise, with the transformer's video FFN without bias and its keyframe absolute-position embedding. No
+    duration head (num_frames is always given) and the conv VAE decode (not the diffusion decoder)."""
+    from diffusers import LTX2Pipeline, LTX2VideoTransformer3DModel
+    from transformers import Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration
+
+    if size != "tiny":
+        raise ValueError("ltx25 has a tiny size only")
+    base, raw = ltx23(size)
+    torch.manual_seed(0)
+    text_encoder = Gemma4UnifiedForConditionalGeneration(Gemma4UnifiedConfig(text_config=dict(
+        vocab_size=len(base.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=8, global_head_dim=8, sliding_window=16,
+        max_position_embeddings=1024, layer_types=["sliding_attention", "full_attention"])))
+    torch.manual_seed(0)
+    transformer = LTX2VideoTransformer3DModel.from_config(
+        {**base.transformer.config, "ff_bias": False, "use_keyframes_abs_pos_embedding": True})
+    return LTX2Pipeline(transformer=transformer, vae=base.vae, audio_vae=base.audio_vae, scheduler=base.scheduler,
+                        text_encoder=text_encoder, tokenizer=base.tokenizer, connectors=base.connectors,
+                        vocoder=base.vocoder), raw
+
+
 def ltx2_upsampler(out_dir) -> Path:
     """LTX-2's latent upscaler (LTX2LatentUpsamplerModel) for the tiny ltx2's 4 latent channels, x2 spatial with the
     rational resampler as ltx-2.3-spatial-upscaler-x2: a diffusers folder (config.json + weights). Its weights file
@@ -1128,6 +1152,7 @@ _BUILDERS = {
     "flux3-distilled": lambda size: flux3(size, distilled=True),
     "ltx2": ltx2,
     "ltx23": ltx23,
+    "ltx25": ltx25,
 }
 
 
