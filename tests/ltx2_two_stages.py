@@ -5,11 +5,12 @@ import torch
 
 
 def two_stages(folder: str, upscaler: str, prompt: str, seed: int, videos: int, width: int, height: int,
-               frames: int, steps: int, guidance: float):
-    """Stage 1 at half width and height as latents, the video latents upscaled x2, stage 2 on
-    STAGE_2_DISTILLED_SIGMA_VALUES with a scheduler without dynamic shifting, renoised with the first sigma, at guidance
-    1; one generator per video (seed + i) through both stages. Returns the frames [videos x frames, H, W, 3] in 0..1
-    and the waveforms [videos, channels, T]."""
+               frames: int, steps: int, guidance: float, first_sigmas: list | None = None):
+    """Stage 1 at half width and height as latents (on `first_sigmas` as given when there are, as the distilled
+    checkpoint's recipe runs its first stage), the video latents upscaled x2, stage 2 on STAGE_2_DISTILLED_SIGMA_VALUES
+    with a scheduler without dynamic shifting, renoised with the first sigma, at guidance 1; one generator per video
+    (seed + i) through both stages. Returns the frames [videos x frames, H, W, 3] in 0..1 and the waveforms
+    [videos, channels, T]."""
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
     from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
@@ -25,9 +26,10 @@ def two_stages(folder: str, upscaler: str, prompt: str, seed: int, videos: int, 
     made, waveforms = [], []
     for i in range(videos):
         generator = torch.Generator("cpu").manual_seed(seed + i)
-        pipe.scheduler = first_scheduler
+        pipe.scheduler = refine_scheduler if first_sigmas else first_scheduler
         video_latent, audio_latent = pipe(**shared, width=width // 2, height=height // 2, num_inference_steps=steps,
-                                          guidance_scale=guidance, generator=generator, output_type="latent")
+                                          sigmas=first_sigmas, guidance_scale=guidance, generator=generator,
+                                          output_type="latent")
         upscaled = upsample(latents=video_latent, output_type="latent", return_dict=False)[0]
         pipe.scheduler = refine_scheduler
         video, audio = pipe(**shared, latents=upscaled, audio_latents=audio_latent, width=width, height=height,

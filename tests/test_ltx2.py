@@ -271,20 +271,26 @@ def test_the_refine_steps_are_the_distilled_schedule():
     assert family_for("LTX2Pipeline").two_stage.refine_steps == len(STAGE_2_DISTILLED_SIGMA_VALUES)
 
 
-def test_two_replicas_in_worker_processes_run_the_upscaler_as_one_process(tiny_ltx2, tiny_upscaler):
-    """The upscaler's path travels in the request to each worker rank (2 replicas on CPU ranks, a video each, seed
-    + its start), which loads it beside its pipeline: the videos equal diffusers' recipe for seed + i."""
+def test_two_replicas_in_worker_processes_run_the_upscaler_and_a_sigmas_schedule_as_one_process(tiny_ltx2,
+                                                                                                tiny_upscaler):
+    """The upscaler's path and a sigmas schedule travel in the request to each worker rank (2 replicas on CPU ranks, a
+    video each, seed + its start), which loads the upscaler beside its pipeline: the videos equal diffusers' recipe
+    for a distilled checkpoint (its first stage on the distilled sigmas at guidance 1) for seed + i."""
+    from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES
+
     from tpu_diffusers_runtime.specs import MeshSpec
 
     engine = Engine()
     try:
         made = engine.generate(
             PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline", mesh=MeshSpec(chips=2, replicas=2)),
-            request(width=64, height=64, upscaler=tiny_upscaler))
+            request(width=64, height=64, upscaler=tiny_upscaler, steps=len(DISTILLED_SIGMA_VALUES), guidance=1.0,
+                    sigmas=tuple(DISTILLED_SIGMA_VALUES)))
     finally:
         engine.unload()
     assert made.info.replica_images == (1, 1)
-    frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 2, 64, 64, FRAMES, 2, 3.0)
+    frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 2, 64, 64, FRAMES,
+                                                  len(DISTILLED_SIGMA_VALUES), 1.0, DISTILLED_SIGMA_VALUES)
     assert (made.images - frames).abs().max() <= 1 / 255
     torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
 
