@@ -117,13 +117,15 @@ def test_wan_compiles_the_blocks_of_both_experts_for_its_frames(tiny):
     torch.testing.assert_close(result.images, eager.images, atol=COMPILED_VS_EAGER_ATOL, rtol=0)
 
 
-def test_ltx2_compiles_its_audio_video_blocks_under_offload_and_matches_eager(tiny):
-    """LTX-2 (video with sound): auto scope under model CPU offload compiles the transformer's repeated blocks for the
-    frame count; the frames and the sound track equal eager. (Compiled whole with fullgraph it also equals eager: measured
-    once on CPU, ~90 s of compiling, not run here.)"""
+@pytest.mark.parametrize("model", ["ltx2", "ltx23"])
+def test_ltx2_compiles_its_audio_video_blocks_under_offload_and_matches_eager(tiny, model):
+    """LTX-2 (video with sound), and LTX-2.3's blocks (gated and perturbed attention, prompt modulation): auto scope
+    under model CPU offload compiles the transformer's repeated blocks for the frame count; the frames and the sound
+    track equal eager. (Compiled whole with fullgraph LTX-2 also equals eager: measured once on CPU, ~90 s of
+    compiling, not run here.)"""
     video = SampleRequest(prompt="a corgi barking on a beach", width=32, height=32, steps=2, seed=3, frames=9,
                           guidance=3.0)
-    handle = PipelineHandle.of(source=tiny("ltx2"), model_class="LTX2Pipeline", mode=ExecutionMode.COMPILED,
+    handle = PipelineHandle.of(source=tiny(model), model_class="LTX2Pipeline", mode=ExecutionMode.COMPILED,
                                placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
     engine = Engine()
     result = engine.generate(handle, video)
