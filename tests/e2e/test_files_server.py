@@ -15,6 +15,7 @@ import tiny_single_files
 from serving import LOADER, MODE, SAMPLER, comfy_server, outcome, run_info, run_ok, sampler_prompt, with_compile
 
 UNKNOWN_FORMAT_FILE = "z_image_turbo_svdq.safetensors"
+LTX25_FILE = "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors"
 FILE_LOADER_INPUTS = ("model", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "configs")
 LORA_MODEL = "tiny-flux1-schnell"
 # the files of workflows/qwen_image_2512_lightning_files_offload.json, by their names there
@@ -72,6 +73,7 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     cut = single_files["flux2"][1]["transformer"]
     (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
     tiny_single_files.unsupported_model_file("minimax-h3", broken / "minimax-h3-int8_convrot.safetensors")
+    (broken / LTX25_FILE).symlink_to(single_files["ltx2"][1]["checkpoint"])  # LTX-2's keys under LTX-2.5's name
     quantized = tiny_single_files.zimage_quantized_files(single_files["zimage"][0], base / "models")
     unknown_format(quantized["int8"]["transformer"], broken / UNKNOWN_FORMAT_FILE)
     wrong_slot = base / "models" / "vae" / "broken"
@@ -393,6 +395,22 @@ def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, 
 def test_a_file_of_another_family_is_refused_on_the_file_loader_when_queued(files_server, picks, message):
     """Krea 2's configs with a Z-Image file: refused from the headers when the prompt is queued."""
     details = refused_on(files_server, files_prompt("krea2", picks), LOADER)
+    assert message in details, details
+
+
+@pytest.mark.parametrize("picks, configs, message", [
+    ((f"broken/{LTX25_FILE}", "ltx2/gemma_3_12B_it.safetensors", "none", "none", "none"), "tiny-ltx2",
+     "is named 'ltx-2.5': LTX-2.5's single files do not load yet"),
+    (("ltx2/ltx-2-19b-dev.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none", "none"), "tiny-ltx2",
+     "is a Qwen3 text encoder, but text_encoder of LTX-2 needs a Gemma 3 text encoder"),
+    (("ltx2/ltx-2-19b-dev.safetensors", "none", "none", "none", "none"), "auto",
+     "LTX-2 from single files also needs text_encoder (gemma_3_12B_it_fp4_mixed.safetensors)"),
+], ids=["ltx25-file", "qwen3-for-gemma", "no-text-encoder"])
+def test_a_wrong_ltx2_file_is_refused_on_the_file_loader_when_queued(files_server, picks, configs, message):
+    """LTX-2.5's separate files (by name), a text encoder of another kind, a checkpoint without its Gemma file (with
+    configs auto: a full diffusers folder as configs would give its own text encoder): refused from the headers when
+    the prompt is queued, saying what to pick."""
+    details = refused_on(files_server, files_prompt(configs, picks), LOADER)
     assert message in details, details
 
 
