@@ -408,8 +408,8 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
 
 
 def _single_file_loadable(cls) -> bool:
-    """diffusers maps a converter to the class and the class has from_single_file (AutoencoderKLLTX2Audio has a
-    converter in diffusers 0.42.1 but not the mixin: its converted state dict is loaded as it is)."""
+    """diffusers maps a converter to the class and the class has from_single_file (a class can have a converter in
+    diffusers 0.42.1 but not FromOriginalModelMixin: its converted state dict is loaded as it is)."""
     from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class
 
     return _get_single_file_loadable_mapping_class(cls) is not None and hasattr(cls, "from_single_file")

@@ -388,6 +388,18 @@ def test_ltx25_files_are_refused_by_name_with_what_to_load_instead(sf_dir, tmp_p
         plan(str(tmp_path / name), {"text_encoder": files(sf_dir, "ltx2")["text_encoder"]}, "auto", [])
 
 
+def test_a_gemma4_file_where_gemma3_goes_is_named_as_what_it_is(tiny, tmp_path):
+    """LTX-2.5's Gemma 4 encoder shares Gemma 3's layer norms: its layer scalars tell it apart, in transformers' layout
+    and in ComfyUI's (the language model named as a causal LM), so the refusal names it."""
+    gemma4 = tsf.folder_weights(tiny("ltx25"), "text_encoder")
+    for layout, weights in (("transformers", gemma4), ("comfyui", tsf.gemma3_file_layout(gemma4))):
+        path = tmp_path / f"gemma4_{layout}.safetensors"
+        save_file(weights, str(path))
+        with pytest.raises(UserInputError, match=r"is a Gemma 4 text encoder \(LTX-2.5's, not supported yet\), but "
+                                                 r"text_encoder of LTX-2 needs a Gemma 3 text encoder"):
+            single_file.check_file_for_slot(str(path), "text_encoder", "LTX2Pipeline")
+
+
 def test_wan22_configs_of_the_other_wan_pipeline_are_refused(sf_dir, tmp_path):
     """TI2V-5B and T2V A14B are both WanPipelines; expand_timesteps (in model_index.json) tells their configs apart."""
     from tpu_diffusers_runtime.file_choice import plan

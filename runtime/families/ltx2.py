@@ -79,6 +79,10 @@ VOCODER = FileKind("ltx2_vocoder", "an LTX-2 vocoder", lambda: ("conv_pre.weight
 CONNECTORS = FileKind("ltx2_connectors", "LTX-2's text connectors", lambda: (
     "aggregate_embed.weight", "video_aggregate_embed.weight"),
     converter=lambda checkpoint, config: renamed(checkpoint, CONNECTOR_NAMES))
+# LTX-2.5's Gemma 4 encoder (gemma4-12b-with-proj-ltx-2.5): told apart from Gemma 3 (which shares its layer norms)
+# by each layer's scalar, so a Gemma 4 file where Gemma 3 goes is named as what it is; no slot takes it yet
+GEMMA4 = FileKind("gemma4", "a Gemma 4 text encoder (LTX-2.5's, not supported yet)", lambda: (
+    "model.layers.0.layer_scalar", "model.language_model.layers.0.layer_scalar"))
 GEMMA3_NAMES = ((r"^model\.", "model.language_model."), (r"^vision_model\.", "model.vision_tower."),
                 (r"^multi_modal_projector\.", "model.multi_modal_projector."))
 # ComfyUI's Gemma 3 files (comfy/text_encoders/lt.py) name the language model as a plain causal LM ("model.layers"),

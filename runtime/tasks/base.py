@@ -231,7 +231,10 @@ class Task:
                     elif on_step:
                         on_step(done, len(calls) * per_call)
 
-                with family.sigmas_as_given(stage_pipe) if "sigmas" in stage_kwargs else contextlib.nullcontext():
+                # sigmas as given where the family says how (a SIGMAS input, a two-stage refine); a family without that
+                # hook passes any sigmas of its own recipe to its scheduler as it is
+                given = family.sigmas_as_given if "sigmas" in stage_kwargs else None
+                with given(stage_pipe) if given else contextlib.nullcontext():
                     return pipeline_kinds.call(stage_pipe, family, stage_kwargs, step_end)
 
             with outside_inference_mode():  # either pipeline kind, classic or modular
@@ -311,7 +314,7 @@ def validate_sigmas(family: Family, request: SampleRequest) -> None:
                              "disconnect sigmas and set steps instead.")
     if problem := sigmas_problem(request.sigmas):
         raise UserInputError(problem)
-    if len(request.sigmas) != request.steps:
+    if len(request.sigmas) != request.steps:  # the Video Sampler sets steps from them; a request made otherwise
         raise UserInputError(f"{len(request.sigmas)} sigmas make {len(request.sigmas)} steps, but steps is "
                              f"{request.steps}: a schedule's steps are its sigmas but the final 0.")
 
