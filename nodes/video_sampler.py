@@ -139,13 +139,13 @@ class TPUVideoSampler(io.ComfyNode):
 
 
 def schedule_of(sigmas) -> tuple[float, ...]:
-    """A SIGMAS input (a 1-D tensor ending at 0, as ComfyUI's schedulers give it) as the pipeline's `sigmas`: its
+    """A SIGMAS input (a tensor ending at 0, as ComfyUI's schedulers give it) as the pipeline's `sigmas`: its
     values but the final zeros, which diffusers' flow-matching schedulers append themselves; () when none is
     connected. `execute` refuses an empty one; values that are no schedule are refused when the run is planned
     (input_checks.sigmas_problem)."""
     if sigmas is None:
         return ()
-    values = [float(s) for s in sigmas.flatten().tolist()] if hasattr(sigmas, "flatten") else [float(s) for s in sigmas]
+    values = [float(s) for s in sigmas.flatten().tolist()]
     while values and values[-1] == 0:
         values.pop()
     return tuple(values)

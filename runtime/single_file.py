@@ -468,10 +468,9 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
         weights_cache[path] = (read_weights(path, dtype, quantized),
                                quantized if quantized_weights.keeps_quantized else {})
     weights, quantized = weights_cache[path]
-    slot = family.slot(name)
     if prefix:
-        weights = {**{k: v for k, v in weights.items() if slot and slot.checkpoint_also and
-                      k.startswith(slot.checkpoint_also)},
+        kept_whole = family.slot(name).checkpoint_also if family.slot(name) else ()  # (the denoiser has no slot)
+        weights = {**{k: v for k, v in weights.items() if k.startswith(kept_whole)},
                    **{k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}}
     kind = slot_kind(family, name)
     want = kind.words

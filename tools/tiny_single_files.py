@@ -1193,15 +1193,20 @@ def ltx2_connectors_to_original(sd: dict) -> dict:
     return {**_prefixed(projection, "text_embedding_projection."), **_prefixed(connectors, "model.diffusion_model.")}
 
 
+# (diffusers' stage, the entry Lightricks' layout gives it): each stage and its down/upsampler one entry each
+LTX2_VAE_STAGES = ((r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", lambda i: f"encoder.down_blocks.{2 * i + 1}."),
+                   (r"encoder\.down_blocks\.(\d+)\.", lambda i: f"encoder.down_blocks.{2 * i}."),
+                   (r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda i: f"decoder.up_blocks.{2 * i + 1}."),
+                   (r"decoder\.up_blocks\.(\d+)\.", lambda i: f"decoder.up_blocks.{2 * i + 2}."))
+
+
 def _ltx2_vae_key(key: str) -> str:
-    for pattern, stage in ((r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", lambda i: f"encoder.down_blocks.{2 * i + 1}."),
-                           (r"encoder\.down_blocks\.(\d+)\.", lambda i: f"encoder.down_blocks.{2 * i}."),
-                           (r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda i: f"decoder.up_blocks.{2 * i + 1}."),
-                           (r"decoder\.up_blocks\.(\d+)\.", lambda i: f"decoder.up_blocks.{2 * i + 2}.")):
+    for pattern, stage in LTX2_VAE_STAGES:
         m = re.match(pattern, key)
         if m:
             return stage(int(m.group(1))) + key[m.end():]
-    return key.replace("encoder.mid_block.", "encoder.down_blocks.8.").replace("decoder.mid_block.", "decoder.up_blocks.0.")
+    return key.replace("encoder.mid_block.", "encoder.down_blocks.8.").replace("decoder.mid_block.",
+                                                                                "decoder.up_blocks.0.")
 
 
 def ltx2_video_vae_to_original(sd: dict) -> dict:

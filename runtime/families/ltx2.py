@@ -17,8 +17,6 @@ from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, F
                    ReferenceModel, TaskPipeline, TwoStage)
 from .components import attention_shape, diffusers_detection_keys
 
-# diffusers' detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics), and its
-# transformer's audio-to-video gate (a diffusion-model file's own key, without ComfyUI's prefix)
 # Lightricks' all-in-one checkpoints (ltx-2-19b-dev, ltx-2.3-22b-dev-fp8) hold every part but the text encoder, each
 # told by a key of its own layout. diffusers' single-file converters read LTX-2's transformer and VAEs; LTX-2.3 renamed
 # its prompt modulation and added two decoder stages, which diffusers 0.42.1's converters leave as they are, so those
@@ -66,6 +64,8 @@ def video_vae_to_diffusers(state: dict) -> dict:
     return renamed(convert_ltx2_vae_to_diffusers(dict(state)), DECODER_STAGE_4_NAMES)
 
 
+# its transformer's audio-to-video gate (a diffusion-model file's own key, without ComfyUI's prefix), and diffusers'
+# detection keys for model type "ltx2" (an all-in-one checkpoint: its VAEs' statistics)
 TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
     "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight", *diffusers_detection_keys("ltx2")),
     to_diffusers=transformer_to_diffusers)
@@ -258,8 +258,8 @@ LTX23 = {
         audio_gated_attn=True, rope_type="split", per_modality_projections=True, proj_bias=True)),
     "transformer": ("diffusers", "LTX2VideoTransformer3DModel", dict(
         num_attention_heads=32, attention_head_dim=128, audio_num_attention_heads=32, num_layers=48, patch_size=1,
-        patch_size_t=1, rope_type="split", gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
-        use_prompt_embeddings=False, perturbed_attn=True)),
+        patch_size_t=1, rope_type="split", gated_attn=True, cross_attn_mod=True, audio_gated_attn=True,
+        audio_cross_attn_mod=True, use_prompt_embeddings=False, perturbed_attn=True)),
     "vae": ("diffusers", "AutoencoderKLLTX2Video", dict(
         block_out_channels=(256, 512, 1024, 1024), decoder_block_out_channels=(256, 512, 512, 1024),
         layers_per_block=(4, 6, 4, 2, 2), decoder_layers_per_block=(4, 6, 4, 2, 2),
