@@ -126,7 +126,7 @@ def tiny(tiny_dir):
 
 
 @pytest.fixture(scope="session")
-def single_files(tiny_dir, tmp_path_factory) -> dict:
+def single_files(tiny_dir, tmp_path_factory):
     """ComfyUI-style single files (tools/tiny_single_files.py) of every family, written once:
     {family: (configs folder, {kind: path})}. FLUX.1's transformer file needs FLUX's real width (diffusers'
     BFL converter hard-codes it), so FLUX.1 comes from a real-width folder with one block of each kind; its
@@ -183,5 +183,6 @@ def single_files(tiny_dir, tmp_path_factory) -> dict:
                "wan22-ti2v-5b": (tiny_dir / "tiny-wan22-ti2v-5b", wan22_writer("ti2v")),
                "ltx2": (tiny_dir / "tiny-ltx2", tsf.ltx2_files),
                "ltx23": (ltx23, lambda folder, out: tsf.ltx2_files(folder, out, "ltx-2.3-22b-dev-fp8"))}
-    return {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
-            for family, (folder, write) in writers.items()}
+    yield {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
+           for family, (folder, write) in writers.items()}
+    shutil.rmtree(root)  # ~5 GB (the real-width FLUX.1 files): pytest keeps its last 3 runs' folders, never these
