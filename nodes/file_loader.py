@@ -52,7 +52,7 @@ def model_path(name: str) -> str:
 
 
 def plan_choices(model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str, configs: str,
-                 model_2: str = NONE):
+                 model_2: str = NONE, audio_vae: str = NONE):
     """The node's choices (names inside ComfyUI's folders) resolved to paths and planned by the runtime:
     (configs source, model class, files); raises UserInputError. The model is resolved first: its error
     is the one to show when several files are missing."""
@@ -64,17 +64,19 @@ def plan_choices(model: str, text_encoder: str, text_encoder_2: str, text_encode
         second = {}
     picked = {slot: resolve_model_file(name, folder_paths.get_folder_paths("text_encoders"), "text_encoders")
               for slot, name in zip(ENCODER_SLOTS, (text_encoder, text_encoder_2, text_encoder_3)) if name != NONE}
-    if vae != NONE:
-        picked["vae"] = resolve_model_file(vae, folder_paths.get_folder_paths("vae"), "vae")
+    for slot, name in (("vae", vae), ("audio_vae", audio_vae)):
+        if name not in (None, NONE):
+            picked[slot] = resolve_model_file(name, folder_paths.get_folder_paths("vae"), "vae")
     return plan(model_file, {**second, **picked}, configs, folder_paths.get_folder_paths("diffusers"))
 
 
-def check_choices(choices: tuple, device: str | None, model_2: str | None = NONE) -> bool | str:
+def check_choices(choices: tuple, device: str | None, model_2: str | None = NONE,
+                  audio_vae: str | None = NONE) -> bool | str:
     try:
         if device is not None:
             resolve_device(device)
         if None not in choices:
-            plan_choices(*choices, model_2=model_2)
+            plan_choices(*choices, model_2=model_2, audio_vae=audio_vae)
     except (UserInputError, ModelLoadError) as e:
         return str(e)
     except (OSError, ValueError) as e:  # an unreadable folder, a name the file system refuses (NUL)
@@ -132,6 +134,11 @@ class TPUFileLoader(io.ComfyNode):
                                        "bf16) and dequantizes each as it runs, same image; dequantize on load "
                                        "upcasts them when read; int8 matmul (W8A8) also multiplies int8 x int8. "
                                        "auto = keep quantized on TPU/CUDA, dequantize on CPU. Changing it reloads."),
+                io.Combo.Input("audio_vae", options=[NONE, *folder_paths.get_filename_list("vae")], default=NONE,
+                               optional=True,
+                               tooltip=f"models/vae, for models with sound whose audio VAE is a file of its own: "
+                                       f"{slot_files('audio_vae')}, or LTX-2.5's ltx-2.5-audio-vae-bf16 (it carries "
+                                       "the vocoder too). none: from the checkpoint, and for models without sound."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline",
                                         tooltip="The model choice; connect to Mode Selector, TPU LoRA or Sampler.")],
@@ -141,22 +148,22 @@ class TPUFileLoader(io.ComfyNode):
     async def validate_inputs(cls, model: str | None = None, text_encoder: str | None = None,
                         text_encoder_2: str | None = None, text_encoder_3: str | None = None,
                         vae: str | None = None, configs: str | None = None, device: str | None = None,
-                        model_2: str | None = NONE) -> bool | str:
+                        model_2: str | None = NONE, audio_vae: str | None = NONE) -> bool | str:
         """Checked when the prompt is queued (headers only), so a wrong file is refused on this node before
         any node runs. ComfyUI awaits this on its event loop: the file reads run in a thread, so the server
         keeps answering. Inputs fed by links arrive as None and are checked when the node runs."""
         choices = (model, text_encoder, text_encoder_2, text_encoder_3, vae, configs)
-        if model_2 is None:  # fed by a link: checked when the node runs
+        if model_2 is None or audio_vae is None:  # fed by a link: checked when the node runs
             choices = (*choices, None)
-        return await asyncio.to_thread(check_choices, choices, device, model_2)
+        return await asyncio.to_thread(check_choices, choices, device, model_2, audio_vae)
 
     @classmethod
     def execute(cls, model: str, text_encoder: str, text_encoder_2: str, text_encoder_3: str, vae: str,
                 configs: str, dtype: str, device: str, model_2: str = NONE,
-                quantized_weights: str = QuantizedWeights.AUTO) -> io.NodeOutput:
+                quantized_weights: str = QuantizedWeights.AUTO, audio_vae: str = NONE) -> io.NodeOutput:
         target = resolve_device(device)
         source, model_class, files = plan_choices(model, text_encoder, text_encoder_2, text_encoder_3, vae, configs,
-                                                  model_2)
+                                                  model_2, audio_vae)
         check_against_configs(source, model_class, files, model)
         handle = PipelineHandle.of(source=source, model_class=model_class, files=files, dtype=dtype, device=device,
                                    quantized_weights=quantized_weights)

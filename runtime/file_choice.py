@@ -55,7 +55,8 @@ def check_against_configs(source: str, model_class: str, files, model_name: str)
 def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView],
                  configs_have_weights: set[str] = frozenset()) -> tuple[tuple[str, str], ...]:
     """((component, path), ...): the model file for its denoiser and whatever else it carries, each picked
-    file for its component (it overrides the checkpoint's own); `configs_have_weights` are components the
+    file for its component (it overrides the checkpoint's own) and for what else it carries (LTX-2.5's audio VAE file
+    its vocoder) where nothing else gives that; `configs_have_weights` are components the
     config folder can load itself (a full diffusers folder picked as configs). `family` is the model's as its
     file variant's settings make it (`settings_of`)."""
     files = {name: model.path for name in components_in_checkpoint(model, family)}
@@ -70,11 +71,15 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
                                      f"({name}); leave it at 'none'. It takes: {describe_slots(family, comfy_files)}.")
             raise UserInputError(f"{family.name} has no {name}; leave it at 'none'. {family.name} takes: "
                                  f"{describe_slots(family, comfy_files)}.")
-        check_file_for_slot(header, name, family.base_class, settings)
+        check_file_for_slot(header, name, family.base_class, settings, model)
         check_file_name(header, slots[name], comfy_files)
         if name in family.extra_denoisers:
             check_same_model(model, header, name, comfy_files.get(name, slots[name].comfy_file))
         files[name] = header.path
+    for header in picked.values():  # what a picked file also carries fills what nothing else gives
+        for name in components_in_checkpoint(header, family).keys() & slots.keys() - files.keys():
+            check_file_for_slot(header, name, family.base_class, settings, model)
+            files[name] = header.path
     missing = [name for name, slot in slots.items() if name not in files and name not in configs_have_weights
                and not slot.optional]
     if missing:

@@ -128,7 +128,7 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             quantized_weights = QuantizedWeights.DEQUANTIZE if sharded else quantized
             loaded[name] = single_file.load_component(name, _component_class(name, library, cls), files[name],
                                                       folder, dtype, weights_cache, [] if notes is None else notes,
-                                                      quantized_weights)
+                                                      quantized_weights, files.get(family.denoiser))
             if sharded:  # a second expert (model_2) too
                 _shard_loaded(loaded[name], sharding.load_kwargs(folder, name), device)
             if files[name] not in (files.get(later) for later in list(parts)[done + 1:]):

@@ -40,7 +40,7 @@ import os
 
 from . import settings
 from .errors import UserInputError
-from .families import FAMILIES, Family, MemoryModel
+from .families import FAMILIES, Family, MemoryModel, family_for
 from .specs import Placement
 
 log = logging.getLogger("tpu_diffusers")
@@ -286,7 +286,9 @@ def quantized_sizes(handle, folder: str) -> dict:
     from .sources import config_values, read_model_index
 
     settings = config_values(read_model_index(folder, is_folder=True))
-    return {component: stored_sizes(path, check_file_for_slot(path, component, handle.model_class, settings))
+    model_file = dict(handle.files).get(family_for(handle.model_class, settings=settings).denoiser)
+    return {component: stored_sizes(path, check_file_for_slot(path, component, handle.model_class, settings,
+                                                              model_file))
             for component, path in handle.files}
 
 

@@ -45,7 +45,9 @@ CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "token
 # a projection CLIPTextModel has no use for), and parts a text-to-image pipeline never runs, so a file
 # without them (ComfyUI's text-only files of multimodal encoders) still loads. Everything else must match exactly.
 IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight",
-                      "spiece_model")  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
+                      "spiece_model",  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
+                      # and LTX-2.5's Gemma 4 file its tokenizer's files (as a third-party converter of it reads them)
+                      "tokenizer_json", "tokenizer_config.json", "generation_config.json")
 UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
 VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
 # Components whose presence in model_index.json means the pipeline feeds images to its text encoder, so its
@@ -112,9 +114,10 @@ def _model_words(keys) -> str:
     return ""
 
 
-def read_weights(path: str, dtype, quantized: dict | None = None) -> dict:
-    """All tensors of a .safetensors file as `dtype`, read tensor by tensor; `quantized`, when given, is filled
-    with the file's quantized layers as stored ({key: QuantizedWeight}), so keeping them needs no second read.
+def read_weights(path: str, dtype, quantized: dict | None = None, only: tuple[str, ...] = ()) -> dict:
+    """All tensors of a .safetensors file as `dtype` (those whose keys start with `only`, when given), read tensor by
+    tensor; `quantized`, when given, is filled with the file's quantized layers as stored ({key: QuantizedWeight}),
+    so keeping them needs no second read.
 
     fp8 tensors are upcast. Every quantized layer ComfyUI writes (a `<layer>.comfy_quant` config or the
     `_quantization_metadata` header entry: fp8 with `weight_scale`, int8 with or without ConvRot, nvfp4, mxfp8,
@@ -136,7 +139,7 @@ def read_weights(path: str, dtype, quantized: dict | None = None) -> dict:
             if quantized is not None:
                 quantized.update(layers)
             for k in keys:
-                if k in dropped or k.split(".")[-1] == quant_formats.SCALED_FP8_MARKER:
+                if k in dropped or k.split(".")[-1] == quant_formats.SCALED_FP8_MARKER or not k.startswith(only or ""):
                     continue  # also a checkpoint's "model.diffusion_model.scaled_fp8"
                 tensor = _dequantized(name, k, layers[k], dtype) if k in layers else f.get_tensor(k)
                 out[k] = tensor.to(dtype) if tensor.is_floating_point() else tensor
@@ -283,10 +286,13 @@ def components_in_checkpoint(path, family: Family | None = None) -> dict[str, st
     return found
 
 
-def slot_kind(family: Family, component: str) -> FileKind:
-    """The kind of file `component` of `family` takes; refused for a component no file can fill."""
+def slot_kind(family: Family, component: str, variant: FileVariant | None = None) -> FileKind:
+    """The kind of file `component` of `family` takes (with a diffusion model of file `variant`, its own kind where it
+    names one); refused for a component no file can fill."""
     if component == family.denoiser:
         return family.denoiser_kind
+    if variant is not None and component in variant.slot_kinds:
+        return variant.slot_kinds[component]
     slot = family.slot(component)
     if slot is None:
         raise UserInputError(f"{family.name} has no '{component}' to load from a file; it takes "
@@ -294,20 +300,23 @@ def slot_kind(family: Family, component: str) -> FileKind:
     return slot.kind
 
 
-def check_file_for_slot(path, component: str, model_class: str, settings: dict | None = None) -> str:
+def check_file_for_slot(path, component: str, model_class: str, settings: dict | None = None,
+                        model_file=None) -> str:
     """Refuse a file that cannot fill `component` of a `model_class` pipeline (with these model_index
-    `settings`: they can change a slot's kind) (a text encoder in the VAE slot, a T5 where CLIP goes, a
-    diffusion model of another family, a truncated file); returns the key prefix of that component inside the file
-    ('' unless it is an all-in-one checkpoint)."""
+    `settings`: they can change a slot's kind; beside the diffusion model `model_file`, whose variant can too) (a text
+    encoder in the VAE slot, a T5 where CLIP goes, a diffusion model of another family, a truncated file); returns
+    the key prefix of that component inside the file ('' unless it is an all-in-one checkpoint). A file of the
+    component that also carries another's weights (LTX-2.5's text encoder with the text projection) is the
+    component's at its top level."""
     header = _header(path)
     family = family_for(model_class, settings=settings)
-    want = slot_kind(family, component)
+    want = slot_kind(family, component, variant_of(model_file) if model_file else None)
     parts = components_in_checkpoint(header, family)
-    if parts and component not in parts:
-        raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({want.words}); it carries "
-                             f"{', '.join(parts)}. Pick a separate {want.words} file for {component}.")
     prefix = parts.get(component, "")
     got = _kind(header, prefix)
+    if got != want and parts and component not in parts:
+        raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({want.words}); it carries "
+                             f"{', '.join(parts)}. Pick a separate {want.words} file for {component}.")
     if got != want:
         raise UserInputError(f"'{header.name}' is {_words(got)}, but {component} of {family.name} needs "
                              f"{want.words}. Pick the right file for {component}.")
@@ -443,21 +452,26 @@ def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None 
 
 
 def load_component(name: str, cls, path: str, config_folder: str, dtype, weights_cache: dict,
-                   notes: list[str], quantized_weights: QuantizedWeights = QuantizedWeights.DEQUANTIZE):
+                   notes: list[str], quantized_weights: QuantizedWeights = QuantizedWeights.DEQUANTIZE,
+                   model_file: str | None = None):
     """Load pipeline component `name` (class `cls`) with weights from the single file `path` and its config
     from `config_folder/<name>`. `weights_cache` ({path: (state dict, quantized layers kept)}) lets one read of
     an all-in-one checkpoint serve all its components; the caller drops it when the pipeline is built. What the run info
     should say about the file is appended to `notes`. `quantized_weights` (resolved, not auto): whether the
-    file's int8/fp8 layers stay quantized in the model (runtime/resident_weights.py)."""
+    file's int8/fp8 layers stay quantized in the model (runtime/resident_weights.py). `model_file`, the diffusion
+    model's file, tells its variant (`FileVariant.slot_kinds`) and holds a slot's `checkpoint_also` weights that
+    `path` lacks."""
     import torch
 
     index = read_model_index(config_folder, is_folder=True)
     model_class = index["_class_name"]
     settings = config_values(index)
     family = family_for(model_class, settings=settings)
-    prefix = check_file_for_slot(path, name, model_class, settings)
+    variant = variant_of(model_file) if model_file else None
+    prefix = check_file_for_slot(path, name, model_class, settings, model_file)
     file = os.path.basename(path)
-    runs_vision = cls.__module__.startswith("transformers") and any(p in index for p in IMAGE_TO_TEXT_ENCODER)
+    runs_vision = cls.__module__.startswith("transformers") and any(
+        (index.get(p) or [None])[0] for p in IMAGE_TO_TEXT_ENCODER)  # (LTX-2's optional processor is [null, null])
     if runs_vision:  # refused from the header, before a 7B text encoder is read for nothing
         header = _header(path)
         if not any(k[len(prefix):].removeprefix("model.").startswith(VISION_PARTS)
@@ -468,11 +482,16 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
         weights_cache[path] = (read_weights(path, dtype, quantized),
                                quantized if quantized_weights.keeps_quantized else {})
     weights, quantized = weights_cache[path]
+    kept_whole = family.slot(name).checkpoint_also if family.slot(name) else ()  # (the denoiser has no slot)
+    carried = tuple(components_in_checkpoint(path, family).values())  # other components' weights in the file
     if prefix:
-        kept_whole = family.slot(name).checkpoint_also if family.slot(name) else ()  # (the denoiser has no slot)
         weights = {**{k: v for k, v in weights.items() if k.startswith(kept_whole)},
                    **{k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}}
-    kind = slot_kind(family, name)
+    elif carried:
+        weights = {k: v for k, v in weights.items() if not k.startswith(carried)}
+    if kept_whole and model_file and not any(k.startswith(kept_whole) for k in weights):
+        weights = {**read_weights(model_file, dtype, only=kept_whole), **weights}
+    kind = slot_kind(family, name, variant)
     want = kind.words
     try:
         if cls.__module__.startswith("transformers"):
@@ -545,13 +564,15 @@ def check_files_against_configs(files, config_folder: str, model_class: str) -> 
     index = read_model_index(config_folder, is_folder=True)
     settings = config_values(index)
     family = family_for(model_class, settings=settings)
+    model_file = dict(files).get(family.denoiser)
+    variant = variant_of(model_file) if model_file else None
     for component, path in files:
         library, cls_name = (index.get(component) or [None, None])[:2]
         if library != "transformers":
             continue  # diffusers converts transformers and VAEs from other layouts; checked when loading
         model = meta_model(config_folder, component, library, cls_name)
         header = _header(path)
-        prefix = check_file_for_slot(header, component, model_class, settings)
+        prefix = check_file_for_slot(header, component, model_class, settings, model_file)
         in_file = _by_suffix(k[len(prefix):] for k in header if k.startswith(prefix))
         for key, tensor in model.state_dict().items():
             file_key = prefix + in_file.get(key, "\0")
@@ -559,7 +580,7 @@ def check_files_against_configs(files, config_folder: str, model_class: str) -> 
                 raise UserInputError(
                     f"'{header.name}' does not fit {component} of this {family.name}: {key} is "
                     f"{list(header[file_key].shape)} in the file, {list(tensor.shape)} in "
-                    f"'{os.path.basename(config_folder)}''s config. It is {slot_kind(family, component).words} "
+                    f"'{os.path.basename(config_folder)}''s config. It is {slot_kind(family, component, variant).words} "
                     f"of another size or kind; pick the right file for {component}.")
 
 

@@ -135,7 +135,7 @@ def single_files(tiny_dir, tmp_path_factory):
     qwenimage-edit-plus one (2511: zero_cond_t). FLUX.2 [klein]'s folder has the real context width (7680), which
     tells its files from FLUX.2 [dev]'s. Z-Image's folder has bf16-valued transformer weights (its file is
     bf16), Krea 2's is Turbo with fp8-valued ones (its files are scaled fp8), FLUX 3 [klein]'s base model has bf16-valued
-    ones (its file is bf16). Wan 2.2 A14B's folders have a VAE of Wan 2.1's block structure (diffusers' converter needs it)."""
+    ones (its file is bf16), LTX-2.3's fp8-valued and LTX-2.5's int8-ConvRot-valued ones. Wan 2.2 A14B's folders have a VAE of Wan 2.1's block structure (diffusers' converter needs it)."""
     import tiny_single_files as tsf
 
     root = tmp_path_factory.mktemp("single_files")
@@ -154,6 +154,9 @@ def single_files(tiny_dir, tmp_path_factory):
     tsf.bf16_valued_transformer(flux3)  # as Qwen-Image 2.1's: flux3-image-klein-base-bf16.safetensors
     ltx23 = Path(shutil.copytree(tiny_dir / "tiny-ltx23", root / "ltx23"))
     tsf.transformer_holding(ltx23, tsf.fp8_valued)  # its ltx-2.3-22b-dev-fp8 checkpoint then holds the folder's weights
+    ltx25 = Path(shutil.copytree(tiny_dir / "tiny-ltx25", root / "ltx25"))
+    ltx25_files = tsf.ltx25_files(ltx25, root / "files-ltx25")  # its int8 ConvRot file quantizes the folder's weights;
+    tsf.transformer_holding(ltx25, tsf.ltx25_transformer_values)  # then the folder holds what that file loads as
     krea2 = Path(shutil.copytree(tiny_dir / "tiny-krea2", root / "krea2"))
     tsf.krea2_turbo_folder(krea2)  # Turbo; its scaled fp8 files then hold exactly the folder's weights
     wan_a14b = {}  # Wan 2.2 A14B's wan_2.1_vae: diffusers' converter needs Wan 2.1's block structure, as QwenImage's
@@ -182,7 +185,8 @@ def single_files(tiny_dir, tmp_path_factory):
                "wan22-i2v-a14b": (wan_a14b["wan22-i2v-a14b"], wan22_writer("i2v")),
                "wan22-ti2v-5b": (tiny_dir / "tiny-wan22-ti2v-5b", wan22_writer("ti2v")),
                "ltx2": (tiny_dir / "tiny-ltx2", tsf.ltx2_files),
-               "ltx23": (ltx23, lambda folder, out: tsf.ltx2_files(folder, out, "ltx-2.3-22b-dev-fp8"))}
+               "ltx23": (ltx23, lambda folder, out: tsf.ltx2_files(folder, out, "ltx-2.3-22b-dev-fp8")),
+               "ltx25": (ltx25, lambda folder, out: ltx25_files)}
     yield {family: (folder, {kind: Path(path) for kind, path in write(folder, root / f"files-{family}").items()})
            for family, (folder, write) in writers.items()}
     shutil.rmtree(root)  # ~5 GB (the real-width FLUX.1 files): pytest keeps its last 3 runs' folders, never these

@@ -376,16 +376,54 @@ def test_a_wan21_file_is_refused_with_what_to_load_instead(sf_dir, tmp_path):
              "auto", [])
 
 
-def test_ltx25_files_are_refused_by_name_with_what_to_load_instead(sf_dir, tmp_path):
-    """LTX-2.5's diffusion model file carries LTX-2's identifying keys but ships apart from its other parts: refused by
-    name when queued."""
+def test_ltx25_diffusion_decoder_vae_is_refused_naming_the_conv_vae(sf_dir, tmp_path):
+    """The template's ltx-2.5-video-vae-bf16 pairs the conv encoder with LTX-2.5's diffusion decoder (another model,
+    which diffusers runs as a pipeline of its own): refused when queued, naming the conv VAE file that loads."""
     from tpu_diffusers_runtime.file_choice import plan
 
-    name = "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors"
-    (tmp_path / name).symlink_to(files(sf_dir, "ltx2")["checkpoint"])
-    with pytest.raises(UserInputError, match=rf"'{name}' is named 'ltx-2\.5': LTX-2\.5's single files do not load yet "
-                                             r".* load an LTX-2\.5 diffusers folder with the TPU Loader"):
-        plan(str(tmp_path / name), {"text_encoder": files(sf_dir, "ltx2")["text_encoder"]}, "auto", [])
+    f = files(sf_dir, "ltx25")
+    vae = tmp_path / "ltx-2.5-video-vae-bf16.safetensors"
+    save_file({**tsf.folder_weights(folder(sf_dir, "ltx25"), "vae"), "decoder.conv_in_x_t.weight": torch.zeros(8, 8)},
+              str(vae))
+    with pytest.raises(UserInputError, match=r"'ltx-2.5-video-vae-bf16.safetensors' is LTX-2.5's diffusion-decoder "
+                                             r"VAE, which does not load yet \(its conv VAE, "
+                                             r"ltx-2.5-video-vae-conv-bf16.safetensors, does\), but vae of LTX-2"):
+        plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": str(vae), "audio_vae": f["audio_vae"]},
+             "auto", [])
+
+
+def test_ltx25_files_need_their_gemma4_encoder_and_audio_vae(sf_dir):
+    """LTX-2.5's transformer with LTX-2.3's Gemma 3 file, or without the audio VAE file: refused when queued, naming
+    the file it takes."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    f = files(sf_dir, "ltx25")
+    with pytest.raises(UserInputError, match=r"is a Gemma 3 text encoder, but text_encoder of LTX-2 needs a Gemma 4 "
+                                             r"text encoder"):
+        plan(f["transformer"], {"text_encoder": files(sf_dir, "ltx23")["text_encoder"], "vae": f["vae"],
+                                "audio_vae": f["audio_vae"]}, "auto", [])
+    with pytest.raises(UserInputError, match=r"LTX-2 from single files also needs audio_vae "
+                                             r"\(ltx-2.5-audio-vae-bf16.safetensors\), vocoder \(the vocoder in "
+                                             r"ltx-2.5-audio-vae-bf16.safetensors\)"):
+        plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": f["vae"]}, "auto", [])
+
+
+def test_ltx25_from_its_separate_files_matches_the_folder(sf_dir):
+    """LTX-2.5 from the files ComfyUI's templates load (tools/tiny_single_files.ltx25_files): the int8 ConvRot
+    diffusion model with the connector blocks, the Gemma 4 file carrying the text projection, the conv video VAE, the
+    audio VAE carrying the vocoder. The connectors come from two files, the vocoder from the audio VAE's; every
+    component holds exactly the folder's weights, frames and sound are the folder's."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    source, f = folder(sf_dir, "ltx25"), files(sf_dir, "ltx25")
+    assert single_file.default_config_repo(f["transformer"]) == "Lightricks/LTX-2.5-Diffusers"
+    _, model_class, picked = plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": f["vae"],
+                                                    "audio_vae": f["audio_vae"]}, "auto", [])
+    assert model_class == "LTX2Pipeline"
+    assert dict(picked) == {"transformer": f["transformer"], "text_encoder": f["text_encoder"],
+                            "connectors": f["text_encoder"], "vae": f["vae"], "audio_vae": f["audio_vae"],
+                            "vocoder": f["audio_vae"]}
+    assert_same_pipeline(source, "LTX2Pipeline", picked, video_and_sound)
 
 
 def test_a_gemma4_file_where_gemma3_goes_is_named_as_what_it_is(tiny, tmp_path):
@@ -395,8 +433,8 @@ def test_a_gemma4_file_where_gemma3_goes_is_named_as_what_it_is(tiny, tmp_path):
     for layout, weights in (("transformers", gemma4), ("comfyui", tsf.gemma3_file_layout(gemma4))):
         path = tmp_path / f"gemma4_{layout}.safetensors"
         save_file(weights, str(path))
-        with pytest.raises(UserInputError, match=r"is a Gemma 4 text encoder \(LTX-2.5's, not supported yet\), but "
-                                                 r"text_encoder of LTX-2 needs a Gemma 3 text encoder"):
+        with pytest.raises(UserInputError, match=r"is a Gemma 4 text encoder, but text_encoder of LTX-2 needs a Gemma "
+                                                 r"3 text encoder"):
             single_file.check_file_for_slot(str(path), "text_encoder", "LTX2Pipeline")
 
 

@@ -555,6 +555,23 @@ def comfy_quantized(sd: dict, kind: str, convrot_group: int = CONVROT_GROUP) -> 
     return out
 
 
+def comfy_valued(sd: dict, kind: str, convrot_group: int = CONVROT_GROUP) -> dict:
+    """The weights as a `comfy_quantized` file of them holds them, dequantized as comfy-kitchen (and so the loader)
+    does in float32: a folder with these weights is exactly the model its files of `kind` load as."""
+    import dataclasses
+
+    def value_of(key, value):
+        chosen = _layer_kind(kind, tuple(value.shape), convrot_group) if (
+            key.endswith(".weight") and value.dim() == 2 and value.is_floating_point()) else None
+        if chosen is None:
+            return value.to(torch.bfloat16).float() if value.is_floating_point() else value
+        (layout, options, _) = chosen
+        qdata, params = layout.quantize(value.to(torch.bfloat16), **options)
+        return layout.dequantize(qdata, dataclasses.replace(params, orig_dtype=torch.float32))
+
+    return {key: value_of(key, value) for key, value in sd.items()}
+
+
 def comfy_int8(sd: dict, convrot: bool = False) -> dict:
     """ComfyUI's int8 files (int8_tensorwise, a float32 scale per output row; with `convrot` the "int8_convrot"
     files, whose layers with an input width that is a multiple of 256 are Hadamard-rotated per group of 256)."""
@@ -1251,6 +1268,41 @@ def ltx2_files(folder, out, name: str = "ltx-2-19b-dev") -> dict[str, Path]:
     return {"checkpoint": _save(checkpoint, out / f"{name}.safetensors"),
             "text_encoder": _save(gemma3_file_layout(folder_weights(folder, "text_encoder")),
                                   out / "gemma_3_12B_it.safetensors")}
+
+
+LTX25_CONVROT_GROUP = 16  # the tiny LTX-2.5's widths (32, 64) are no multiple of ComfyUI's 256
+
+
+def ltx25_files(folder, out) -> dict[str, Path]:
+    """LTX-2.5's separate files as ComfyUI's templates load them: the diffusion model in int8 ConvRot with the
+    connector blocks beside it under model.diffusion_model. (`transformer_holding(folder, ltx25_transformer_values)`
+    afterwards makes the folder hold exactly what it loads as: quantizing dequantized weights again is not exact); the
+    Gemma 4 text encoder in ComfyUI's
+    layout carrying the text projection and its tokenizer as a tensor; the conv video VAE; the audio VAE carrying
+    the vocoder."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    transformer = comfy_quantized(ltx2_transformer_to_original(folder_weights(folder, "transformer")), "int8_convrot",
+                                  LTX25_CONVROT_GROUP)
+    connectors = ltx2_connectors_to_original(folder_weights(folder, "connectors"))
+    projection = {k: v for k, v in connectors.items() if k.startswith("text_embedding_projection.")}
+    blocks = {k: v for k, v in connectors.items() if k not in projection}
+    tokenizer = Path(folder, "tokenizer", "tokenizer.json").read_bytes()
+    text_encoder = {**gemma3_file_layout(folder_weights(folder, "text_encoder")), **projection,
+                    "tokenizer_json": torch.tensor(list(tokenizer), dtype=torch.uint8)}
+    audio = {**_prefixed(ltx2_audio_vae_to_original(folder_weights(folder, "audio_vae")), "audio_vae."),
+             **_prefixed(ltx2_vocoder_to_original(folder_weights(folder, "vocoder")), "vocoder.")}
+    return {"transformer": _save({**_prefixed(transformer, "model.diffusion_model."), **blocks},
+                                 out / "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors"),
+            "text_encoder": _save(text_encoder, out / "gemma4-12b-with-proj-ltx-2.5.safetensors"),
+            "vae": _save(ltx2_video_vae_to_original(folder_weights(folder, "vae")),
+                         out / "ltx-2.5-video-vae-conv-bf16.safetensors"),
+            "audio_vae": _save(audio, out / "ltx-2.5-audio-vae-bf16.safetensors")}
+
+
+def ltx25_transformer_values(sd: dict) -> dict:
+    """What `ltx25_files`' int8 ConvRot diffusion model holds of a transformer's weights."""
+    return comfy_valued(sd, "int8_convrot", LTX25_CONVROT_GROUP)
 
 
 def gemma3_file_layout(sd: dict) -> dict:

@@ -31,7 +31,8 @@ FILE_KINDS: tuple[FileKind, ...] = (
     wan.FAMILY.denoiser_kind,  # as Z-Image's
     krea2.FAMILY.denoiser_kind,  # as Z-Image's
     ltx2.FAMILY.denoiser_kind,  # as Z-Image's
-    ltx2.AUDIO_VAE, ltx2.VIDEO_VAE, ltx2.VOCODER, ltx2.CONNECTORS,  # keys of their own
+    ltx2.AUDIO_VAE, ltx2.DIFFUSION_DECODER_VAE, ltx2.VIDEO_VAE, ltx2.VOCODER, ltx2.CONNECTORS,  # keys of their own;
+    # LTX-2.5's diffusion-decoder VAE also has the conv VAE's statistics: before it
     ltx2.GEMMA4, ltx2.GEMMA3,  # Gemma 4 has Gemma 3's layer norms: before it
     # Wan 2.2's VAE has Wan 2.1's keys, UMT5 has T5's: each before the other; Qwen-Image 2.1's VAE has Wan 2.2's and
     # the FLUX.1/SD3 VAE's diffusers keys

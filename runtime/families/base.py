@@ -109,10 +109,12 @@ class FileSlot:
     component: str  # the pipeline's component name: text_encoder, text_encoder_2, vae, ...
     kind: FileKind
     comfy_file: str  # the file ComfyUI's own templates download for it (Comfy-Org names)
-    checkpoint_prefix: str = ""  # where an all-in-one checkpoint keeps it ("" = never in one)
+    # where an all-in-one checkpoint keeps it ("" = never in one), or another component's file that carries it
+    # (LTX-2.5's text encoder file carries the text projection, its audio VAE file the vocoder)
+    checkpoint_prefix: str = ""
     # key prefixes of its other weights in such a checkpoint, which its weights keep whole beside those under
     # checkpoint_prefix (LTX-2's text connectors: the projection at the top level, the connector blocks inside the
-    # diffusion model)
+    # diffusion model); read from the diffusion model's file where the slot's file has none (LTX-2.5's)
     checkpoint_also: tuple[str, ...] = ()
     optional: bool = False  # the pipeline runs without it (left None when no file or weights give it)
     # lower-case parts of a file name that say the file belongs elsewhere, though its kind fits (Wan 2.2's
@@ -138,6 +140,9 @@ class FileVariant:
     # {component: the file ComfyUI's templates pair with this variant's model} where it is not the slot's
     # `comfy_file` (Wan 2.2 I2V A14B's low-noise expert), for messages
     comfy_files: Mapping = dataclasses.field(default_factory=dict)
+    # {component: the FileKind this variant's file for it is} where not the slot's kind (LTX-2.5's Gemma 4 text
+    # encoder where LTX-2 and 2.3 take Gemma 3)
+    slot_kinds: Mapping = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,11 @@ def video_vae_to_diffusers(state: dict) -> dict:
 TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
     "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight", *diffusers_detection_keys("ltx2")),
     to_diffusers=transformer_to_diffusers)
+# the template's ltx-2.5-video-vae-bf16: the conv encoder with LTX-2.5's diffusion decoder (ComfyUI's CausalDiffusionVAE),
+# which diffusers runs as a pipeline of its own (LTX2VideoDiffusionDecodePipeline): refused, naming the conv VAE file
+DIFFUSION_DECODER_VAE = FileKind(
+    "ltx25_diffusion_decoder_vae", "LTX-2.5's diffusion-decoder VAE, which does not load yet (its conv VAE, "
+    "ltx-2.5-video-vae-conv-bf16.safetensors, does)", lambda: ("decoder.conv_in_x_t.weight",))
 VIDEO_VAE = FileKind("ltx2_video_vae", "an LTX-2 video VAE", lambda: (
     "per_channel_statistics.mean-of-stds", "decoder.mid_block.resnets.0.conv1.conv.weight"),
     to_diffusers=video_vae_to_diffusers)
@@ -79,12 +84,14 @@ VOCODER = FileKind("ltx2_vocoder", "an LTX-2 vocoder", lambda: ("conv_pre.weight
 CONNECTORS = FileKind("ltx2_connectors", "LTX-2's text connectors", lambda: (
     "aggregate_embed.weight", "video_aggregate_embed.weight"),
     converter=lambda checkpoint, config: renamed(checkpoint, CONNECTOR_NAMES))
-# LTX-2.5's Gemma 4 encoder (gemma4-12b-with-proj-ltx-2.5): told apart from Gemma 3 (which shares its layer norms)
-# by each layer's scalar, so a Gemma 4 file where Gemma 3 goes is named as what it is; no slot takes it yet
-GEMMA4 = FileKind("gemma4", "a Gemma 4 text encoder (LTX-2.5's, not supported yet)", lambda: (
-    "model.layers.0.layer_scalar", "model.language_model.layers.0.layer_scalar"))
 GEMMA3_NAMES = ((r"^model\.", "model.language_model."), (r"^vision_model\.", "model.vision_tower."),
                 (r"^multi_modal_projector\.", "model.multi_modal_projector."))
+# LTX-2.5's Gemma 4 encoder (gemma4-12b-with-proj-ltx-2.5), told apart from Gemma 3 (which shares its layer norms) by
+# each layer's scalar. ComfyUI's file names its language model as a plain causal LM ("model.layers"), as for Gemma 3,
+# and carries the text projection (the connectors' slot reads it there)
+GEMMA4 = FileKind("gemma4", "a Gemma 4 text encoder", lambda: (
+    "model.layers.0.layer_scalar", "model.language_model.layers.0.layer_scalar"),
+    to_transformers=lambda cls, config, state: renamed(state, GEMMA3_NAMES[:1]))
 # ComfyUI's Gemma 3 files (comfy/text_encoders/lt.py) name the language model as a plain causal LM ("model.layers"),
 # the SigLIP tower "vision_model."; transformers' and its older layout follow
 GEMMA3 = FileKind("gemma3", "a Gemma 3 text encoder", lambda: (
@@ -288,6 +295,15 @@ REFERENCE_MODELS = {
 # the audio branch's tokens are few beside the video's and are not counted. The VAE decodes every frame at once.
 MEMORY = MemoryModel(denoiser_shape=attention_shape(4.0), vae_shape=vae_shape, reference_models=REFERENCE_MODELS)
 
+# What ComfyUI's LTX-2.5 templates load beside the transformer (ltx-2.5-22b-distilled-transformer-comfy-int8-convrot),
+# by component
+LTX25_TEXT_ENCODER = "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensors"
+LTX25_AUDIO_VAE = "ltx-2.5-audio-vae-bf16.safetensors"
+LTX25_FILES = {"text_encoder": LTX25_TEXT_ENCODER,
+               "connectors": f"the projection in {LTX25_TEXT_ENCODER}, the blocks in the transformer file",
+               "vae": "ltx-2.5-video-vae-conv-bf16.safetensors", "audio_vae": LTX25_AUDIO_VAE,
+               "vocoder": f"the vocoder in {LTX25_AUDIO_VAE}"}
+
 # LTX2ConditionPipeline reads the tokenizer's padding side when from_pipe makes it (the other two read it when called,
 # after setting it to left): Gemma's tokenizers pad on the left, so all three unpad the prompt alike whatever ran first.
 FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions, keyframes=1)
@@ -313,14 +329,16 @@ FAMILY = Family(
     comfy_latent=None,  # video: the Video Sampler has no LATENT
     denoiser_kind=TRANSFORMER,
     # all-in-one checkpoints (LTX-2.3's: its own configs, told by the name as ComfyUI's templates name it)
-    denoiser_files=("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),
-    # Lightricks/LTX-2.3 holds the single files only; diffusers' own examples load its diffusers layout from here
-    file_variants=(FileVariant("LTX2Pipeline", "diffusers/LTX-2.3-Diffusers", name_contains=("ltx-2.3", "ltx_2.3")),),
-    # LTX-2.5 ships its parts as separate files, with a Gemma 4 text encoder that carries the text projection
-    unsupported_files={part: "LTX-2.5's single files do not load yet (separate transformer, VAE and audio VAE files "
-                             "and a Gemma 4 encoder with the text projection): load an LTX-2.5 diffusers folder with "
-                             "the TPU Loader, or LTX-2.3's files (ltx-2.3-22b-dev-fp8.safetensors with "
-                             "gemma_3_12B_it_fp4_mixed.safetensors)" for part in ("ltx-2.5", "ltx_2.5")},
+    denoiser_files=("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors",
+                    "ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),
+    file_variants=(
+        # Lightricks/LTX-2.3 holds the single files only; diffusers' own examples load its diffusers layout from here
+        FileVariant("LTX2Pipeline", "diffusers/LTX-2.3-Diffusers", name_contains=("ltx-2.3", "ltx_2.3")),
+        # LTX-2.5 ships its parts as separate files: the transformer (with the connector blocks), a Gemma 4 encoder
+        # carrying the text projection, the video VAE, the audio VAE carrying the vocoder
+        FileVariant("LTX2Pipeline", "Lightricks/LTX-2.5-Diffusers", name_contains=("ltx-2.5", "ltx_2.5"),
+                    slot_kinds={"text_encoder": GEMMA4}, comfy_files=LTX25_FILES),
+    ),
     file_slots=(
         FileSlot("text_encoder", GEMMA3, "gemma_3_12B_it_fp4_mixed.safetensors"),
         FileSlot("connectors", CONNECTORS, "the checkpoint's text connectors", "text_embedding_projection.",
