@@ -54,7 +54,7 @@ def add_broken_models(diffusers_dir: Path, tiny_dir: Path) -> None:
 FOLDER_OF_KIND = {"transformer": "diffusion_models", "transformer_fp8": "diffusion_models", "checkpoint": "checkpoints",
                   "checkpoint_no_t5": "checkpoints", "ae": "vae", "vae": "vae",
                   "transformer_2": "diffusion_models", "transformer_2_fp8": "diffusion_models",  # Wan 2.2 low-noise
-                  "transformer_int8_convrot": "diffusion_models"}
+                  "transformer_int8_convrot": "diffusion_models", "audio_vae": "vae"}
 
 
 def add_single_files(models_dir: Path, single_files: dict) -> None:

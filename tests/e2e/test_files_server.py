@@ -73,7 +73,6 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     cut = single_files["flux2"][1]["transformer"]
     (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
     tiny_single_files.unsupported_model_file("minimax-h3", broken / "minimax-h3-int8_convrot.safetensors")
-    (broken / LTX25_FILE).symlink_to(single_files["ltx2"][1]["checkpoint"])  # LTX-2's keys under LTX-2.5's name
     quantized = tiny_single_files.zimage_quantized_files(single_files["zimage"][0], base / "models")
     unknown_format(quantized["int8"]["transformer"], broken / UNKNOWN_FORMAT_FILE)
     wrong_slot = base / "models" / "vae" / "broken"
@@ -280,14 +279,20 @@ def test_wan22_t2v_a14b_from_its_two_expert_files_gives_the_frames_of_plain_diff
     assert np.abs(saved - np.clip(plain * 255.0, 0, 255).astype(np.int16)).max() <= 1  # SaveImage's 8 bits
 
 
-@pytest.mark.parametrize("model, configs, checkpoint", [("ltx2", "tiny-ltx2", "ltx-2-19b-dev"),
-                                                      ("ltx23", "ltx23", "ltx-2.3-22b-dev-fp8")])
-def test_ltx2_from_its_checkpoint_and_gemma_file_gives_the_frames_and_sound_of_its_folder(files_server, model, configs,
-                                                                                         checkpoint):
-    """ComfyUI's LTX-2 and LTX-2.3 files through the File Loader (the all-in-one checkpoint in checkpoints/, LTX-2.3's
-    in scaled fp8, Gemma 3 in text_encoders/) into the TPU Video Sampler, its frames and AUDIO into Create Video + Save
-    Video: the saved frames are those of the same prompt from the diffusers folder (TPU Loader; LTX-2.3's holds the
-    fp8 file's weights), and the run has the folder's sound track."""
+@pytest.mark.parametrize("configs, picks, audio_vae", [
+    ("tiny-ltx2", ("ltx2/ltx-2-19b-dev.safetensors", "ltx2/gemma_3_12B_it.safetensors", "none", "none", "none"), "none"),
+    ("ltx23", ("ltx23/ltx-2.3-22b-dev-fp8.safetensors", "ltx23/gemma_3_12B_it.safetensors", "none", "none", "none"),
+     "none"),
+    ("ltx25", (f"ltx25/{LTX25_FILE}", "ltx25/gemma4-12b-with-proj-ltx-2.5.safetensors", "none", "none",
+               "ltx25/ltx-2.5-video-vae-conv-bf16.safetensors"), "ltx25/ltx-2.5-audio-vae-bf16.safetensors"),
+], ids=["ltx2", "ltx23", "ltx25"])
+def test_ltx2_from_its_files_gives_the_frames_and_sound_of_its_folder(files_server, configs, picks, audio_vae):
+    """ComfyUI's LTX-2, LTX-2.3 and LTX-2.5 files through the File Loader into the TPU Video Sampler, its frames and
+    AUDIO into Create Video + Save Video: the all-in-one checkpoint in checkpoints/ (LTX-2.3's in scaled fp8) with
+    Gemma 3 in text_encoders/; LTX-2.5's int8 ConvRot transformer in diffusion_models/, its Gemma 4 file (with the text
+    projection), its conv VAE and its audio VAE (with the vocoder, in the audio_vae input). The saved frames are those
+    of the same prompt from the diffusers folder (TPU Loader; LTX-2.3's and 2.5's hold their quantized files' weights),
+    and the run has the folder's sound track."""
     import av
 
     def frames_and_sound(prompt):
@@ -305,8 +310,9 @@ def test_ltx2_from_its_checkpoint_and_gemma_file_gives_the_frames_and_sound_of_i
         return entry, saved
 
     folder_entry, from_folder = frames_and_sound(sampler_prompt(model=configs))
-    picks = (f"{model}/{checkpoint}.safetensors", f"{model}/gemma_3_12B_it.safetensors", "none", "none", "none")
-    entry, from_files = frames_and_sound(files_prompt(configs, picks))
+    prompt = files_prompt(configs, picks)
+    prompt[LOADER]["inputs"]["audio_vae"] = audio_vae
+    entry, from_files = frames_and_sound(prompt)
     info = run_info(entry)
     assert info["pipeline"] == "LTX2Pipeline" and info["loaded"], info
     assert from_files.shape == (9, 32, 32, 3) and np.abs(from_files - from_folder).max() <= 1
@@ -399,15 +405,16 @@ def test_a_file_of_another_family_is_refused_on_the_file_loader_when_queued(file
 
 
 @pytest.mark.parametrize("picks, configs, message", [
-    ((f"broken/{LTX25_FILE}", "ltx2/gemma_3_12B_it.safetensors", "none", "none", "none"), "tiny-ltx2",
-     "is named 'ltx-2.5': LTX-2.5's single files do not load yet"),
+    ((f"ltx25/{LTX25_FILE}", "ltx2/gemma_3_12B_it.safetensors", "none", "none",
+      "ltx25/ltx-2.5-video-vae-conv-bf16.safetensors"), "auto",
+     "is a Gemma 3 text encoder, but text_encoder of LTX-2 needs a Gemma 4 text encoder"),
     (("ltx2/ltx-2-19b-dev.safetensors", "zimage/qwen_3_4b.safetensors", "none", "none", "none"), "tiny-ltx2",
      "is a Qwen3 text encoder, but text_encoder of LTX-2 needs a Gemma 3 text encoder"),
     (("ltx2/ltx-2-19b-dev.safetensors", "none", "none", "none", "none"), "auto",
      "LTX-2 from single files also needs text_encoder (gemma_3_12B_it_fp4_mixed.safetensors)"),
-], ids=["ltx25-file", "qwen3-for-gemma", "no-text-encoder"])
+], ids=["gemma3-for-ltx25", "qwen3-for-gemma", "no-text-encoder"])
 def test_a_wrong_ltx2_file_is_refused_on_the_file_loader_when_queued(files_server, picks, configs, message):
-    """LTX-2.5's separate files (by name), a text encoder of another kind, a checkpoint without its Gemma file (with
+    """LTX-2.3's Gemma 3 file with LTX-2.5's transformer, a text encoder of another kind, a checkpoint without its Gemma file (with
     configs auto: a full diffusers folder as configs would give its own text encoder): refused from the headers when
     the prompt is queued, saying what to pick."""
     details = refused_on(files_server, files_prompt(configs, picks), LOADER)
