@@ -24,12 +24,16 @@ MODELS = with_each_setting(FAMILIES)  # a model with settings can take other fil
 
 
 def slot_files(component: str) -> str:
-    """What each family takes for `component`, as ComfyUI's templates name its files, for the tooltips."""
+    """What each family takes for `component`, as ComfyUI's templates name its files (its file variants' too), for
+    the tooltips."""
     takes = {}
     for model in MODELS:
         slot = model.slot(component)
         if slot is not None:
-            takes.setdefault(slot.comfy_file + (" (optional)" if slot.optional else ""), []).append(model.name)
+            variants = (variant.comfy_files[component] for variant in model.file_variants
+                        if component in variant.comfy_files)
+            for file in (slot.comfy_file, *variants):
+                takes.setdefault(file + (" (optional)" if slot.optional else ""), []).append(model.name)
     return "; ".join(f"{'/'.join(dict.fromkeys(names))}: {file}" for file, names in takes.items())
 
 
@@ -136,9 +140,9 @@ class TPUFileLoader(io.ComfyNode):
                                        "auto = keep quantized on TPU/CUDA, dequantize on CPU. Changing it reloads."),
                 io.Combo.Input("audio_vae", options=[NONE, *folder_paths.get_filename_list("vae")], default=NONE,
                                optional=True,
-                               tooltip=f"models/vae, for models with sound whose audio VAE is a file of its own: "
-                                       f"{slot_files('audio_vae')}, or LTX-2.5's ltx-2.5-audio-vae-bf16 (it carries "
-                                       "the vocoder too). none: from the checkpoint, and for models without sound."),
+                               tooltip=f"models/vae, for models with sound whose audio VAE is a file of its own "
+                                       f"(it may carry the vocoder too): {slot_files('audio_vae')}. none: from the "
+                                       "checkpoint, and for models without sound."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline",
                                         tooltip="The model choice; connect to Mode Selector, TPU LoRA or Sampler.")],

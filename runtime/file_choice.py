@@ -55,7 +55,7 @@ def check_against_configs(source: str, model_class: str, files, model_name: str)
 def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView],
                  configs_have_weights: set[str] = frozenset()) -> tuple[tuple[str, str], ...]:
     """((component, path), ...): the model file for its denoiser and whatever else it carries, each picked
-    file for its component (it overrides the checkpoint's own) and for what else it carries (LTX-2.5's audio VAE file
+    file for its component (it overrides the checkpoint's own) and for what else it carries (an audio VAE file
     its vocoder) where nothing else gives that; `configs_have_weights` are components the
     config folder can load itself (a full diffusers folder picked as configs). `family` is the model's as its
     file variant's settings make it (`settings_of`)."""

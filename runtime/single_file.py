@@ -46,7 +46,7 @@ CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "token
 # without them (ComfyUI's text-only files of multimodal encoders) still loads. Everything else must match exactly.
 IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight",
                       "spiece_model",  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
-                      # and LTX-2.5's Gemma 4 file its tokenizer's files (as a third-party converter of it reads them)
+                      # and other files their tokenizer's files (as a third-party converter of one reads them)
                       "tokenizer_json", "tokenizer_config.json", "generation_config.json")
 UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
 VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
@@ -306,7 +306,7 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
     `settings`: they can change a slot's kind; beside the diffusion model `model_file`, whose variant can too) (a text
     encoder in the VAE slot, a T5 where CLIP goes, a diffusion model of another family, a truncated file); returns
     the key prefix of that component inside the file ('' unless it is an all-in-one checkpoint). A file of the
-    component that also carries another's weights (LTX-2.5's text encoder with the text projection) is the
+    component that also carries another's weights (a text encoder with the text projection beside it) is the
     component's at its top level."""
     header = _header(path)
     family = family_for(model_class, settings=settings)
@@ -471,7 +471,7 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     prefix = check_file_for_slot(path, name, model_class, settings, model_file)
     file = os.path.basename(path)
     runs_vision = cls.__module__.startswith("transformers") and any(
-        (index.get(p) or [None])[0] for p in IMAGE_TO_TEXT_ENCODER)  # (LTX-2's optional processor is [null, null])
+        (index.get(p) or [None])[0] for p in IMAGE_TO_TEXT_ENCODER)  # (an optional one may be [null, null])
     if runs_vision:  # refused from the header, before a 7B text encoder is read for nothing
         header = _header(path)
         if not any(k[len(prefix):].removeprefix("model.").startswith(VISION_PARTS)

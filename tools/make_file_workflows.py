@@ -25,9 +25,9 @@ SAVERS = ("SaveImage", "CreateVideo")  # what a sampler's first output feeds (Cr
 LOAD_IMAGE_OUTPUTS = (("IMAGE", IMAGE), ("MASK", MASK))  # Load Image: the picture, and 1 - its alpha channel
 FOX = "a red fox in a snowy birch forest at dawn, soft golden light, detailed fur, photograph"
 FLUX1_DEV_FILES = ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none", "ae.safetensors",
-                   "auto", "auto", "auto", "none", "auto"]
+                   "auto", "auto", "auto", "none", "auto", "none"]
 SD35_LARGE_FILES = ["sd3.5_large.safetensors", "clip_l.safetensors", "clip_g.safetensors", "t5xxl_fp16.safetensors",
-                    "none", "auto", "auto", "auto", "none", "auto"]
+                    "none", "auto", "auto", "auto", "none", "auto", "none"]
 OFFLOAD = ("TPUModeSelector", ["eager", "model_cpu_offload"])
 CORGI = "a corgi running along a beach at sunset, waves, cinematic, smooth camera tracking shot"
 WAN_NEGATIVE = "blurry, static, low quality, distorted, jpeg artifacts"
@@ -48,7 +48,7 @@ WORKFLOWS = {
         "t5xxl_fp16.safetensors, models/vae/ae.safetensors. Configs: a FLUX.1-dev folder in models/diffusers or "
         "the hub cache (the error names the command). Model CPU offload: ~33 GB of bf16 weights.",
         [("TPUFileLoader", ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none",
-                            "ae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "ae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", [FOX, "", 1024, 1024, 28, 3.5, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["flux1_dev_files"])]),
@@ -58,7 +58,7 @@ WORKFLOWS = {
         "text_encoder_3 at none to run without T5). ~28 GB bf16 with T5, so the transformer compiles as repeated "
         "blocks under model CPU offload.",
         [("TPUFileLoader", ["sd3.5_large.safetensors", "clip_l.safetensors", "clip_g.safetensors",
-                            "t5xxl_fp16.safetensors", "none", "auto", "auto", "auto", "none", "auto"]),
+                            "t5xxl_fp16.safetensors", "none", "auto", "auto", "auto", "none", "auto", "none"]),
          ("TPUModeSelector", ["compiled", "model_cpu_offload"]),
          ("TPUCompileTransformer", ["auto", False, "1024x1024"]),
          ("TPUSampler", ["a cozy reading nook by a rainy window, warm lamp light, watercolor illustration",
@@ -70,7 +70,7 @@ WORKFLOWS = {
         "models/vae/flux2-vae.safetensors. Model CPU offload; for more speed use the FLUX.2 diffusers folder "
         "with a TP Mesh (flux2_dev_tp8.json).",
         [("TPUFileLoader", ["flux2_dev_fp8mixed.safetensors", "mistral_3_small_flux2_bf16.safetensors", "none",
-                            "none", "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "none", "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", ["a vintage travel poster of a lighthouse on a rocky coast, bold shapes", "",
                          1024, 1024, 28, 4.0, 42, "fixed", 1, 1.0, True]),
@@ -81,7 +81,7 @@ WORKFLOWS = {
         "qwen_2.5_vl_7b_fp8_scaled.safetensors (both upcast to bf16), models/vae/qwen_image_vae.safetensors. "
         "Model CPU offload.",
         [("TPUFileLoader", ["qwen_image_fp8_e4m3fn.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors", "none",
-                            "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          ("TPUModeSelector", ["eager", "model_cpu_offload"]),
          ("TPUSampler", ["a street sign that reads 'TPU AVENUE' under cherry blossoms", "blurry", 1328, 1328, 50,
                          4.0, 42, "fixed", 1, 1.0, True]),
@@ -92,7 +92,7 @@ WORKFLOWS = {
         "format). The LoRAs are fused into the weights: changing a LoRA or its strength reloads and recompiles "
         "nothing. The transformer compiles as repeated blocks under offload.",
         [("TPUFileLoader", ["flux1-dev.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors", "none",
-                            "ae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "ae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          ("TPULora", ["flux1_style_lora.safetensors", 0.8, "high_noise"]),
          ("TPULora", ["flux1_detail_lora.safetensors", 0.5, "high_noise"]),
          ("TPUModeSelector", ["compiled", "model_cpu_offload"]),
@@ -110,7 +110,8 @@ WORKFLOWS = {
         "file not yet) runs 4 steps at guidance 1 (true CFG off); without it, delete the LoRA node and use 40 steps "
         "at guidance 4. Model CPU offload.",
         [("TPUFileLoader", ["qwen_image_edit_2509_fp8_e4m3fn.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors",
-                            "none", "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "none", "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto",
+                            "none"]),
          ("TPULora", ["Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors", 1.0, "high_noise"]),
          OFFLOAD,
          ("TPUSampler", ["the woman from image 1 sits on the sofa from image 2, reading a book, soft window light",
@@ -127,7 +128,7 @@ WORKFLOWS = {
         "with a tiny LoRA, the real file not yet) runs 4 steps at guidance 1 (true CFG off), as ComfyUI's "
         "template does; without it, delete the LoRA node and use 50 steps at guidance 4. Model CPU offload.",
         [("TPUFileLoader", ["qwen_image_2512_fp8_e4m3fn.safetensors", "qwen_2.5_vl_7b_fp8_scaled.safetensors", "none",
-                            "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "none", "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          ("TPULora", ["Qwen-Image-2512-Lightning-4steps-V1.0-fp32.safetensors", 1.0, "high_noise"]),
          OFFLOAD,
          ("TPUSampler", ["a street sign that reads 'TPU AVENUE' under cherry blossoms", "", 1328, 1328, 4, 1.0, 42,
@@ -189,7 +190,8 @@ WORKFLOWS = {
         "in models/diffusers or the hub cache (stabilityai/stable-diffusion-xl-base-1.0; the error names the "
         "command). Model CPU offload. Designed, not run on a chip: TorchTPU's own SDXL smoke test is marked "
         "'missing op upsample_nearest2d.out' (docs/device_check.md says how to check).",
-        [("TPUFileLoader", ["sd_xl_base_1.0.safetensors", "none", "none", "none", "none", "auto", "auto", "auto", "none", "auto"]),
+        [("TPUFileLoader", ["sd_xl_base_1.0.safetensors", "none", "none", "none", "none", "auto", "auto", "auto", "none",
+                            "auto", "none"]),
          OFFLOAD,
          ("TPUSampler", [FOX, "blurry, low quality", 1024, 1024, 30, 6.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["sdxl_checkpoint"])]),
@@ -212,7 +214,7 @@ WORKFLOWS = {
         "Two reference images in ComfyUI's input folder go to image and image_2 (klein takes up to 3 here, each "
         "resized to at most 1 MP). The distilled model runs 4 steps and ignores guidance. Model CPU offload.",
         [("TPUFileLoader", ["flux-2-klein-4b-fp8.safetensors", "qwen_3_4b.safetensors", "none", "none",
-                            "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUSampler", ["the ceramic mug from image 1 on the desk from image 2, morning light, product photo", "",
                          1024, 1024, 4, 1.0, 42, "fixed", 1, 1.0, True]),
@@ -226,7 +228,7 @@ WORKFLOWS = {
         "cfg - 1). Model CPU offload: ~21 GB of bf16 weights, which also fit the chip without it. diffusers has "
         "no TP plan for its transformer: several chips run it as replicas (TP Mesh with shard_transformer off).",
         [("TPUFileLoader", ["z_image_turbo_bf16.safetensors", "qwen_3_4b.safetensors", "none", "none",
-                            "ae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "ae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["z_image_turbo_files"])]),
@@ -240,7 +242,7 @@ WORKFLOWS = {
         "CFG needs guidance above 1 and a negative prompt). Its RGBA output is saved as RGB. Model CPU offload: "
         "~31 GB of bf16 weights. Designed, not run on a chip.",
         [("TPUFileLoader", ["qwen_image_2.1_bf16.safetensors", "qwen3vl_8b_bf16.safetensors", "none", "none",
-                            "qwen_image_2.1_vae_bf16.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "qwen_image_2.1_vae_bf16.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUSampler", ["the woman from image 1 sits on the sofa from image 2, reading a book, soft window light",
                          "", 1024, 1024, 40, 1.0, 42, "fixed", 1, 1.0, True]),
@@ -259,7 +261,7 @@ WORKFLOWS = {
         "does by default). Its int8 layers stay int8 on the chip (quantized_weights auto). Model CPU offload. No TP plan in diffusers: "
         "several chips run it as replicas. Designed, not run on a chip.",
         [("TPUFileLoader", ["flux3-image-klein-base-int8-convrot.safetensors", "qwen3vl_4b_int8_convrot.safetensors",
-                            "none", "none", "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "none", "none", "flux2-vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUSampler", ["the ceramic mug from the picture on a wooden desk by a window, morning light, product photo",
                          "blurry, low quality", 0, 0, 50, 3.5, 42, "fixed", 1, 1.0, False]),
@@ -274,7 +276,7 @@ WORKFLOWS = {
         "CPU offload. diffusers has no TP plan for its transformer: several chips run it as replicas (TP Mesh with "
         "shard_transformer off).",
         [("TPUFileLoader", ["krea2_turbo_fp8_scaled.safetensors", "qwen3vl_4b_fp8_scaled.safetensors", "none", "none",
-                            "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "qwen_image_vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUSampler", [FOX, "", 1024, 1024, 8, 0.0, 42, "fixed", 1, 1.0, True]),
          ("SaveImage", ["krea2_turbo_files"])]),
@@ -286,7 +288,7 @@ WORKFLOWS = {
         "chip by docs/parallelism.md's memory plan; 832x480 fits without offload). Connect a Load Image to the "
         "sampler's image for image to video with the same model. Designed, not run on a chip.",
         [("TPUFileLoader", ["wan2.2_ti2v_5B_fp16.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "none", "none",
-                            "wan2.2_vae.safetensors", "auto", "auto", "auto", "none", "auto"]),
+                            "wan2.2_vae.safetensors", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUVideoSampler", [CORGI, WAN_NEGATIVE, 1280, 704, 121, 30, 5.0, 42, "fixed", 1]),
          ("CreateVideo", [24.0]),
@@ -304,7 +306,7 @@ WORKFLOWS = {
         "chip.",
         [("TPUFileLoader", ["wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
                             "none", "none", "wan_2.1_vae.safetensors", "auto", "auto", "auto",
-                            "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors", "auto"]),
+                            "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors", "auto", "none"]),
          OFFLOAD,
          ("TPUMesh", [8, False, False, "launch_local", "", "", 1, 8]),
          ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera, waves, golden hour",
@@ -345,7 +347,7 @@ WORKFLOWS = {
         "ComfyUI with ManualSigmas, connect the distilled schedule to the sampler's sigmas at guidance 1. Create "
         "Video takes the frames, fps and audio. Designed, not run on a chip.",
         [("TPUFileLoader", ["ltx-2.3-22b-dev-fp8.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors", "none", "none",
-                            "none", "auto", "auto", "auto", "none", "auto"]),
+                            "none", "auto", "auto", "auto", "none", "auto", "none"]),
          OFFLOAD,
          ("TPUMesh", [8, False, False, "launch_local", "", "", 1, 8]),
          ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
@@ -355,6 +357,35 @@ WORKFLOWS = {
          ("SaveVideo", ["video/ltx23_i2v", "auto", "auto"])],
         images=(("wan22_start_corgi.png", {"image": 0}),), upscaler="ltx-2.3-spatial-upscaler-x2-1.1.safetensors",
         sound=True),
+    "ltx25_distilled_int8_i2v_sound_one_chip_files": Workflow(
+        "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's LTX-2.5 template files: models/"
+        "diffusion_models/ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors (the diffusion model with "
+        "the text connectors' blocks), models/text_encoders/gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot."
+        "safetensors (Gemma 4 12B with the text projection), models/vae/ltx-2.5-video-vae-conv-bf16.safetensors (the "
+        "conv VAE: the template's ltx-2.5-video-vae-bf16 holds the diffusion decoder, which does not load yet) and "
+        "ltx-2.5-audio-vae-bf16.safetensors (the audio VAE with the vocoder, in the audio_vae input), models/"
+        "latent_upscale_models/ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors; configs: an "
+        "LTX-2.5-Diffusers folder in models/diffusers or the hub cache (Lightricks/LTX-2.5-Diffusers, its config "
+        "files only). The start image is in ComfyUI's input folder. The int8 layers stay int8 on the chip "
+        "(quantized_weights auto): under model CPU offload the chip holds one model at a time, the 22B transformer "
+        "(~22 GB) the largest. Image to video with its sound track in two stages: 768x512, the latents upscaled x2, "
+        "3 refine steps at 1536x1024 on the distilled schedule; 121 frames (5 s at 24 fps); the first stage's 8 "
+        "steps at guidance 1 (the distilled model needs no CFG) run the scheduler's own 8-step schedule: on a "
+        "ComfyUI with ManualSigmas, connect the template's distilled sigmas (1.0, 0.99375, 0.9875, 0.98125, 0.975, "
+        "0.909375, 0.725, 0.421875, 0.0) to the sampler's sigmas. Create Video takes the frames, fps and audio. "
+        "Designed, not run on a chip; the real files' key layouts are read as a third-party converter reads them, "
+        "not checked against the files.",
+        [("TPUFileLoader", ["ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors",
+                            "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensors", "none", "none",
+                            "ltx-2.5-video-vae-conv-bf16.safetensors", "auto", "auto", "auto", "none", "auto",
+                            "ltx-2.5-audio-vae-bf16.safetensors"]),
+         OFFLOAD,
+         ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
+                              "crashing, golden hour", "", 1536, 1024, 121, 8, 1.0, 42, "fixed", 1]),
+         ("CreateVideo", [24.0]),
+         ("SaveVideo", ["video/ltx25_i2v", "auto", "auto"])],
+        images=(("wan22_start_corgi.png", {"image": 0}),),
+        upscaler="ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors", sound=True),
     "wan22_t2v_14b_lightx2v_4steps_files": Workflow(
         "One TPU v7x device (96 GB HBM) or v5p chip (95 GB), about 96 GB of host RAM. ComfyUI's Wan 2.2 T2V A14B "
         "files: models/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors (model) and "
@@ -366,7 +397,7 @@ WORKFLOWS = {
         "Designed, not run on a chip.",
         [("TPUFileLoader", ["wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
                             "none", "none", "wan_2.1_vae.safetensors", "auto", "auto", "auto",
-                            "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "auto"]),
+                            "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "auto", "none"]),
          ("TPULora", ["wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", 1.0, "high_noise"]),
          ("TPULora", ["wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors", 1.0, "low_noise"]),
          ("TPUModeSelector", ["eager", "device"]),
