@@ -14,7 +14,7 @@ from .device import DeviceInfo, peak_memory_bytes, reset_peak_memory
 from . import features, pipeline_kinds
 from .errors import CompileError
 from .families import Family
-from .features import compilation
+from .features import compilation, lora
 from .preview import PreviewSpec
 from .handle import PipelineHandle
 from .modes import execution_mode, grad_mode
@@ -127,6 +127,8 @@ def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
     one; with a compiled denoiser, its compiles are counted and explained."""
     upscaler, two_stage = plan.request.upscaler, plan.family.two_stage
     upsample = entry.upsample_pipeline(two_stage, upscaler) if upscaler and two_stage else None
+    if upsample is not None:  # between the stages: the refine stage's LoRAs
+        upsample = lora.refine_after(entry, upsample)
     try:
         return compilation.counted_run(
             entry.states.get(compilation.NAME), run_denoisers, shape_of(plan.task, plan.request),

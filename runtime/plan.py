@@ -8,13 +8,16 @@ ranks read the plan instead of asking again. A worker rank gets it over the prot
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 
 from .device import DeviceInfo, resolve_device
 from .distributed.mesh import mesh_shape, world_size
+from .errors import UserInputError
 from .families import Family, TaskPipeline, family_for
 from .handle import PipelineHandle
 from .sources import model_settings
+from .specs import LoraExpert
 from .tasks import TASKS, SampleRequest, Task, prepare
 
 
@@ -67,6 +70,11 @@ def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceI
     """The plan for running `request` with the model `handle` names on `device` (by default the handle's),
     checked before anything loads."""
     device = device or resolve_device(handle.device)
+    refine_only = [lora for lora in handle.loras if lora.expert is LoraExpert.REFINE]
+    if refine_only and not request.upscaler:
+        raise UserInputError(f"LoRA '{os.path.basename(refine_only[0].path)}' is set to expert 'refine', the refine "
+                             "stage of a two-stage run, but this run has no latent upscaler: connect one to the "
+                             "sampler's upscaler, or set the LoRA's expert to high_noise.")
     plan = _planned(handle.model_class, request, model_settings(handle.source), device, layout=None)
     if handle.mesh is None:
         return plan

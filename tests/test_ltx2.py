@@ -225,6 +225,48 @@ def test_two_stages_with_an_upscaler_equal_diffusers_recipe_video_after_video(ti
     assert [call[3].shape[:2] for call in sampling] == [(16, 16)] * 2 + [(32, 32)] * 3 + [(16, 16)] * 2 + [(32, 32)] * 3
 
 
+def test_a_refine_lora_applies_to_the_refine_stage_only_as_diffusers_recipe(tiny_ltx2, tiny_upscaler, tmp_path):
+    """A LoRA with expert 'refine' (the templates' distilled LoRA): the first stage runs without it, the refine with it
+    fused, as diffusers' recipe with the LoRA fused before stage 2; frames and sound equal. The run after it is the
+    first stage's again: without the LoRA, the base run is unchanged bit for bit."""
+    import tiny_loras
+    from tpu_diffusers_runtime.specs import LoraSpec
+
+    lora = str(tiny_loras.build(tiny_ltx2, tmp_path / "distilled.safetensors", seed=1))
+    engine = Engine(distribute=False)
+    base = PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline")
+    asked = request(width=64, height=64, upscaler=tiny_upscaler, batch_size=1)
+    before = engine.generate(base, asked)
+    made = engine.generate(base.replace(loras=(LoraSpec(path=lora, strength=0.8, expert="refine"),)), asked)
+    frames, waveform = ltx2_two_stages.two_stages(tiny_ltx2, tiny_upscaler, PROMPT, 7, 1, 64, 64, FRAMES, 2, 3.0,
+                                                  refine_lora=(lora, 0.8))
+    assert "LoRA: distilled.safetensors @ 0.8 (the refine stage only)" in made.info.notes
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+    assert (made.images - before.images).abs().max() > 1e-3
+    after = engine.generate(base, asked)
+    assert torch.equal(after.images, before.images) and torch.equal(after.audio["waveform"], before.audio["waveform"])
+
+
+def test_a_refine_lora_is_refused_without_a_refine_stage(tiny_ltx2, tmp_path):
+    """'refine' needs a two-stage run: refused without an upscaler (before loading) and on a model without two stages
+    (the LoRA node's check), saying what to set."""
+    import tiny_loras
+    from tpu_diffusers_runtime.features.lora import check_lora_fits
+    from tpu_diffusers_runtime.plan import plan_request
+    from tpu_diffusers_runtime.specs import LoraSpec
+
+    lora = LoraSpec(path=str(tiny_loras.build(tiny_ltx2, tmp_path / "distilled.safetensors", seed=1)), strength=1.0,
+                    expert="refine")
+    handle = PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline", loras=(lora,))
+    with pytest.raises(UserInputError, match=r"'distilled.safetensors' is set to expert 'refine'.* this run has no "
+                                             r"latent upscaler: connect one"):
+        plan_request(handle, request())
+    with pytest.raises(UserInputError, match=r"a FluxPipeline has not \(models with one: LTX-2\). Set its expert to "
+                                             r"high_noise"):
+        check_lora_fits("FluxPipeline", tiny_ltx2, lora)  # refused before any configs are read
+
+
 def test_a_single_upscaler_file_runs_as_its_folder_and_under_offload(tiny_ltx2, tiny_upscaler, tmp_path):
     """The folder's weights file alone (the original layout's keys are diffusers' own): its config read off the
     shapes, the same video; and the same under model CPU offload."""

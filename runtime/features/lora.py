@@ -21,7 +21,10 @@ transformer can recompile when a strength changes (the scaling is a Python float
 
 A LoRA goes into the denoiser its `expert` names (the families' `lora_targets`): `transformer` (high_noise, the
 default, and the only one of one-transformer models), a second expert `transformer_2` (low_noise: diffusers'
-`load_into_transformer_2`), or both; the backups cover whichever expert's weights changed.
+`load_into_transformer_2`), or both; the backups cover whichever expert's weights changed. A `refine` LoRA goes into
+the transformer for the refine stage of a two-stage run only (LTX-2's distilled LoRA): the first stage runs with it
+at strength 0, the upscale between the stages switches to its strength (`refine_after`), and the next run's
+realise switches back. Fused, that is a restore and a fuse per switch; unfused, a `set_adapters`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import os
 import re
 
 from ..errors import LoraUnloadError, UserInputError
-from ..families import FAMILIES
+from ..families import FAMILIES, family_for
 from ..specs import LoraExpert, LoraSpec, ProgressCallback
 
 log = logging.getLogger("tpu_diffusers")
@@ -45,7 +48,7 @@ _LAYER = re.compile(r"^(.*)\.(lora_A|lora_B)\.weight$")
 ADAPTER_PREFIX = "tpu_diffusers_lora_"
 # the pipeline components each expert choice loads a LoRA into: the first (a model's one transformer) by default, as
 # the families with two experts name them otherwise
-EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), **{
+EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), LoraExpert.REFINE: ("transformer",), **{
     LoraExpert(choice): targets for family in FAMILIES for choice, targets in family.lora_targets.items()}}
 # what a second expert is, for the refusal on a model without one
 SECOND_EXPERT_WORDS = next(family.extra_denoiser_words for family in FAMILIES if family.lora_targets)
@@ -58,6 +61,7 @@ LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) 
 class LoraState:
     """What is applied to one loaded pipeline, and the base values of every weight a LoRA changed."""
 
+    asked: tuple[LoraSpec, ...] = ()  # the handle's LoRAs, refine ones included
     applied: tuple[LoraSpec, ...] = ()
     # "component.module.param" -> (the parameter, its base value on the CPU), copied once, before the first change
     backups: dict[str, tuple[object, object]] = dataclasses.field(default_factory=dict)
@@ -102,10 +106,36 @@ def _read(path: str) -> dict:
 
 def apply(entry, loras: tuple[LoraSpec, ...], state: LoraState | None,
           on_progress: ProgressCallback | None = None) -> LoraState:
-    """The loaded pipeline with `loras` fused in (see apply_loras); the state keeps the base weights' copies."""
+    """The loaded pipeline with `loras` fused in (see apply_loras), as a run's first stage has them (`refine` ones at
+    strength 0); the state keeps the base weights' copies."""
     state = state if state is not None else LoraState()
-    apply_loras(entry.pipe, loras, state, on_progress)
+    state.asked = tuple(loras)
+    notes = apply_loras(entry.pipe, stage_loras(loras, refine=False), state, on_progress)
+    state.notes = tuple(f"LoRA: {_name(lora)} @ {lora.strength:g} (the refine stage only)"
+                        if lora.expert is LoraExpert.REFINE else note for lora, note in zip(loras, notes))
     return state
+
+
+def stage_loras(loras, refine: bool) -> tuple[LoraSpec, ...]:
+    """The LoRAs one stage of a run fuses: `refine` ones into the transformer, at their strength in the refine stage
+    and at 0 before it (so both stages load the same files: unfused, switching is a strength change only)."""
+    return tuple(dataclasses.replace(lora, expert=LoraExpert.HIGH_NOISE, strength=lora.strength if refine else 0.0)
+                 if lora.expert is LoraExpert.REFINE else lora for lora in loras)
+
+
+def refine_after(entry, upsample):
+    """`upsample` (a two-stage run's latent upscaler, called between its stages), followed by the refine stage's
+    LoRAs where the handle has `refine` ones; `upsample` itself where it has none."""
+    state = entry.states.get(NAME)
+    if state is None or all(lora.expert is not LoraExpert.REFINE for lora in state.asked):
+        return upsample
+
+    def upsample_then_refine_loras(*args, **kwargs):
+        upscaled = upsample(*args, **kwargs)
+        apply_loras(entry.pipe, stage_loras(state.asked, refine=True), state)
+        return upscaled
+
+    return upsample_then_refine_loras
 
 
 def remove(entry, state: LoraState) -> None:
@@ -455,6 +485,11 @@ def check_lora_fits(model_class: str, config_folder: str, lora: LoraSpec) -> Non
     from ..single_file import meta_model
     from ..sources import read_model_index
 
+    if lora.expert is LoraExpert.REFINE and family_for(model_class).two_stage is None:
+        with_two = ", ".join(family.name for family in FAMILIES if family.two_stage)
+        raise UserInputError(f"LoRA '{_name(lora)}' is set to expert 'refine', the refine stage of a two-stage run, "
+                             f"which a {model_class} has not (models with one: {with_two}). Set its expert to "
+                             "high_noise.")
     pipeline_cls = getattr(diffusers, model_class)
     index = read_model_index(config_folder, is_folder=True)
     models = {}
