@@ -30,10 +30,11 @@ def slot_files(component: str) -> str:
     for model in MODELS:
         slot = model.slot(component)
         if slot is not None:
-            variants = (variant.comfy_files[component] for variant in model.file_variants
-                        if component in variant.comfy_files)
-            for file in (slot.comfy_file, *variants):
-                takes.setdefault(file + (" (optional)" if slot.optional else ""), []).append(model.name)
+            variants = [(f"{model.name} ({(*variant.name_contains, variant.config_repo.split('/')[-1])[0]})",
+                         variant.comfy_files[component]) for variant in model.file_variants
+                        if component in variant.comfy_files]
+            for name, file in ((model.name, slot.comfy_file), *variants):
+                takes.setdefault(file + (" (optional)" if slot.optional else ""), []).append(name)
     return "; ".join(f"{'/'.join(dict.fromkeys(names))}: {file}" for file, names in takes.items())
 
 

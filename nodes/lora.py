@@ -50,7 +50,7 @@ class TPULora(io.ComfyNode):
                                        f"expert (transformer_2: {SECOND_EXPERT_WORDS}), e.g. a 4-step *_low_noise "
                                        "LoRA. both: the same LoRA into each. refine: the transformer in the refine "
                                        "stage of a two-stage run only (a latent upscaler into the Video Sampler), e.g. "
-                                       "LTX-2's distilled LoRA. Models with one transformer take high_noise."),
+                                       "a distilled LoRA of a two-stage recipe. Models with one transformer take high_noise."),
             ],
             outputs=[TPUPipeline.Output(display_name="pipeline", tooltip="The pipeline with this LoRA added.")],
         )

@@ -55,8 +55,8 @@ def check_against_configs(source: str, model_class: str, files, model_name: str)
 def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView],
                  configs_have_weights: set[str] = frozenset()) -> tuple[tuple[str, str], ...]:
     """((component, path), ...): the model file for its denoiser and whatever else it carries, each picked
-    file for its component (it overrides the checkpoint's own) and for what else it carries (an audio VAE file
-    its vocoder) where nothing else gives that; `configs_have_weights` are components the
+    file for its component (it overrides the checkpoint's own) and for the parts it carries (`FileSlot.carried_by`)
+    where nothing else gives them; `configs_have_weights` are components the
     config folder can load itself (a full diffusers folder picked as configs). `family` is the model's as its
     file variant's settings make it (`settings_of`)."""
     files = {name: model.path for name in components_in_checkpoint(model, family)}
@@ -76,10 +76,12 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
         if name in family.extra_denoisers:
             check_same_model(model, header, name, comfy_files.get(name, slots[name].comfy_file))
         files[name] = header.path
-    for header in picked.values():  # what a picked file also carries fills what nothing else gives
-        for name in components_in_checkpoint(header, family).keys() & slots.keys() - files.keys():
-            check_file_for_slot(header, name, family.base_class, settings, model)
-            files[name] = header.path
+    for name, slot in slots.items():  # a part a picked file carries (FileSlot.carried_by), where nothing else gives it
+        carrier = picked.get(slot.carried_by)
+        if carrier is not None and name not in files and name not in configs_have_weights and \
+                name in components_in_checkpoint(carrier, family):
+            check_file_for_slot(carrier, name, family.base_class, settings, model)
+            files[name] = carrier.path
     missing = [name for name, slot in slots.items() if name not in files and name not in configs_have_weights
                and not slot.optional]
     if missing:

@@ -300,15 +300,17 @@ def format_words(path: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- the weights
-def quantized_layers(path: str) -> dict[str, QuantizedWeight]:
-    """Every quantized layer of a file, keyed by its weight key (e.g. 'double_blocks.0.img_attn.qkv.weight'),
-    reading only those layers' tensors. Refuses a format that cannot be read (`refuse_unreadable`)."""
+def quantized_layers(path: str, only: tuple[str, ...] = ()) -> dict[str, QuantizedWeight]:
+    """Every quantized layer of a file (those whose keys start with `only`, when given), keyed by its weight key (e.g.
+    'double_blocks.0.img_attn.qkv.weight'), reading only those layers' tensors. Refuses a format that cannot be read
+    (`refuse_unreadable`)."""
     from safetensors import safe_open
 
     quantization = file_quantization(path)
     quantization.refuse_unreadable()
     with safe_open(path, "pt") as f:
-        return {key: _weight(quantization.name, f, key, layer) for key, layer in quantization.layers.items()}
+        return {key: _weight(quantization.name, f, key, layer) for key, layer in quantization.layers.items()
+                if key.startswith(only or "")}
 
 
 def _weight(name: str, f, key: str, layer: LayerFormat) -> QuantizedWeight:

@@ -135,7 +135,7 @@ def read_weights(path: str, dtype, quantized: dict | None = None, only: tuple[st
         dropped = quant_formats.dropped_keys(quant_formats.file_quantization(path))
         out = {}
         try:
-            layers = quant_formats.quantized_layers(path)
+            layers = quant_formats.quantized_layers(path, only)
             if quantized is not None:
                 quantized.update(layers)
             for k in keys:
@@ -310,7 +310,8 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
     component's at its top level."""
     header = _header(path)
     family = family_for(model_class, settings=settings)
-    want = slot_kind(family, component, variant_of(model_file) if model_file else None)
+    variant = variant_of(model_file) if model_file else None
+    want = slot_kind(family, component, variant)
     parts = components_in_checkpoint(header, family)
     prefix = parts.get(component, "")
     got = _kind(header, prefix)
@@ -318,8 +319,9 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
         raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({want.words}); it carries "
                              f"{', '.join(parts)}. Pick a separate {want.words} file for {component}.")
     if got != want:
+        named = f" ({variant.comfy_files[component]})" if variant and component in variant.comfy_files else ""
         raise UserInputError(f"'{header.name}' is {_words(got)}, but {component} of {family.name} needs "
-                             f"{want.words}. Pick the right file for {component}.")
+                             f"{want.words}. Pick the right file for {component}{named}.")
     return prefix
 
 
@@ -489,6 +491,7 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
                    **{k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}}
     elif carried:
         weights = {k: v for k, v in weights.items() if not k.startswith(carried)}
+        quantized = {k: v for k, v in quantized.items() if not k.startswith(carried)}
     if kept_whole and model_file and not any(k.startswith(kept_whole) for k in weights):
         weights = {**read_weights(model_file, dtype, only=kept_whole), **weights}
     kind = slot_kind(family, name, variant)

@@ -89,7 +89,7 @@ class LoraExpert(Choice):
     HIGH_NOISE = "high_noise"  # the first expert (`transformer`), the only one of other models
     LOW_NOISE = "low_noise"  # the second expert (`transformer_2`)
     BOTH = "both"  # the same LoRA into each
-    # the model's transformer in the refine stage of a two-stage run only (LTX-2's distilled LoRA, as ComfyUI's
+    # the model's transformer in the refine stage of a two-stage run only (a distilled LoRA, as ComfyUI's
     # two-stage templates apply it)
     REFINE = "refine"
 

@@ -109,9 +109,11 @@ class FileSlot:
     component: str  # the pipeline's component name: text_encoder, text_encoder_2, vae, ...
     kind: FileKind
     comfy_file: str  # the file ComfyUI's own templates download for it (Comfy-Org names)
-    # where an all-in-one checkpoint keeps it ("" = never in one), or another component's file that carries it
-    # (LTX-2.5's text encoder file carries the text projection, its audio VAE file the vocoder)
+    # where an all-in-one checkpoint keeps it ("" = never in one), or the file of `carried_by` that carries it
     checkpoint_prefix: str = ""
+    # the component whose picked file also carries this one under checkpoint_prefix, which that file then fills when
+    # nothing else does (LTX-2.5's text encoder file carries the text projection, its audio VAE file the vocoder)
+    carried_by: str = ""
     # key prefixes of its other weights in such a checkpoint, which its weights keep whole beside those under
     # checkpoint_prefix (LTX-2's text connectors: the projection at the top level, the connector blocks inside the
     # diffusion model); read from the diffusion model's file where the slot's file has none (LTX-2.5's)

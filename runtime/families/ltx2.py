@@ -342,10 +342,10 @@ FAMILY = Family(
     file_slots=(
         FileSlot("text_encoder", GEMMA3, "gemma_3_12B_it_fp4_mixed.safetensors"),
         FileSlot("connectors", CONNECTORS, "the checkpoint's text connectors", "text_embedding_projection.",
-                 checkpoint_also=CONNECTOR_BLOCKS),
+                 checkpoint_also=CONNECTOR_BLOCKS, carried_by="text_encoder"),
         FileSlot("vae", VIDEO_VAE, "the checkpoint's VAE", "vae."),
         FileSlot("audio_vae", AUDIO_VAE, "the checkpoint's audio VAE", "audio_vae."),
-        FileSlot("vocoder", VOCODER, "the checkpoint's vocoder", "vocoder."),
+        FileSlot("vocoder", VOCODER, "the checkpoint's vocoder", "vocoder.", carried_by="audio_vae"),
     ),
     default_config_repo="Lightricks/LTX-2",  # diffusers' DIFFUSERS_DEFAULT_PIPELINE_PATHS["ltx2-dev"]
     memory=MEMORY,

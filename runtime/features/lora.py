@@ -22,7 +22,7 @@ transformer can recompile when a strength changes (the scaling is a Python float
 A LoRA goes into the denoiser its `expert` names (the families' `lora_targets`): `transformer` (high_noise, the
 default, and the only one of one-transformer models), a second expert `transformer_2` (low_noise: diffusers'
 `load_into_transformer_2`), or both; the backups cover whichever expert's weights changed. A `refine` LoRA goes into
-the transformer for the refine stage of a two-stage run only (LTX-2's distilled LoRA): the first stage runs with it
+the transformer for the refine stage of a two-stage run only (a distilled LoRA): the first stage runs with it
 at strength 0, the upscale between the stages switches to its strength (`refine_after`), and the next run's
 realise switches back. Fused, that is a restore and a fuse per switch; unfused, a `set_adapters`.
 """
