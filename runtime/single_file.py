@@ -45,11 +45,10 @@ CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "token
 # a projection CLIPTextModel has no use for), and parts a text-to-image pipeline never runs, so a file
 # without them (ComfyUI's text-only files of multimodal encoders) still loads. Everything else must match exactly.
 IGNORED_UNEXPECTED = ("position_ids", "logit_scale", "text_projection.weight",
-                      "spiece_model",  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
-                      # and other files their tokenizer's files (as a third-party converter of one reads them)
-                      "tokenizer_json", "tokenizer_config.json", "generation_config.json")
-UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.")
-VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")  # what an image-input task would run
+                      "spiece_model")  # ComfyUI's UMT5 files carry their SentencePiece tokenizer as a tensor
+UNUSED_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "lm_head.", "embed_vision.", "embed_audio.")
+# what an image-input task would run
+VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.", "embed_vision.")
 # Components whose presence in model_index.json means the pipeline feeds images to its text encoder, so its
 # vision tower runs (an edit pipeline with a vision-language processor).
 IMAGE_TO_TEXT_ENCODER = ("processor",)
@@ -583,8 +582,9 @@ def check_files_against_configs(files, config_folder: str, model_class: str) -> 
                 raise UserInputError(
                     f"'{header.name}' does not fit {component} of this {family.name}: {key} is "
                     f"{list(header[file_key].shape)} in the file, {list(tensor.shape)} in "
-                    f"'{os.path.basename(config_folder)}''s config. It is {slot_kind(family, component, variant).words} "
-                    f"of another size or kind; pick the right file for {component}.")
+                    f"'{os.path.basename(config_folder)}''s config. It is "
+                    f"{slot_kind(family, component, variant).words} of another size or kind; pick the right file "
+                    f"for {component}.")
 
 
 def _by_suffix(keys) -> dict[str, str]:

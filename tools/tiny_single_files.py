@@ -1278,8 +1278,8 @@ def ltx25_files(folder, out) -> dict[str, Path]:
     connector blocks beside it under model.diffusion_model. (`transformer_holding(folder, ltx25_transformer_values)`
     afterwards makes the folder hold exactly what it loads as: quantizing dequantized weights again is not exact); the
     Gemma 4 text encoder in ComfyUI's
-    layout carrying the text projection and its tokenizer as a tensor; the conv video VAE; the audio VAE carrying
-    the vocoder."""
+    layout (as Lightricks' packer writes it) carrying the text projection, small vision and audio embedders (which the
+    tiny configs lack) and its tokenizer's files as tensors; the conv video VAE; the audio VAE carrying the vocoder."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     transformer = comfy_quantized(ltx2_transformer_to_original(folder_weights(folder, "transformer")), "int8_convrot",
@@ -1287,9 +1287,17 @@ def ltx25_files(folder, out) -> dict[str, Path]:
     connectors = ltx2_connectors_to_original(folder_weights(folder, "connectors"))
     projection = {k: v for k, v in connectors.items() if k.startswith("text_embedding_projection.")}
     blocks = {k: v for k, v in connectors.items() if k not in projection}
-    tokenizer = Path(folder, "tokenizer", "tokenizer.json").read_bytes()
-    text_encoder = {**gemma3_file_layout(folder_weights(folder, "text_encoder")), **projection,
-                    "tokenizer_json": torch.tensor(list(tokenizer), dtype=torch.uint8)}
+    def as_tensor(file):
+        return torch.tensor(list(Path(folder, "tokenizer", file).read_bytes()), dtype=torch.uint8)
+
+    torch.manual_seed(0)
+    embedders = {"vision_model.patch_dense.weight": torch.randn(8, 12),
+                 "vision_model.pos_embedding": torch.randn(4, 2, 8),
+                 "multi_modal_projector.embedding_projection.weight": torch.randn(32, 8),
+                 "audio_projector.embedding_projection.weight": torch.randn(32, 8)}  # (the tiny configs have none)
+    text_encoder = {**gemma3_file_layout(folder_weights(folder, "text_encoder")), **projection, **embedders,
+                    "tokenizer_json": as_tensor("tokenizer.json"),
+                    "hf_asset__tokenizer_config.json": as_tensor("tokenizer_config.json")}
     audio = {**_prefixed(ltx2_audio_vae_to_original(folder_weights(folder, "audio_vae")), "audio_vae."),
              **_prefixed(ltx2_vocoder_to_original(folder_weights(folder, "vocoder")), "vocoder.")}
     return {"transformer": _save({**_prefixed(transformer, "model.diffusion_model."), **blocks},

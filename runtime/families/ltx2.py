@@ -87,11 +87,28 @@ CONNECTORS = FileKind("ltx2_connectors", "LTX-2's text connectors", lambda: (
 GEMMA3_NAMES = ((r"^model\.", "model.language_model."), (r"^vision_model\.", "model.vision_tower."),
                 (r"^multi_modal_projector\.", "model.multi_modal_projector."))
 # LTX-2.5's Gemma 4 encoder (gemma4-12b-with-proj-ltx-2.5), told apart from Gemma 3 (which shares its layer norms) by
-# each layer's scalar. ComfyUI's file names its language model as a plain causal LM ("model.layers"), as for Gemma 3,
-# and carries the text projection (the connectors' slot reads it there)
+# each layer's scalar. ComfyUI's file (as Lightricks' packer writes it) names its language model as a plain causal LM
+# ("model.layers"), its small vision and audio embedders "vision_model.", "multi_modal_projector.", "audio_projector.",
+# carries its tokenizer's files as tensors ("tokenizer_json", "hf_asset__<file>": the configs give the tokenizer) and
+# the text projection (the connectors' slot reads it there)
+GEMMA4_NAMES = ((r"^model\.", "model.language_model."), (r"^vision_model\.", "model.embed_vision."),
+                (r"^multi_modal_projector\.", "model.embed_vision.multimodal_embedder."),
+                (r"^audio_projector\.", "model.embed_audio."))
+GEMMA4_TOKENIZER_TENSORS = ("tokenizer_json", "hf_asset__")
+
+
+def gemma4_to_transformers(cls, config, state: dict) -> dict:
+    """ComfyUI's Gemma 4 file in Gemma4UnifiedForConditionalGeneration's names, without its tokenizer tensors, and
+    without the embedders its configs have none of (LTX-2.5 never feeds it images or sound)."""
+    state = renamed({k: v for k, v in state.items() if not k.startswith(GEMMA4_TOKENIZER_TENSORS)}, GEMMA4_NAMES)
+    absent = tuple(prefix for prefix, part in (("model.embed_vision.", config.vision_config),
+                                               ("model.embed_audio.", config.audio_config)) if part is None)
+    return {k: v for k, v in state.items() if not k.startswith(absent)}
+
+
 GEMMA4 = FileKind("gemma4", "a Gemma 4 text encoder", lambda: (
     "model.layers.0.layer_scalar", "model.language_model.layers.0.layer_scalar"),
-    to_transformers=lambda cls, config, state: renamed(state, GEMMA3_NAMES[:1]))
+    to_transformers=gemma4_to_transformers)
 # ComfyUI's Gemma 3 files (comfy/text_encoders/lt.py) name the language model as a plain causal LM ("model.layers"),
 # the SigLIP tower "vision_model."; transformers' and its older layout follow
 GEMMA3 = FileKind("gemma3", "a Gemma 3 text encoder", lambda: (
@@ -329,7 +346,8 @@ FAMILY = Family(
     comfy_latent=None,  # video: the Video Sampler has no LATENT
     denoiser_kind=TRANSFORMER,
     # all-in-one checkpoints (LTX-2.3's: its own configs, told by the name as ComfyUI's templates name it)
-    denoiser_files=("ltx-2.3-22b-dev-fp8.safetensors", "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors",
+    denoiser_files=("ltx-2.3-22b-dev-fp8.safetensors",
+                    "ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors",
                     "ltx-2-19b-dev-fp8.safetensors", "ltx-2-19b-dev.safetensors"),
     file_variants=(
         # Lightricks/LTX-2.3 holds the single files only; diffusers' own examples load its diffusers layout from here

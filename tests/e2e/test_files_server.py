@@ -280,7 +280,8 @@ def test_wan22_t2v_a14b_from_its_two_expert_files_gives_the_frames_of_plain_diff
 
 
 @pytest.mark.parametrize("configs, picks, audio_vae", [
-    ("tiny-ltx2", ("ltx2/ltx-2-19b-dev.safetensors", "ltx2/gemma_3_12B_it.safetensors", "none", "none", "none"), "none"),
+    ("tiny-ltx2", ("ltx2/ltx-2-19b-dev.safetensors", "ltx2/gemma_3_12B_it.safetensors", "none", "none", "none"),
+     "none"),
     ("ltx23", ("ltx23/ltx-2.3-22b-dev-fp8.safetensors", "ltx23/gemma_3_12B_it.safetensors", "none", "none", "none"),
      "none"),
     ("ltx25", (f"ltx25/{LTX25_FILE}", "ltx25/gemma4-12b-with-proj-ltx-2.5.safetensors", "none", "none",
@@ -414,9 +415,9 @@ def test_a_file_of_another_family_is_refused_on_the_file_loader_when_queued(file
      "LTX-2 from single files also needs text_encoder (gemma_3_12B_it_fp4_mixed.safetensors)"),
 ], ids=["gemma3-for-ltx25", "qwen3-for-gemma", "no-text-encoder"])
 def test_a_wrong_ltx2_file_is_refused_on_the_file_loader_when_queued(files_server, picks, configs, message):
-    """LTX-2.3's Gemma 3 file with LTX-2.5's transformer, a text encoder of another kind, a checkpoint without its Gemma file (with
-    configs auto: a full diffusers folder as configs would give its own text encoder): refused from the headers when
-    the prompt is queued, saying what to pick."""
+    """LTX-2.3's Gemma 3 file with LTX-2.5's transformer, a text encoder of another kind, a checkpoint without its Gemma
+    file (with configs auto: a full diffusers folder as configs would give its own text encoder): refused from the
+    headers when the prompt is queued, saying what to pick."""
     details = refused_on(files_server, files_prompt(configs, picks), LOADER)
     assert message in details, details
 
