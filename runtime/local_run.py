@@ -21,6 +21,7 @@ from .modes import execution_mode, grad_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
 from .plan import Plan
 from .run_info import Generation, RunInfo
+from .sources import local_folder
 from .specs import CompileSpec, ExecutionMode, ProgressCallback
 from .tasks import SampleRequest, Task
 from .tasks import images as image_inputs
@@ -66,6 +67,9 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         notes.append(f"two stages: {request.width // 2}x{request.height // 2}, latents upscaled x2 "
                      f"({os.path.basename(request.upscaler)}), {family.two_stage.refine_steps} refine steps at "
                      f"{request.width}x{request.height}")
+    decode = entry.decode_pipeline(family.latent_decoder, None if handle.files else local_folder(handle.source))
+    if decode is not None:
+        notes.append(f"video decoded by {family.latent_decoder.words} (the model's {family.latent_decoder.component})")
     load_seconds = time.perf_counter() - start
     notes += entry.notes + features.notes(entry)
 
@@ -85,7 +89,8 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
             batch_size=task.call_batch(request),
             images=tuple(image_inputs.resized(image, image_size) for image in request.images))
         task.validate(family, plan.pipeline, warm_request)  # a warm-up size the model does not take
-        return _run(entry, pipe, run_denoisers, dataclasses.replace(plan, request=warm_request), on_warm_step)[1]
+        return _run(entry, pipe, run_denoisers, dataclasses.replace(plan, request=warm_request), on_warm_step,
+                    decode=decode)[1]
 
     compiled = entry.states.get(compilation.NAME)
     lookups_before = compilation.cache_lookups(device)
@@ -93,7 +98,7 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         warmup = compilation.warm_up(compiled, task.call_batch(request), run_at, on_progress)
         reset_peak_memory(device)
         start = time.perf_counter()
-        output, activity = _run(entry, pipe, run_denoisers, plan, on_step, preview)
+        output, activity = _run(entry, pipe, run_denoisers, plan, on_step, preview, decode)
         sample_seconds = time.perf_counter() - start
     peak = peak_memory_bytes(device)
     lookups = compilation.lookups_since(lookups_before, compilation.cache_lookups(device))
@@ -122,9 +127,10 @@ def sound_info(audio: dict | None) -> dict:
 
 
 def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
-         preview: PreviewSpec | None = None):
+         preview: PreviewSpec | None = None, decode=None):
     """One task run on `pipe` (entry's pipeline of the task's class), with the request's latent upscaler if it has
-    one; with a compiled denoiser, its compiles are counted and explained."""
+    one, decoded by `decode` (the family's latent decoder's pipeline) where the model has one; with a compiled
+    denoiser, its compiles are counted and explained."""
     upscaler, two_stage = plan.request.upscaler, plan.family.two_stage
     upsample = entry.upsample_pipeline(two_stage, upscaler) if upscaler and two_stage else None
     if upsample is not None:  # between the stages: the refine stage's LoRAs
@@ -133,7 +139,7 @@ def _run(entry: LoadedPipeline, pipe, run_denoisers: tuple, plan: Plan, on_step,
         return compilation.counted_run(
             entry.states.get(compilation.NAME), run_denoisers, shape_of(plan.task, plan.request),
             lambda: plan.task.run(pipe, plan.family, plan.pipeline, plan.request, on_step, preview, plan.outputs,
-                                  upsample))
+                                  upsample, decode))
     except CompileError:
         entry.states.pop(compilation.NAME, None)  # the denoiser is eager again; the next compiled run starts afresh
         raise

@@ -43,6 +43,7 @@ class LoadedPipeline:
     task_pipes: dict = dataclasses.field(default_factory=dict)  # diffusers class -> pipeline from_pipe made of `pipe`
     hooked: object = None  # under model CPU offload, the pipeline whose offload hooks the shared models carry now
     upscaler: tuple = ()  # (path, its upsample pipeline): the last latent upscaler a run used, kept with the models
+    decoder: tuple = ()  # (its decode pipeline or None,): the family's latent decoder, once looked for
 
     def pipeline(self, cls: str, task: str, upsample_prompt: bool = True):
         """The pipeline of diffusers class `cls` on this entry's models: `pipe` itself, or one that `from_pipe`
@@ -81,6 +82,26 @@ class LoadedPipeline:
             upsample = getattr(diffusers, two_stage.upsample_pipeline)(vae=self.pipe.vae, latent_upsampler=model)
             self.upscaler = (path, upsample)
         return self.upscaler[1]
+
+    def decode_pipeline(self, latent_decoder, folder: str | None):
+        """The pipeline that decodes this entry's latents with the family's latent decoder (Family.latent_decoder) from
+        the model folder `folder` where it has the decoder's weights, else None (the VAE decodes; also for single
+        files, whose VAE is the one picked): loaded once, on this entry's device in its VAE's dtype, kept with the
+        models."""
+        import diffusers
+
+        from .sources import has_weights
+
+        if not self.decoder:
+            decode = None
+            if latent_decoder and folder and has_weights(folder, latent_decoder.component):
+                model = getattr(diffusers, latent_decoder.model_class).from_pretrained(
+                    folder, subfolder=latent_decoder.component, local_files_only=True, torch_dtype=self.pipe.vae.dtype)
+                model.eval().requires_grad_(False).to(self.device.torch_device())
+                decode = getattr(diffusers, latent_decoder.decode_pipeline)(
+                    **{latent_decoder.component: model}, scheduler=self.pipe.scheduler)
+            self.decoder = (decode,)
+        return self.decoder[0]
 
     @property
     def notes(self) -> tuple[str, ...]:

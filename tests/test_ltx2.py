@@ -396,3 +396,39 @@ def test_a_sigmas_schedule_is_refused_when_the_model_takes_none_or_it_is_no_sche
         prepare("LTX2Pipeline", request(steps=2, sigmas=(1.0, 1.5)))
     with pytest.raises(UserInputError, match=r"3 sigmas make 3 steps, but steps is 2"):
         prepare("LTX2Pipeline", request(steps=2, sigmas=(1.0, 0.5, 0.25)))
+
+
+@pytest.fixture(scope="module")
+def tiny_ltx25_diffusion_decoder(tmp_path_factory):
+    """The tiny LTX-2.5 with the diffusion decoder Lightricks/LTX-2.5-Diffusers has in diffusion_decoder/."""
+    import tiny_models
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-ltx25-dd"
+    tiny_models.build("ltx25", folder)
+    return str(tiny_models.with_diffusion_decoder(folder))
+
+
+def test_ltx25_diffusion_decoder_equals_diffusers_recipe(tiny_ltx25_diffusion_decoder, engine):
+    """A folder with LTX-2.5's diffusion decoder decodes with it, as diffusers documents (LTX2VideoDiffusionDecoderModel:
+    the pipeline's latents, then LTX2VideoDiffusionDecodePipeline with denormalize=False and the call's generator, as
+    its modular route does) and the sound as the pipeline decodes it: frames and sound equal, and the run info says so."""
+    import diffusers
+
+    folder = tiny_ltx25_diffusion_decoder
+    made = engine.generate(PipelineHandle.of(source=folder, model_class="LTX2Pipeline"), request(batch_size=1))
+    assert any("diffusion decoder" in note for note in made.info.notes)
+    pipe = diffusers.LTX2Pipeline.from_pretrained(folder, local_files_only=True)
+    generator = torch.Generator("cpu").manual_seed(7)
+    latents = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
+                   num_inference_steps=2, guidance_scale=3.0, generator=generator, output_type="latent")
+    decoder = diffusers.LTX2VideoDiffusionDecoderModel.from_pretrained(folder, subfolder="diffusion_decoder")
+    decode = diffusers.LTX2VideoDiffusionDecodePipeline(diffusion_decoder=decoder, scheduler=pipe.scheduler)
+    frames = decode(latents.frames, generator=generator, output_type="pt", denormalize=False).frames[0]
+    waveform = pipe.vocoder(pipe.audio_vae.decode(latents.audio, return_dict=False)[0]).float()
+    assert made.images.shape == (FRAMES, 32, 32, 3)
+    assert (made.images - frames.permute(0, 2, 3, 1)).abs().max() <= 1 / 255
+    conv = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
+                num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(7),
+                output_type="pt").frames[0]
+    assert (made.images - conv.permute(0, 2, 3, 1)).abs().max() > 1 / 255  # not the conv VAE's decode
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)

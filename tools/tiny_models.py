@@ -1113,6 +1113,32 @@ def ltx25(size: str):
                         vocoder=base.vocoder), raw
 
 
+def with_diffusion_decoder(folder) -> Path:
+    """Add LTX-2.5's diffusion decoder (LTX2VideoDiffusionDecoderModel, as Lightricks/LTX-2.5-Diffusers has it in
+    diffusion_decoder/) to a tiny LTX-2 folder: sized for its VAE's latents (4 channels, x8 in space and time), its
+    latent statistics the VAE's. At 32x32 a decode takes ~3 s here (FlexAttention runs densely on a CPU)."""
+    import json
+
+    from diffusers import AutoencoderKLLTX2Video, LTX2VideoDiffusionDecoderModel
+
+    out = Path(folder)
+    vae = AutoencoderKLLTX2Video.from_pretrained(str(out / "vae"))
+    torch.manual_seed(0)
+    decoder = LTX2VideoDiffusionDecoderModel(
+        latent_channels=vae.config.latent_channels, patch_size=1, decoder_head_dim=8,
+        decoder_stage_channels=(16, 8, 8, 8, 8), decoder_stage_depths=(1, 1, 1, 1, 1),
+        decoder_stage_kernels=((3, 3, 3),) * 4, decoder_upsample_channel_reductions=(2, 1, 1, 1),
+        decoder_stage5_kernel=(3, 3, 3), decoder_t_emb_dim=16,
+        spatial_compression_ratio=vae.spatial_compression_ratio, temporal_compression_ratio=vae.temporal_compression_ratio)
+    decoder.latents_mean.copy_(vae.latents_mean)
+    decoder.latents_std.copy_(vae.latents_std)
+    decoder.save_pretrained(str(out / "diffusion_decoder"))
+    index = json.loads((out / "model_index.json").read_text())
+    index["diffusion_decoder"] = ["diffusers", "LTX2VideoDiffusionDecoderModel"]
+    (out / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+    return out
+
+
 def ltx2_upsampler(out_dir) -> Path:
     """LTX-2's latent upscaler (LTX2LatentUpsamplerModel) for the tiny ltx2's 4 latent channels, x2 spatial with the
     rational resampler as ltx-2.3-spatial-upscaler-x2: a diffusers folder (config.json + weights). Its weights file

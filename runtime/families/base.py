@@ -226,6 +226,22 @@ class TwoStage:
 
 
 @dataclasses.dataclass(frozen=True)
+class LatentDecoder:
+    """A decoder that replaces the VAE's where a model has one (LTX-2.5's diffusion decoder): a model of its own that
+    the pipeline class does not take, run as its own diffusers pipeline on the latents the pipeline returns
+    (output_type="latent"). It comes from the model folder's `component` (model_index.json names it; the pipeline
+    class ignores it)."""
+
+    component: str  # its folder in the model folder (model_index.json's name for it)
+    model_class: str  # its diffusers model class
+    decode_pipeline: str  # the diffusers pipeline made of (the decoder, the scheduler) that runs it
+    # (pipe, decode pipeline, the pipeline's latent output, the call's generator) -> an output like the pipeline's
+    # decoded one (frames and sound)
+    decode: Callable
+    words: str  # how the run info names it
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str  # shown to users
     # model_index.json `_class_name`s of this family -> {task: the diffusers pipeline that runs it}, built with
@@ -308,6 +324,8 @@ class Family:
     sound_rate: Callable | None = None
     # its generation at half size + latent upscale + refine, with an upscaler model; None: it has none
     two_stage: TwoStage | None = None
+    # a decoder that replaces its VAE's where the model has one; None: the VAE decodes
+    latent_decoder: LatentDecoder | None = None
     # (loaded pipeline) -> a context in which its call runs a `sigmas` argument as given (no shift of the schedule),
     # as a SIGMAS input (ComfyUI's ManualSigmas: a distilled model's schedule) means; None: it takes no sigmas
     sigmas_as_given: Callable | None = None

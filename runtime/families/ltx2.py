@@ -13,8 +13,8 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 import contextlib
 
 from ..errors import UserInputError
-from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, MemoryModel,
-                   ReferenceModel, TaskPipeline, TwoStage)
+from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, LatentDecoder,
+                   MemoryModel, ReferenceModel, TaskPipeline, TwoStage)
 from .components import attention_shape, diffusers_detection_keys
 
 # Lightricks' all-in-one checkpoints (ltx-2-19b-dev, ltx-2.3-22b-dev-fp8) hold every part but the text encoder, each
@@ -210,6 +210,30 @@ TWO_STAGE = TwoStage(
 )
 
 
+def diffusion_decode(pipe, decode_pipe, output, generator):
+    """LTX-2.5's native decode (diffusers' LTX2VideoDiffusionDecodePipeline docs; its modular route's decode step):
+    the video latents the pipeline returns with output_type="latent" (denormalized already) through the diffusion
+    decoder, which draws the noise it denoises from the call's generator, after the sampling's draws; the sound
+    latents through the audio VAE and the vocoder as the pipeline decodes them. Under model CPU offload the audio
+    models go back to the host after."""
+    from diffusers.pipelines.ltx2.pipeline_output import LTX2PipelineOutput
+
+    frames = decode_pipe(output.frames, generator=generator, output_type="pt", denormalize=False).frames
+    mel = pipe.audio_vae.decode(output.audio.to(pipe.audio_vae.dtype), return_dict=False)[0]
+    audio = pipe.vocoder(mel)
+    pipe.maybe_free_model_hooks()
+    return LTX2PipelineOutput(frames=frames, audio=audio)
+
+
+LATENT_DECODER = LatentDecoder(
+    component="diffusion_decoder",  # Lightricks/LTX-2.5-Diffusers'
+    model_class="LTX2VideoDiffusionDecoderModel",
+    decode_pipeline="LTX2VideoDiffusionDecodePipeline",
+    decode=diffusion_decode,
+    words="LTX-2.5's diffusion decoder",
+)
+
+
 def context_parallel_plan(config) -> dict:
     """The `_cp_plan` for an LTX2VideoTransformer3DModel of this config: diffusers' (0.42.1) fails on 2 ranks.
 
@@ -374,6 +398,7 @@ FAMILY = Family(
     default_frames=121,
     sound_rate=sound_rate,
     two_stage=TWO_STAGE,
+    latent_decoder=LATENT_DECODER,  # LTX-2.5's, where its folder has one
     cp_plan=context_parallel_plan,  # diffusers' leaves the audio branch out
     cp_local_attention=CP_LOCAL_ATTENTION,
     sigmas_as_given=sigmas_as_given,  # its distilled schedules (DISTILLED_SIGMA_VALUES, ComfyUI's ManualSigmas)

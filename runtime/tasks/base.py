@@ -195,13 +195,14 @@ class Task:
 
     def run(self, pipe, family: Family, pipeline: TaskPipeline, request: SampleRequest,
             on_step: StepCallback | None = None, preview: PreviewSpec | None = None,
-            outputs: tuple[str, ...] | None = None, upsample=None) -> Outputs:
+            outputs: tuple[str, ...] | None = None, upsample=None, decode=None) -> Outputs:
         """Sample with `pipe` (a loaded pipeline of `pipeline`'s class): each of `outputs`' values (kind names, as
         the request's plan says; None: `output_kinds`'), the
         images a float32 CPU tensor [B, H, W, C] in 0..1 (ComfyUI's IMAGE). Without a preview spec the step
         callback never touches the latents, so previews cost nothing when off; the LATENT keeps only the last
         step's (a reference, copied once when the call ends). With the request's upscaler, each call runs the
-        family's two stages, `upsample` (the upscaler's pipeline on `pipe`'s VAE) between them."""
+        family's two stages, `upsample` (the upscaler's pipeline on `pipe`'s VAE) between them. With `decode` (the
+        family's latent decoder's pipeline), each call returns latents that it decodes (Family.latent_decoder)."""
         self.validate(family, pipeline, request)
         calls = self.calls(family, pipeline, request)
         kinds = self.output_kinds(family) if outputs is None else tuple(KINDS[name] for name in outputs)
@@ -237,8 +238,12 @@ class Task:
                 with given(stage_pipe) if given else contextlib.nullcontext():
                     return pipeline_kinds.call(stage_pipe, family, stage_kwargs, step_end)
 
+            if decode is not None:
+                kwargs = dict(kwargs, output_type="latent")
             with outside_inference_mode():  # either pipeline kind, classic or modular
                 output = two_stage.run(pipe, upsample, kwargs, run_stage) if two_stage else run_stage(pipe, kwargs)
+                if decode is not None:
+                    output = family.latent_decoder.decode(pipe, decode, output, kwargs["generator"])
             offload.end_run(pipe)  # under model CPU offload, every model back on the host (either kind)
             made = CallResult(output, final.get("latents"), pipe, family)
             for kind in kinds:
