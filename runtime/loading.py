@@ -99,12 +99,15 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     index = read_model_index(folder, is_folder=True)
     family = family_for(handle.model_class, settings=config_values(index))  # settings may change denoisers and slots
     left_out = optional_left_out(family, handle, folder) if files else {}
-    check_index(handle.source, index, folder, from_files=frozenset(files), left_out=frozenset(left_out))
+    kind = pipeline_kinds.kind_for(family, handle.model_class)  # classic or modular (runtime/pipeline_kinds.py)
+    takes = kind.takes(handle.model_class)
+    # what the pipeline does not take (a family's latent decoder: the family loads it, where it is used) needs no
+    # weights in a configs folder
+    not_taken = frozenset(components(index)) - takes
+    check_index(handle.source, index, folder, from_files=frozenset(files), left_out=frozenset(left_out) | not_taken)
     if index["_class_name"] != handle.model_class:
         raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.model_class} "
                              "the Loader found; queue the workflow again.")
-    kind = pipeline_kinds.kind_for(family, handle.model_class)  # classic or modular (runtime/pipeline_kinds.py)
-    takes = kind.takes(handle.model_class)
     parts = {name: part for name, part in components(index).items() if name in takes}
     unknown = sorted(set(files) - set(parts))
     if unknown:
@@ -149,6 +152,24 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
             if isinstance(module, torch.nn.Module) and name not in sharding.sharded:
                 module.to(device.torch_device())  # replicated on every rank; sharded ones are placed already
     return pipe
+
+
+def load_latent_decoder(family: Family, handle: PipelineHandle, dtype):
+    """The family's latent decoder (Family.latent_decoder) of the model `handle` names, or None where it has none:
+    with single files, from the file picked for its slot where that file carries it (a folder's decoder is not what
+    was picked); else from the model folder's decoder folder."""
+    import diffusers
+
+    decoder = family.latent_decoder
+    files = dict(handle.files)
+    if files:
+        return single_file.load_latent_decoder(family, files[decoder.slot], single_file.config_folder(handle.source),
+                                               dtype) if decoder.slot in files else None
+    folder = local_folder(handle.source)
+    if not has_weights(folder, decoder.component):
+        return None
+    return getattr(diffusers, decoder.model_class).from_pretrained(
+        folder, subfolder=decoder.component, local_files_only=True, torch_dtype=dtype).eval().requires_grad_(False)
 
 
 def optional_left_out(family: Family, handle: PipelineHandle, folder: str) -> dict[str, str]:

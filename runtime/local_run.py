@@ -17,11 +17,11 @@ from .families import Family
 from .features import compilation, lora
 from .preview import PreviewSpec
 from .handle import PipelineHandle
+from .loading import load_latent_decoder
 from .modes import execution_mode, grad_mode
 from .pipeline_cache import LoadedPipeline, PipelineCache
 from .plan import Plan
 from .run_info import Generation, RunInfo
-from .sources import local_folder
 from .specs import CompileSpec, ExecutionMode, ProgressCallback
 from .tasks import SampleRequest, Task
 from .tasks import images as image_inputs
@@ -67,7 +67,8 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
         notes.append(f"two stages: {request.width // 2}x{request.height // 2}, latents upscaled x2 "
                      f"({os.path.basename(request.upscaler)}), {family.two_stage.refine_steps} refine steps at "
                      f"{request.width}x{request.height}")
-    decode = entry.decode_pipeline(family.latent_decoder, None if handle.files else local_folder(handle.source))
+    decode = entry.decode_pipeline(family.latent_decoder,
+                                   lambda dtype: load_latent_decoder(family, handle, dtype))
     if decode is not None:
         notes.append(f"video decoded by {family.latent_decoder.words} (the model's {family.latent_decoder.component})")
     load_seconds = time.perf_counter() - start

@@ -83,21 +83,17 @@ class LoadedPipeline:
             self.upscaler = (path, upsample)
         return self.upscaler[1]
 
-    def decode_pipeline(self, latent_decoder, folder: str | None):
-        """The pipeline that decodes this entry's latents with the family's latent decoder (Family.latent_decoder) from
-        the model folder `folder` where it has the decoder's weights, else None (the VAE decodes; also for single
-        files, whose VAE is the one picked): loaded once, on this entry's device in its VAE's dtype, kept with the
-        models."""
+    def decode_pipeline(self, latent_decoder, load):
+        """The pipeline that decodes this entry's latents with the family's latent decoder (Family.latent_decoder),
+        where the model has one (`load(dtype)` loads it, or gives None: the VAE decodes): loaded once, on this entry's
+        device in its VAE's dtype, kept with the models."""
         import diffusers
 
-        from .sources import has_weights
-
         if not self.decoder:
+            model = load(self.pipe.vae.dtype) if latent_decoder else None
             decode = None
-            if latent_decoder and folder and has_weights(folder, latent_decoder.component):
-                model = getattr(diffusers, latent_decoder.model_class).from_pretrained(
-                    folder, subfolder=latent_decoder.component, local_files_only=True, torch_dtype=self.pipe.vae.dtype)
-                model.eval().requires_grad_(False).to(self.device.torch_device())
+            if model is not None:
+                model.to(self.device.torch_device())
                 decode = getattr(diffusers, latent_decoder.decode_pipeline)(
                     **{latent_decoder.component: model}, scheduler=self.pipe.scheduler)
             self.decoder = (decode,)

@@ -314,6 +314,8 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
     parts = components_in_checkpoint(header, family)
     prefix = parts.get(component, "")
     got = _kind(header, prefix)
+    if carries_latent_decoder(family, component, got):
+        return prefix
     if got != want and parts and component not in parts:
         raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({want.words}); it carries "
                              f"{', '.join(parts)}. Pick a separate {want.words} file for {component}.")
@@ -322,6 +324,35 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
         raise UserInputError(f"'{header.name}' is {_words(got)}, but {component} of {family.name} needs "
                              f"{want.words}. Pick the right file for {component}{named}.")
     return prefix
+
+
+def carries_latent_decoder(family: Family, component: str, kind: FileKind | None) -> bool:
+    """Whether a file of `kind` fills `component` with the family's latent decoder beside it (a VAE file that also
+    carries the decoder that replaces the VAE's)."""
+    decoder = family.latent_decoder
+    return decoder is not None and component == decoder.slot and kind is decoder.file_kind
+
+
+def load_latent_decoder(family: Family, path: str, config_folder: str, dtype):
+    """The family's latent decoder from the file picked for its slot, where that file carries it (else None): its
+    config from the configs folder's decoder folder where it has one, else the decoder class's defaults."""
+    import diffusers
+    from accelerate import init_empty_weights
+
+    decoder = family.latent_decoder
+    if decoder is None or not carries_latent_decoder(family, decoder.slot, _kind(_header(path))):
+        return None
+    cls = getattr(diffusers, decoder.model_class)
+    has_config = os.path.isfile(os.path.join(config_folder, decoder.component, "config.json"))
+    config = cls.load_config(config_folder, subfolder=decoder.component) if has_config else {}
+    with init_empty_weights():
+        model = cls.from_config(config)
+    try:
+        model.load_state_dict(decoder.from_file(read_weights(path, dtype)), strict=True, assign=True)
+    except (RuntimeError, KeyError) as e:
+        raise ModelLoadError(f"'{os.path.basename(path)}' is not {decoder.file_kind.words} as "
+                             f"{decoder.model_class}'s config describes it ({type(e).__name__}: {e}).") from e
+    return _to_dtype(model, dtype).eval().requires_grad_(False)
 
 
 def default_config_repo(path) -> str:
@@ -393,8 +424,16 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
     from accelerate import init_empty_weights
 
     config = cls.load_config(folder, subfolder=name, local_files_only=True)
-    with init_empty_weights():
-        expected = set(cls.from_config(config).state_dict())
+    lacks = kind.lacks if kind is not None else ()
+
+    def empty_model():
+        with init_empty_weights():
+            model = cls.from_config(config)
+        for part in lacks:  # not in the file: left out of the model, never random weights
+            setattr(model, part, None)
+        return model
+
+    expected = set(empty_model().state_dict())
     prefix = kind.converter_prefix if kind is not None else ""
     given = {prefix + k: v for k, v in weights.items()}  # a copy: converters pop what they use
     own = kind is not None and kind.to_diffusers is not None and kind.keys()[0] in weights
@@ -408,9 +447,8 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
         unexpected += sorted(given)  # what its converter left behind
     if missing or unexpected:
         return None, missing, unexpected, [], []
-    if own or not _single_file_loadable(cls):
-        with init_empty_weights():
-            model = cls.from_config(config)
+    if own or lacks or not _single_file_loadable(cls):
+        model = empty_model()
         model.load_state_dict(state, strict=True, assign=True)
     else:
         model = cls.from_single_file(state, config=folder, subfolder=name, local_files_only=True)
@@ -494,6 +532,8 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     if kept_whole and model_file and not any(k.startswith(kept_whole) for k in weights):
         weights = {**read_weights(model_file, dtype, only=kept_whole), **weights}
     kind = slot_kind(family, name, variant)
+    if carries_latent_decoder(family, name, _kind(_header(path), prefix)):
+        kind = family.latent_decoder.file_kind  # its own component's part of it, as that kind converts it
     want = kind.words
     try:
         if cls.__module__.startswith("transformers"):

@@ -376,20 +376,37 @@ def test_a_wan21_file_is_refused_with_what_to_load_instead(sf_dir, tmp_path):
              "auto", [])
 
 
-def test_ltx25_diffusion_decoder_vae_is_refused_naming_the_conv_vae(sf_dir, tmp_path):
-    """The template's ltx-2.5-video-vae-bf16 pairs the conv encoder with LTX-2.5's diffusion decoder (another model,
-    which diffusers runs as a pipeline of its own): refused when queued, naming the conv VAE file that loads."""
-    from tpu_diffusers_runtime.file_choice import plan
+def test_ltx25_diffusion_decoder_vae_file_decodes_as_the_folder_s_diffusion_decoder(sf_dir, tmp_path):
+    """The template's ltx-2.5-video-vae-bf16 (the conv encoder with LTX-2.5's diffusion decoder, in its original
+    names): its VAE has no conv decoder (nothing random runs), its diffusion decoder decodes; frames and sound equal a
+    folder holding the same weights with the decoder in diffusion_decoder/ (whose configs-only download needs no
+    decoder weights when files are picked)."""
+    import shutil
 
+    import tiny_models
+
+    from tpu_diffusers_runtime.engine import Engine
+    from tpu_diffusers_runtime.file_choice import plan
+    from tpu_diffusers_runtime.tasks import SampleRequest
+
+    source = tiny_models.with_diffusion_decoder(shutil.copytree(folder(sf_dir, "ltx25"), tmp_path / "ltx25"))
     f = files(sf_dir, "ltx25")
-    vae = tmp_path / "ltx-2.5-video-vae-bf16.safetensors"
-    save_file({**tsf.folder_weights(folder(sf_dir, "ltx25"), "vae"), "decoder.conv_in_x_t.weight": torch.zeros(8, 8)},
-              str(vae))
-    with pytest.raises(UserInputError, match=r"'ltx-2.5-video-vae-bf16.safetensors' is LTX-2.5's diffusion-decoder "
-                                             r"VAE, which does not load yet \(its conv VAE, "
-                                             r"ltx-2.5-video-vae-conv-bf16.safetensors, does\), but vae of LTX-2"):
-        plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": str(vae), "audio_vae": f["audio_vae"]},
-             "auto", [])
+    vae = tsf.ltx25_diffusion_decoder_vae_file(source, tmp_path)
+    _, model_class, picked = plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": str(vae),
+                                                    "audio_vae": f["audio_vae"]}, "auto", [])
+    assert dict(picked)["vae"] == str(vae)
+    from_files = load_pipeline(PipelineHandle.of(source=str(source), model_class=model_class, files=picked), CPU)
+    assert from_files.vae.decoder is None
+    request = SampleRequest(prompt="a corgi on a beach", width=32, height=32, steps=2, guidance=3.0, seed=7,
+                            batch_size=1, frames=9)
+    engine = Engine(distribute=False)
+    by_folder = engine.generate(PipelineHandle.of(source=str(source), model_class=model_class), request)
+    # a configs-only folder: the decoder from the picked file alone
+    (source / "diffusion_decoder" / "diffusion_pytorch_model.safetensors").unlink()
+    by_files = engine.generate(PipelineHandle.of(source=str(source), model_class=model_class, files=picked), request)
+    assert any("diffusion decoder" in note for note in by_files.info.notes)
+    assert (by_files.images - by_folder.images).abs().max() <= 1 / 255
+    torch.testing.assert_close(by_files.audio["waveform"], by_folder.audio["waveform"], atol=1e-4, rtol=0)
 
 
 def test_ltx25_files_need_their_gemma4_encoder_and_audio_vae(sf_dir):

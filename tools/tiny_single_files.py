@@ -1308,6 +1308,34 @@ def ltx25_files(folder, out) -> dict[str, Path]:
             "audio_vae": _save(audio, out / "ltx-2.5-audio-vae-bf16.safetensors")}
 
 
+def ltx25_diffusion_decoder_vae_file(folder, out) -> Path:
+    """The template's ltx-2.5-video-vae-bf16 from a tiny LTX-2.5 folder with a diffusion decoder
+    (tiny_models.with_diffusion_decoder): the conv VAE's encoder and statistics, and the diffusion decoder under
+    `decoder.` in its original names (diffusers' conversion script's renames reversed, q/k/v fused)."""
+    encoder = {k: v for k, v in ltx2_video_vae_to_original(folder_weights(folder, "vae")).items()
+               if not k.startswith("decoder.")}
+    decoder = {}
+    for key, value in folder_weights(folder, "diffusion_decoder").items():
+        if key.startswith("latents_"):  # the statistics are the VAE's per_channel_statistics
+            continue
+        for new, old in ((".t_embedder.timestep_embedder.linear_1.", ".t_embedder.mlp.0."),
+                         (".t_embedder.timestep_embedder.linear_2.", ".t_embedder.mlp.2."),
+                         (".attn.to_out.0.", ".attn.proj."), (".attn.norm_q.", ".attn.q_norm."),
+                         (".attn.norm_k.", ".attn.k_norm.")):
+            key = key.replace(new, old)
+        decoder[key] = value
+    fused = {}
+    for key, value in decoder.items():
+        if ".attn.to_k." in key or ".attn.to_v." in key:
+            continue
+        if ".attn.to_q." in key:
+            value = torch.cat([value, decoder[key.replace(".to_q.", ".to_k.")],
+                               decoder[key.replace(".to_q.", ".to_v.")]])
+            key = key.replace(".to_q.", ".qkv.")
+        fused[key] = value
+    return _save({**encoder, **fused}, Path(out) / "ltx-2.5-video-vae-bf16.safetensors")
+
+
 def ltx25_transformer_values(sd: dict) -> dict:
     """What `ltx25_files`' int8 ConvRot diffusion model holds of a transformer's weights."""
     return comfy_valued(sd, "int8_convrot", LTX25_CONVROT_GROUP)

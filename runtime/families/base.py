@@ -100,6 +100,9 @@ class FileKind:
     # (prefix in text-only files, prefix transformers expects): text-only files of a multimodal encoder that name the
     # language model as a plain causal LM ("model.layers...", as ComfyUI's own code does)
     text_only_prefix: tuple[str, str] = ()
+    # submodules of the component a file of this kind does not carry: the model is built without them (None), so
+    # nothing runs random weights (LTX-2.5's diffusion-decoder VAE: no conv decoder, its own decoder decodes)
+    lacks: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,11 +233,16 @@ class LatentDecoder:
     """A decoder that replaces the VAE's where a model has one (LTX-2.5's diffusion decoder): a model of its own that
     the pipeline class does not take, run as its own diffusers pipeline on the latents the pipeline returns
     (output_type="latent"). It comes from the model folder's `component` (model_index.json names it; the pipeline
-    class ignores it)."""
+    class ignores it), or from a file of `file_kind` picked for the `slot` component (the VAE), which carries it
+    beside that component's own weights."""
 
     component: str  # its folder in the model folder (model_index.json's name for it)
     model_class: str  # its diffusers model class
     decode_pipeline: str  # the diffusers pipeline made of (the decoder, the scheduler) that runs it
+    slot: str  # the component whose file may carry it
+    file_kind: FileKind
+    # (state dict of such a file) -> the decoder's state dict in diffusers' layout
+    from_file: Callable
     # (pipe, decode pipeline, the pipeline's latent output, the call's generator) -> an output like the pipeline's
     # decoded one (frames and sound)
     decode: Callable

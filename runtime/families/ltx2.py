@@ -69,11 +69,19 @@ def video_vae_to_diffusers(state: dict) -> dict:
 TRANSFORMER = FileKind("ltx2_transformer", "an LTX-2 diffusion model", lambda: (
     "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight", *diffusers_detection_keys("ltx2")),
     to_diffusers=transformer_to_diffusers)
-# the template's ltx-2.5-video-vae-bf16: the conv encoder with LTX-2.5's diffusion decoder (ComfyUI's CausalDiffusionVAE),
-# which diffusers runs as a pipeline of its own (LTX2VideoDiffusionDecodePipeline): refused, naming the conv VAE file
+
+
+def encoder_to_diffusers(state: dict) -> dict:
+    """The conv encoder and latent statistics of a diffusion-decoder VAE file, as the conv VAE's (the same
+    encoder); its decoder is the latent decoder's (`diffusion_decoder_from_file`)."""
+    return video_vae_to_diffusers({k: v for k, v in state.items() if not k.startswith("decoder.")})
+
+
+# the template's ltx-2.5-video-vae-bf16: the conv encoder with LTX-2.5's diffusion decoder (ComfyUI's
+# CausalDiffusionVAE): the VAE without a conv decoder, the diffusion decoder (LATENT_DECODER) decodes
 DIFFUSION_DECODER_VAE = FileKind(
-    "ltx25_diffusion_decoder_vae", "LTX-2.5's diffusion-decoder VAE, which does not load yet (its conv VAE, "
-    "ltx-2.5-video-vae-conv-bf16.safetensors, does)", lambda: ("decoder.conv_in_x_t.weight",))
+    "ltx25_diffusion_decoder_vae", "LTX-2.5's diffusion-decoder VAE", lambda: ("decoder.conv_in_x_t.weight",),
+    to_diffusers=encoder_to_diffusers, lacks=("decoder",))
 VIDEO_VAE = FileKind("ltx2_video_vae", "an LTX-2 video VAE", lambda: (
     "per_channel_statistics.mean-of-stds", "decoder.mid_block.resnets.0.conv1.conv.weight"),
     to_diffusers=video_vae_to_diffusers)
@@ -225,10 +233,37 @@ def diffusion_decode(pipe, decode_pipe, output, generator):
     return LTX2PipelineOutput(frames=frames, audio=audio)
 
 
+# the diffusion decoder's original names -> diffusers' (diffusers' scripts/convert_ltx2_diffusion_vae_to_diffusers.py);
+# its fused qkv is split apart
+DIFFUSION_DECODER_NAMES = ((r"\.t_embedder\.mlp\.0\.", ".t_embedder.timestep_embedder.linear_1."),
+                           (r"\.t_embedder\.mlp\.2\.", ".t_embedder.timestep_embedder.linear_2."),
+                           (r"\.attn\.proj\.", ".attn.to_out.0."), (r"\.attn\.q_norm\.", ".attn.norm_q."),
+                           (r"\.attn\.k_norm\.", ".attn.norm_k."))
+
+
+def diffusion_decoder_from_file(state: dict) -> dict:
+    """LTX2VideoDiffusionDecoderModel's state dict from a diffusion-decoder VAE file (its `decoder.` keys and latent
+    statistics), renamed as diffusers' conversion script does; its preview heads (`coarse_*`) are not the decoder's."""
+    out = {"latents_mean": state["per_channel_statistics.mean-of-means"],
+           "latents_std": state["per_channel_statistics.std-of-means"]}
+    decoder = {k: v for k, v in state.items() if k.startswith("decoder.") and ".coarse_" not in k
+               and not k.startswith("decoder.coarse_")}
+    for key, value in renamed(decoder, DIFFUSION_DECODER_NAMES).items():
+        if ".attn.qkv." in key:
+            for name, part in zip(("to_q", "to_k", "to_v"), value.chunk(3)):
+                out[key.replace(".qkv.", f".{name}.")] = part
+        else:
+            out[key] = value
+    return out
+
+
 LATENT_DECODER = LatentDecoder(
     component="diffusion_decoder",  # Lightricks/LTX-2.5-Diffusers'
     model_class="LTX2VideoDiffusionDecoderModel",
     decode_pipeline="LTX2VideoDiffusionDecodePipeline",
+    slot="vae",  # the template's ltx-2.5-video-vae-bf16 carries it beside the conv encoder
+    file_kind=DIFFUSION_DECODER_VAE,
+    from_file=diffusion_decoder_from_file,
     decode=diffusion_decode,
     words="LTX-2.5's diffusion decoder",
 )
