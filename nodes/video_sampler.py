@@ -4,7 +4,7 @@ from comfy_api.latest import io
 
 from tpu_diffusers_runtime.engine import ENGINE
 from tpu_diffusers_runtime.errors import UserInputError
-from tpu_diffusers_runtime.families import FAMILIES, listed, with_each_setting
+from tpu_diffusers_runtime.families import FAMILIES, INCONTEXT2VIDEO, listed, with_each_setting
 from tpu_diffusers_runtime.input_checks import (MAX_SIZE, frames_problem, last_image_problem, sigmas_problem,
                                                 video_frame_factor)
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
@@ -17,6 +17,8 @@ MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
 SIGMAS_FAMILIES = [family for family in VIDEO_FAMILIES if family.sigmas_as_given]
 SOUND_FAMILIES = [family for family in VIDEO_FAMILIES if family.makes_sound]
+IN_CONTEXT_FAMILIES = [family for family in VIDEO_FAMILIES
+                       if any(INCONTEXT2VIDEO in tasks for tasks in family.model_classes.values())]
 VIDEO_MODELS = with_each_setting(VIDEO_FAMILIES)  # each with its own size step, frame rate and frame count
 STEPS = " or ".join(str(step) for step in sorted({model.size_multiple for model in VIDEO_MODELS}))
 FPS = " or ".join(dict.fromkeys(f"{model.fps:g}" for model in VIDEO_MODELS))
@@ -87,6 +89,13 @@ class TPUVideoSampler(io.ComfyNode):
                                         "0.725, 0.421875, 0.0' at guidance 1. Its sigmas but the final 0 are "
                                         "the steps (the steps widget is then not used). Models that take one: "
                                         f"{listed(SIGMAS_FAMILIES) or 'none yet'}."),
+                # appended after the others, so that workflows saved before it keep their input indices
+                io.Image.Input("reference_video", optional=True,
+                               tooltip="In-context video (IC-LoRA: a depth, pose or edge video, with its LoRA on the "
+                                       "TPU LoRA node): the reference video's frames (Load Video + Get Video "
+                                       "Components), cropped to width x height; its first `frames` frames are used and "
+                                       "must be 8k + 1. With image, that is the first frame. Models with it: "
+                                       f"{listed(IN_CONTEXT_FAMILIES) or 'none yet'}."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
@@ -121,7 +130,7 @@ class TPUVideoSampler(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,
                 guidance: float, seed: int, batch_size: int, image=None, last_image=None,
-                upscaler: str | None = None, sigmas=None) -> io.NodeOutput:
+                upscaler: str | None = None, sigmas=None, reference_video=None) -> io.NodeOutput:
         if problem := last_image_problem(image is not None, last_image is not None):
             raise UserInputError(problem)  # (again: a ComfyUI that passes no input_types to validate_inputs)
         schedule = schedule_of(sigmas)
@@ -131,7 +140,7 @@ class TPUVideoSampler(io.ComfyNode):
                                 steps=len(schedule) if sigmas is not None else steps, guidance=guidance, seed=seed,
                                 batch_size=batch_size, frames=frames,
                                 images=tuple(i for i in (image, last_image) if i is not None),
-                                upscaler=upscaler or "", sigmas=schedule)
+                                upscaler=upscaler or "", sigmas=schedule, reference_video=reference_video)
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
         return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),

@@ -69,6 +69,17 @@ def frames_problem(frames: int, family: Family | None = None) -> str | None:
             f"(1, {factor + 1}, {2 * factor + 1}, ..., 81). Nearest valid frame counts: {below} or {below + factor}.")
 
 
+def reference_frames_problem(count: int, frames: int, family: Family) -> str | None:
+    """A reference video for in-context video: diffusers encodes its first `frames` frames (it trims it to the
+    video's), which its VAE takes as a video's: the family's temporal factor x k + 1."""
+    used, factor = min(count, frames), family.temporal_factor
+    if (used - 1) % factor == 0:
+        return None
+    below = (used - 1) // factor * factor + 1
+    return (f"reference_video has {count} frames: {family.name} encodes the first {min(count, frames)} (at most the "
+            f"video's {frames}), which must be {factor}k + 1. Give it {below} frames, or at least {frames}.")
+
+
 def image_inputs_problem(images: tuple[str, ...], mask: bool, latent: bool = False) -> str | None:
     """Which of the Sampler's image inputs are connected (`images`: the names of those of IMAGE_INPUTS that are):
     image to image starts from an image or a LATENT, not both; a mask needs the image it repaints, and the

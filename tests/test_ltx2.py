@@ -150,7 +150,7 @@ def test_a_last_image_needs_the_first_and_a_model_with_first_last_frame_to_video
     with pytest.raises(UserInputError, match=r"Wan 2.2 WanPipeline has no firstlast2video pipeline, and a last_image "
                                              r"is connected\. It runs: text2video with no image \(WanPipeline\); "
                                              r"image2video with a start image \(WanImageToVideoPipeline\)\. Connect "
-                                             r"or disconnect the Sampler's image and last_image inputs to match\."):
+                                             r"or disconnect the Sampler's image, last_image and reference_video inputs to match\."):
         prepare("WanPipeline", both, {"expand_timesteps": True})
 
 
@@ -432,3 +432,57 @@ def test_ltx25_diffusion_decoder_equals_diffusers_recipe(tiny_ltx25_diffusion_de
                 output_type="pt").frames[0]
     assert (made.images - conv.permute(0, 2, 3, 1)).abs().max() > 1 / 255  # not the conv VAE's decode
     torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+REFERENCE = (np.random.default_rng(2).random((FRAMES + 4, 40, 56, 3)) * 255).astype(np.uint8)  # trimmed to FRAMES
+
+
+@pytest.mark.parametrize("images", [(), (PIXELS[None],)], ids=["text", "first_frame"])
+def test_in_context_video_equals_plain_diffusers(tiny_ltx2, engine, images):
+    """A reference video (IC-LoRA's condition, the Video Sampler's reference_video) runs LTX2InContextPipeline (from_pipe),
+    with the image as the first frame where one is connected: frames and sound equal plain diffusers' call with the same
+    reference (diffusers crops it to the video's size and trims it to its frames)."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+
+    made = engine.generate(PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline"),
+                           request(batch_size=1, images=tuple(image.astype(np.float32) / 255.0 for image in images),
+                                   reference_video=REFERENCE.astype(np.float32) / 255.0))
+    assert made.info.task == "incontext2video" and made.info.pipeline == "LTX2InContextPipeline"
+
+    def inputs(i):
+        given = {"reference_conditions": [LTX2ReferenceCondition(frames=[Image.fromarray(f) for f in REFERENCE])]}
+        if images:
+            given["conditions"] = [LTX2VideoCondition(frames=Image.fromarray(PIXELS), index=0)]
+        return given
+
+    frames, waveform, _ = reference(tiny_ltx2, "LTX2InContextPipeline", 1, inputs)
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+def test_in_context_reference_frames_and_combinations_are_refused_before_loading():
+    """diffusers encodes the reference's first `frames` frames, which must be 8k + 1; in-context with an upscaler or a
+    last image is refused, saying what to change."""
+    from tpu_diffusers_runtime.tasks import prepare
+
+    with pytest.raises(UserInputError, match=r"reference_video has 6 frames: LTX-2 encodes the first 6 .* 8k \+ 1\. "
+                                             r"Give it 1 frames, or at least 9"):
+        prepare("LTX2Pipeline", request(reference_video=np.zeros((6, 32, 32, 3), np.float32)))
+    prepare("LTX2Pipeline", request(reference_video=np.zeros((13, 32, 32, 3), np.float32)))  # the first 9
+    with pytest.raises(UserInputError, match="reference_video with an upscaler"):
+        prepare("LTX2Pipeline", request(width=64, height=64, upscaler="/x", reference_video=np.zeros((9, 8, 8, 3))))
+    with pytest.raises(UserInputError, match=r"LTX2InContextPipeline takes at most 1 image.*disconnect last_image"):
+        prepare("LTX2Pipeline", request(images=(PIXELS[None] / 255.0, LAST / 255.0),
+                                        reference_video=np.zeros((9, 8, 8, 3))))
+
+
+def test_the_reference_video_travels_to_workers_beside_the_images():
+    """The worker wire form carries the reference video as a binary payload of its own, after the images."""
+    sent = request(images=(PIXELS[None] / 255.0,), reference_video=REFERENCE / 255.0)
+    data, payloads = sent.to_wire()
+    assert data["reference_video_shape"] == list(REFERENCE.shape) and len(payloads) == 2
+    received = SampleRequest.from_wire(data, [bytes(payload) for payload in payloads])
+    assert np.array_equal(received.reference_video, sent.reference_video)
+    assert np.array_equal(received.images[0], sent.images[0]) and received.mask is None
+    assert SampleRequest.from_wire(*request().to_wire()).reference_video is None

@@ -13,7 +13,10 @@ EDIT = "edit"
 TEXT2VIDEO = "text2video"
 IMAGE2VIDEO = "image2video"  # the image is the first frame
 FIRSTLAST2VIDEO = "firstlast2video"  # the image is the first frame, the last image the last one
-VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO, FIRSTLAST2VIDEO)
+# a reference video conditions the video in context (LTX-2's IC-LoRAs: depth, pose, edges...); an image, if any, is the
+# first frame
+INCONTEXT2VIDEO = "incontext2video"
+VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO, FIRSTLAST2VIDEO, INCONTEXT2VIDEO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,9 @@ class TaskPipeline:
     # (first frame, last frame: PIL images) -> the call arguments that pin them, for a first/last frame to video class
     # whose diffusers call takes them as its own condition objects rather than as `image`
     first_last: Callable | None = None
+    # (reference frames: PIL images, first frame: a PIL image or None) -> the call arguments for an in-context class
+    # (IC-LoRA: the reference video's tokens beside the video's)
+    in_context: Callable | None = None
     # latent frames of tokens its conditions append after the video's, which context parallelism splits with them
     # (LTX2ConditionPipeline's last frame: a keyframe of one latent frame)
     keyframes: int = 0

@@ -13,8 +13,8 @@ runs first/last frame to video: the Sampler's image and last image pinned as key
 import contextlib
 
 from ..errors import UserInputError
-from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant, LatentDecoder,
-                   MemoryModel, ReferenceModel, TaskPipeline, TwoStage)
+from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, INCONTEXT2VIDEO, TEXT2VIDEO, Family, FileKind, FileSlot, FileVariant,
+                   LatentDecoder, MemoryModel, ReferenceModel, TaskPipeline, TwoStage)
 from .components import attention_shape, diffusers_detection_keys
 
 # Lightricks' all-in-one checkpoints (ltx-2-19b-dev, ltx-2.3-22b-dev-fp8) hold every part but the text encoder, each
@@ -384,11 +384,27 @@ LTX25_FILES = {"text_encoder": LTX25_TEXT_ENCODER,
 # after setting it to left): Gemma's tokenizers pad on the left, so all three unpad the prompt alike whatever ran first.
 FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions, keyframes=1)
 
+
+def in_context_conditions(reference, first) -> dict:
+    """LTX2InContextPipeline's reference video (IC-LoRA's condition: clean, at the video's size, diffusers' default
+    reference_downscale_factor 1) and, with an image, the first frame pinned as LTX2ConditionPipeline pins it."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+
+    kwargs = {"reference_conditions": [LTX2ReferenceCondition(frames=reference)]}
+    if first is not None:
+        kwargs["conditions"] = [LTX2VideoCondition(frames=first, index=0)]
+    return kwargs
+
+
+IN_CONTEXT = TaskPipeline("LTX2InContextPipeline", images=1, in_context=in_context_conditions)
+
 FAMILY = Family(
     name="LTX-2",
     model_classes={
         "LTX2Pipeline": {TEXT2VIDEO: TaskPipeline("LTX2Pipeline"),
-                         IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1), FIRSTLAST2VIDEO: FIRST_LAST},
+                         IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1), FIRSTLAST2VIDEO: FIRST_LAST,
+                         INCONTEXT2VIDEO: IN_CONTEXT},
         "LTX2ImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1),
                                      FIRSTLAST2VIDEO: FIRST_LAST},
     },

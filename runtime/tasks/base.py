@@ -28,7 +28,8 @@ from . import images
 StepCallback = Callable[..., None]
 
 MAX_SEED = 2**64 - 1  # ComfyUI's seed widgets go up to here; torch.Generator takes all of it
-WIRE_ARRAYS = ("images", "mask", "latent")  # what travels to workers as binary payloads
+SINGLE_ARRAYS = ("mask", "latent", "reference_video")  # one array or None each
+WIRE_ARRAYS = ("images", *SINGLE_ARRAYS)  # what travels to workers as binary payloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,8 @@ class SampleRequest:
     float32 [N, H, W, C] array in 0..1 (ComfyUI's IMAGE); the mask is float32 [M, H, W], 1 = repaint. Output
     image i takes item i % N of each (and of the mask): a batch of N images gives N results at batch size N.
     The latent is a connected LATENT's samples (ComfyUI's format for the family, float32) to start image to
-    image from instead of an image; output image i takes its item i % N."""
+    image from instead of an image; output image i takes its item i % N. The reference video (the Video Sampler's
+    reference_video: its frames, float32 [F, H, W, C]) conditions every video in context (IC-LoRA)."""
 
     prompt: str
     negative_prompt: str = ""
@@ -63,6 +65,7 @@ class SampleRequest:
     images: tuple = dataclasses.field(default=(), compare=False)
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
+    reference_video: object = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         import numpy as np
@@ -79,22 +82,26 @@ class SampleRequest:
             object.__setattr__(self, "mask", batch(self.mask, 3))
         if self.latent is not None:
             object.__setattr__(self, "latent", batch(self.latent, 0))  # any rank: 4-D, or 5-D for a video VAE
+        if self.reference_video is not None:
+            object.__setattr__(self, "reference_video", batch(self.reference_video, 4))
 
     def to_wire(self) -> tuple[dict, list]:
         """Plain JSON data and the arrays' bytes, for worker processes (images travel as binary payloads)."""
-        given = [array for array in (self.mask, self.latent) if array is not None]
+        singles = {name: getattr(self, name) for name in SINGLE_ARRAYS}
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in WIRE_ARRAYS}
         data.update(image_shapes=[list(image.shape) for image in self.images],
-                    mask_shape=None if self.mask is None else list(self.mask.shape),
-                    latent_shape=None if self.latent is None else list(self.latent.shape))
+                    **{f"{name}_shape": None if array is None else list(array.shape)
+                       for name, array in singles.items()})
+        given = [array for array in singles.values() if array is not None]
         return data, [memoryview(array).cast("B") for array in (*self.images, *given)]
 
     @classmethod
     def from_wire(cls, data: dict, payloads: list) -> "SampleRequest":
         import numpy as np
 
-        fields = {k: v for k, v in data.items() if k not in ("image_shapes", "mask_shape", "latent_shape")}
-        singles = [name for name in ("mask", "latent") if data.get(f"{name}_shape")]
+        shape_keys = ("image_shapes", *(f"{name}_shape" for name in SINGLE_ARRAYS))
+        fields = {k: v for k, v in data.items() if k not in shape_keys}
+        singles = [name for name in SINGLE_ARRAYS if data.get(f"{name}_shape")]
         shapes = [*data.get("image_shapes", ()), *(data[f"{name}_shape"] for name in singles)]
         if len(shapes) != len(payloads):
             raise UserInputError(f"the request names {len(shapes)} image arrays but carries {len(payloads)}")

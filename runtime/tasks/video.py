@@ -1,11 +1,14 @@
-"""Video: text to video, image to video (the image is the first frame), and first/last frame to video (image and
-last_image are the first and the last frame). One pipeline call per video (seed + i for video i, as image batches);
+"""Video: text to video, image to video (the image is the first frame), first/last frame to video (image and
+last_image are the first and the last frame), and in-context video (a reference video's tokens beside the video's, as
+IC-LoRAs are trained: the image, if any, is the first frame). One pipeline call per video (seed + i for video i, as image batches);
 the frames come back as ComfyUI's IMAGE batch, video after video, so ComfyUI's own CreateVideo / SaveAnimatedWEBP
 take them as they are."""
 
 from __future__ import annotations
 
-from ..families import FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, TaskPipeline
+from ..errors import UserInputError
+from ..families import FIRSTLAST2VIDEO, IMAGE2VIDEO, INCONTEXT2VIDEO, TEXT2VIDEO, Family, TaskPipeline
+from ..input_checks import reference_frames_problem
 from ..outputs import AUDIO, FRAMES, KINDS, OutputKind
 from .base import SampleRequest, Task
 from .images import pil_image
@@ -39,3 +42,24 @@ class FirstLast2Video(Text2Video):
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         first, last = request.images
         return pipeline.first_last(pil_image(first, index), pil_image(last, index))  # diffusers resizes them
+
+
+class InContext2Video(Text2Video):
+    name = INCONTEXT2VIDEO
+
+    def validate(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
+        if request.upscaler:
+            raise UserInputError("a reference_video with an upscaler: two stages with in-context conditioning are "
+                                 "not supported yet; disconnect one of them.")
+        super().validate(family, pipeline, request)
+        video = request.reference_video
+        if video.ndim != 4 or min(video.shape[:3]) < 1 or video.shape[3] not in (1, 3, 4):
+            raise UserInputError(f"reference_video has shape {list(video.shape)}; it is an IMAGE batch of frames: "
+                                 "[frames, height, width, channels] with 3 channels (RGB).")
+        if problem := reference_frames_problem(len(request.reference_video), request.frames, family):
+            raise UserInputError(problem)
+
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        reference = [pil_image(request.reference_video, i) for i in range(len(request.reference_video))]
+        first = pil_image(request.images[0], index) if request.images else None
+        return pipeline.in_context(reference, first)  # diffusers resizes (crops) them to the video's size
