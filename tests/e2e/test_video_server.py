@@ -274,6 +274,24 @@ def test_ltx2_first_and_last_frame_from_two_load_images_equal_plain_diffusers(se
                                         num_inference_steps=2, conditions=conditions), levels=1)
 
 
+def test_ltx2_in_context_video_from_a_reference_batch_equals_plain_diffusers(server, tiny, start_image):
+    """A reference video as ComfyUI makes an IMAGE batch (Load Image -> RepeatImageBatch, 9 frames) into the Video
+    Sampler's reference_video: diffusers' LTX2InContextPipeline (from_pipe) with it as the reference condition; the
+    frames Save Image writes equal plain diffusers' within one 8-bit level."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+
+    prompt = video_prompt("tiny-ltx2", width=32, height=32, frames=9, steps=2)
+    prompt[LOAD_IMAGE] = {"class_type": "LoadImage", "inputs": {"image": START}}
+    prompt["31"] = {"class_type": "RepeatImageBatch", "inputs": {"image": [LOAD_IMAGE, 0], "amount": 9}}
+    prompt[SAMPLER]["inputs"]["reference_video"] = ["31", 0]
+    entry = run_ok(server, prompt)
+    assert (run_info(entry)["task"], run_info(entry)["pipeline"]) == ("incontext2video", "LTX2InContextPipeline")
+    reference = [LTX2ReferenceCondition(frames=[start_image] * 9)]
+    assert_equal_frames(saved_frames(server, entry),
+                        plain_diffusers(tiny, "ltx2", "LTX2InContextPipeline", height=32, width=32, num_frames=9,
+                                        num_inference_steps=2, reference_conditions=reference), levels=1)
+
+
 @pytest.mark.parametrize("model, image, when, patterns", [
     # refused when queued, on the node, with no model: the last frame needs the first
     ("tiny-ltx2", False, "rejected", (r"last_image is connected but image is not",)),
