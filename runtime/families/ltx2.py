@@ -352,6 +352,15 @@ LTX23 = {
         decoder_causal=False)),
     "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", {}),
     "vocoder": ("diffusers.pipelines.ltx2.vocoder", "LTX2VocoderWithBWE", {})}
+# LTX-2.5: LTX-2.3's parts with Gemma 4 12B (its published shape: 48 layers of 3840, a 262K vocabulary, 11.95B
+# parameters; its attention and FFN widths are not published here, so Gemma 3 12B's, which give 11.8B; text only, its
+# small vision and audio embedders left out), the video FFN without bias and the keyframe position embedding; its
+# diffusion decoder (0.42B at diffusers' defaults, loaded beside the pipeline) is not counted.
+GEMMA4_12B = ("transformers", "Gemma4UnifiedForConditionalGeneration", dict(text_config=dict(
+    vocab_size=262144, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=256, global_head_dim=256, sliding_window=1024)))
+LTX25 = {**LTX23, "text_encoder": GEMMA4_12B, "transformer": (*LTX23["transformer"][:2], dict(
+    LTX23["transformer"][2], ff_bias=False, use_keyframes_abs_pos_embedding=True))}
 REFERENCE_MODELS = {
     "LTX-2 (19B)": ReferenceModel({
         "text_encoder": GEMMA3_12B,
@@ -365,6 +374,9 @@ REFERENCE_MODELS = {
         "vocoder": ("diffusers.pipelines.ltx2.vocoder", "LTX2Vocoder", {})}),
     "LTX-2.3 (22B)": ReferenceModel(LTX23),
     "LTX-2.3 (22B), int8/fp8 transformer": ReferenceModel(LTX23, quantized={"transformer": 1}),
+    # the template's files: the transformer and the Gemma 4 encoder in int8 ConvRot, both kept int8
+    "LTX-2.5 (22B), int8 transformer and text encoder": ReferenceModel(LTX25, quantized={"transformer": 1,
+                                                                                         "text_encoder": 1}),
 }
 
 # Not measured for LTX-2: MemoryModel's defaults (measured on Wan's DiT blocks) with its FFN 4x the hidden width;
@@ -377,7 +389,8 @@ LTX25_TEXT_ENCODER = "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensor
 LTX25_AUDIO_VAE = "ltx-2.5-audio-vae-bf16.safetensors"
 LTX25_FILES = {"text_encoder": LTX25_TEXT_ENCODER,
                "connectors": f"the projection in {LTX25_TEXT_ENCODER}, the blocks in the transformer file",
-               "vae": "ltx-2.5-video-vae-conv-bf16.safetensors", "audio_vae": LTX25_AUDIO_VAE,
+               "vae": "ltx-2.5-video-vae-bf16.safetensors, or the conv VAE ltx-2.5-video-vae-conv-bf16",
+               "audio_vae": LTX25_AUDIO_VAE,
                "vocoder": f"the vocoder in {LTX25_AUDIO_VAE}"}
 
 # LTX2ConditionPipeline reads the tokenizer's padding side when from_pipe makes it (the other two read it when called,
