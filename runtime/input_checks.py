@@ -76,8 +76,8 @@ def reference_frames_problem(count: int, frames: int, family: Family) -> str | N
     if (used - 1) % factor == 0:
         return None
     below = (used - 1) // factor * factor + 1
-    return (f"reference_video has {count} frames: {family.name} encodes the first {min(count, frames)} (at most the "
-            f"video's {frames}), which must be {factor}k + 1. Give it {below} frames, or at least {frames}.")
+    return (f"reference_video has {used} frames, fewer than the video's {frames}: {family.name} encodes it as a video, "
+            f"so it must have {factor}k + 1 frames. Give it {below} (the first of them) or at least {frames} frames.")
 
 
 def image_inputs_problem(images: tuple[str, ...], mask: bool, latent: bool = False) -> str | None:

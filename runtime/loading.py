@@ -155,21 +155,14 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
 
 
 def load_latent_decoder(family: Family, handle: PipelineHandle, dtype):
-    """The family's latent decoder (Family.latent_decoder) of the model `handle` names, or None where it has none:
-    with single files, from the file picked for its slot where that file carries it (a folder's decoder is not what
-    was picked); else from the model folder's decoder folder."""
-    import diffusers
-
+    """The family's latent decoder (Family.latent_decoder) where the model has one, else None: from the file picked
+    for its slot where that file carries it. A model folder's decoder folder is not used: diffusers' classic
+    pipeline decodes with the VAE, and so does the pack (see docs/video.md for why)."""
     decoder = family.latent_decoder
-    files = dict(handle.files)
-    if files:
-        return single_file.load_latent_decoder(family, files[decoder.slot], single_file.config_folder(handle.source),
-                                               dtype) if decoder.slot in files else None
-    folder = local_folder(handle.source)
-    if not has_weights(folder, decoder.component):
+    path = dict(handle.files).get(decoder.slot)
+    if path is None:
         return None
-    return getattr(diffusers, decoder.model_class).from_pretrained(
-        folder, subfolder=decoder.component, local_files_only=True, torch_dtype=dtype).eval().requires_grad_(False)
+    return single_file.load_latent_decoder(family, path, single_file.config_folder(handle.source), dtype)
 
 
 def optional_left_out(family: Family, handle: PipelineHandle, folder: str) -> dict[str, str]:

@@ -70,7 +70,8 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     decode = entry.decode_pipeline(family.latent_decoder,
                                    lambda dtype: load_latent_decoder(family, handle, dtype))
     if decode is not None:
-        notes.append(f"video decoded by {family.latent_decoder.words} (the model's {family.latent_decoder.component})")
+        notes.append(f"video decoded by {family.latent_decoder.words} (in "
+                     f"'{os.path.basename(dict(handle.files)[family.latent_decoder.slot])}')")
     load_seconds = time.perf_counter() - start
     notes += entry.notes + features.notes(entry)
 

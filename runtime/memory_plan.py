@@ -18,11 +18,14 @@ term is an upper-side approximation, not a measurement of a chip):
   the attention output, rotary tables) and `ffn_tensors` as wide as the FFN (its 1/tp shard under tp), in the
   working dtype; with a per-token timestep also its fp32 modulation (`modulation_bytes` per hidden channel). The
   attention is taken to be a fused kernel (flash/splash) that never holds the tokens x tokens scores.
-  tokens = latent frames x (height / (VAE factor x patch)) x (width / (VAE factor x patch)); an image is one frame.
+  tokens = latent frames x (height / (VAE factor x patch)) x (width / (VAE factor x patch)); an image is one frame;
+  an in-context run's reference video adds its own tokens (at 1/reference_downscale of the size).
 - the VAE's decode (a video VAE decodes `vae_chunk_frames` frames at a time, with a cache of the previous frames):
   `vae_tensors` tensors of the decoder's full-resolution width for a chunk, plus the decoded output in float32. The
   VAE phase and the denoising phase do not overlap: the larger of the two counts. An image-to-video encode of the
   first frame is of the same order as the decode and is covered by it.
+- a picked file's latent decoder (Family.latent_decoder: a decoder replacing the VAE's) is checked on its own, by what
+  its run needs at the size (`LatentDecoder.run_bytes`), and refused naming the file to pick instead.
 - of a chip's memory, `USABLE_SHARE` is taken as usable (the runtime, compiled programs and fragmentation take
   the rest).
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import logging
 import math
 import os
@@ -179,16 +183,32 @@ def component_bytes(sizes: ModelSizes, layout: Layout, dtype_bytes: int = 2) -> 
     return {name: on_chip(name) for name in sizes.params}
 
 
+def latent_tokens(sizes: ModelSizes, width: int, height: int, frames: int) -> int:
+    """The denoiser's tokens for a video (or an image: frames 1) of this size."""
+    latent_frames = (max(frames, 1) - 1) // sizes.vae_temporal + 1
+    step = sizes.vae_spatial
+    return ((latent_frames // sizes.patch[0]) * (height // (step * sizes.patch[1]))
+            * (width // (step * sizes.patch[2])))
+
+
+def reference_tokens(sizes: ModelSizes, request) -> int:
+    """The tokens an in-context run's reference video adds beside the video's (its first `frames` frames, at
+    1/reference_downscale of the video's size); 0 without one."""
+    if getattr(request, "reference_video", None) is None:
+        return 0
+    factor = request.reference_downscale
+    return latent_tokens(sizes, request.width // factor, request.height // factor,
+                         min(len(request.reference_video), request.frames))
+
+
 def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames: int, batch: int,
-             dtype_bytes: int = 2) -> Estimate:
-    """Bytes per chip for one run (the module docstring says what each term counts); frames 0: an image."""
+             dtype_bytes: int = 2, extra_tokens: int = 0) -> Estimate:
+    """Bytes per chip for one run (the module docstring says what each term counts); frames 0: an image.
+    `extra_tokens`: condition tokens beside the video's (an in-context run's reference)."""
     memory = sizes.memory
     frames = max(frames, 1)
     resident = component_bytes(sizes, layout, dtype_bytes)
-    latent_frames = (frames - 1) // sizes.vae_temporal + 1
-    step = sizes.vae_spatial
-    tokens = ((latent_frames // sizes.patch[0]) * (height // (step * sizes.patch[1]))
-              * (width // (step * sizes.patch[2])))
+    tokens = latent_tokens(sizes, width, height, frames) + extra_tokens
     per_token = (memory.hidden_tensors * sizes.hidden + memory.ffn_tensors * sizes.ffn // layout.tp) * dtype_bytes
     per_token += memory.modulation_bytes * sizes.hidden
     outputs = math.ceil(batch / layout.replicas)
@@ -266,10 +286,10 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
     sizes = sizes_of_folder(_configs_folder(handle), family)
     if handle.files and handle.load.quantized_weights.resolved(device.type).keeps_quantized:
         sizes = dataclasses.replace(sizes, quantized=quantized_sizes(handle, _configs_folder(handle)))
-    message = refusal(family, sizes, layout, request, budget, where,
-                      shared_host=device.type == "cpu",
-                      dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2,
-                      world_sizes=launchable_world_sizes(kind) if kind else DEGREES)
+    message = latent_decoder_problem(handle, family, request, budget, where) or refusal(
+        family, sizes, layout, request, budget, where, shared_host=device.type == "cpu",
+        dtype_bytes=4 if handle.resolved_dtype(device) == "float32" else 2,
+        world_sizes=launchable_world_sizes(kind) if kind else DEGREES)
     if not message:
         return []
     if settings.get("TPU_DIFFUSERS_MEMORY_PLAN") == "refuse":
@@ -278,6 +298,29 @@ def check_fits(handle, family: Family, request, holding: bool = False) -> list[s
     note = f"memory plan: {message} Running anyway: TPU_DIFFUSERS_MEMORY_PLAN=warn."
     log.warning("TPU Diffusers: %s", note)
     return [note]
+
+
+def latent_decoder_problem(handle, family: Family, request, budget: int, where: str) -> str | None:
+    """Why a picked file's latent decoder (Family.latent_decoder) cannot run at the request's size on a chip, or None:
+    what its run needs (`LatentDecoder.run_bytes`, its config from the configs folder, else the class defaults)."""
+    from .single_file import carries_latent_decoder
+
+    decoder = family.latent_decoder
+    path = dict(handle.files).get(decoder.slot) if decoder else None
+    if path is None or not carries_latent_decoder(family, decoder.slot, path):
+        return None
+    config_file = os.path.join(_configs_folder(handle), decoder.component, "config.json")
+    config = {}
+    if os.path.isfile(config_file):
+        with open(config_file) as f:
+            config = json.load(f)
+    need = decoder.run_bytes(config, request.width, request.height, request.frames)
+    if need <= budget * USABLE_SHARE:
+        return None
+    return (f"'{os.path.basename(path)}' decodes with {decoder.words}, which at {request.width}x{request.height} x "
+            f"{request.frames} frames needs ~{need / GIB:,.0f} GiB (its attention runs densely here), and {where} has "
+            f"{budget / GIB:.1f} GiB. Pick {decoder.instead} for {decoder.slot} (the VAE's own decoder), or a much "
+            "smaller size.")
 
 
 def quantized_sizes(handle, folder: str) -> dict:
@@ -332,21 +375,22 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
         return int(budget * USABLE_SHARE) // (chips if shared_host else 1)
 
     size = (request.width, request.height)
-    need = estimate(sizes, layout, *size, request.frames, request.batch_size, dtype_bytes)
+    extra = reference_tokens(sizes, request)
+    need = estimate(sizes, layout, *size, request.frames, request.batch_size, dtype_bytes, extra)
     if need.total <= usable(layout.chips):
         return None
     tries = []
     if math.ceil(request.batch_size / layout.replicas) > 1:
         tries.append("a smaller batch (or more replicas)")
     better = next((other for other in layouts(world_sizes) if other != layout and estimate(
-        sizes, other, *size, request.frames, 1, dtype_bytes).total <= usable(other.chips)), None)
+        sizes, other, *size, request.frames, 1, dtype_bytes, extra).total <= usable(other.chips)), None)
     if better is not None:
-        per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes).total
+        per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes, extra).total
         tries.append(f"{better.words()} (~{per_chip / GIB:.1f} GiB per chip)")
     step = family.temporal_factor
     fewer = range(request.frames - step, 0, -step) if step else ()  # frame counts the family takes (none: images)
-    frames = next((n for n in fewer if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes).total
-                   <= usable(layout.chips)), None)
+    frames = next((n for n in fewer if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes,
+                                                extra).total <= usable(layout.chips)), None)
     tries.append(f"at most {frames} frames at this size with this mesh" if frames else "a smaller size")
     length = f" x {request.frames} frames" if family.makes_video else ""
     return (f"{family.name} at {request.width}x{request.height}{length}, batch "

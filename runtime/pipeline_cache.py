@@ -86,7 +86,7 @@ class LoadedPipeline:
     def decode_pipeline(self, latent_decoder, load):
         """The pipeline that decodes this entry's latents with the family's latent decoder (Family.latent_decoder),
         where the model has one (`load(dtype)` loads it, or gives None: the VAE decodes): loaded once, on this entry's
-        device in its VAE's dtype, kept with the models."""
+        device in its VAE's dtype, kept with the models while they are on the device."""
         import diffusers
 
         if not self.decoder:
@@ -200,6 +200,7 @@ class PipelineCache:
         if not offload.to_host(entry.hooked or entry.pipe, entry.placement):
             return 0
         entry.upscaler = ()  # its device memory freed too: loaded again from its file when a run asks for it
+        entry.decoder = ()  # as the upscaler
         entry.on_host = why
         return 1
 

@@ -75,10 +75,35 @@ def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceI
         raise UserInputError(f"LoRA '{os.path.basename(refine_only[0].path)}' is set to expert 'refine', the refine "
                              "stage of a two-stage run, but this run has no latent upscaler: connect one to the "
                              "sampler's upscaler, or set the LoRA's expert to high_noise.")
+    if request.reference_video is not None:
+        request = dataclasses.replace(request, reference_downscale=reference_downscale(handle.loras))
     plan = _planned(handle.model_class, request, model_settings(handle.source), device, layout=None)
     if handle.mesh is None:
         return plan
     return dataclasses.replace(plan, layout=mesh_shape(handle.mesh, world_size(handle.mesh, device)))
+
+
+def reference_downscale(loras) -> int:
+    """The `reference_downscale_factor` that IC-LoRAs trained on downscaled reference videos record in their
+    safetensors metadata (as diffusers' in-context pipeline documents it: the reference is encoded at 1/factor
+    of the video's size); 1 where none does. LoRAs that record different factors are refused."""
+    from safetensors import safe_open
+
+    factors = {}
+    for lora in loras:
+        with safe_open(lora.path, "pt") as f:
+            value = (f.metadata() or {}).get("reference_downscale_factor")
+        if value is None:
+            continue
+        try:
+            factors[os.path.basename(lora.path)] = int(float(value))
+        except ValueError:
+            raise UserInputError(f"LoRA '{os.path.basename(lora.path)}' records reference_downscale_factor "
+                                 f"{value!r}, which is no number: fix or re-download the file.") from None
+    if len(set(factors.values())) > 1:
+        raise UserInputError(f"the LoRAs record different reference_downscale_factors ({factors}): an in-context run "
+                             "encodes its reference at one size; use IC-LoRAs of one factor.")
+    return next(iter(factors.values()), 1)
 
 
 def _planned(model_class: str, request: SampleRequest, settings: dict | None, device: DeviceInfo,

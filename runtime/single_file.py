@@ -314,7 +314,7 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
     parts = components_in_checkpoint(header, family)
     prefix = parts.get(component, "")
     got = _kind(header, prefix)
-    if carries_latent_decoder(family, component, got):
+    if carries_latent_decoder(family, component, header):
         return prefix
     if got != want and parts and component not in parts:
         raise UserInputError(f"'{header.name}' is a checkpoint without a {component} ({want.words}); it carries "
@@ -326,21 +326,21 @@ def check_file_for_slot(path, component: str, model_class: str, settings: dict |
     return prefix
 
 
-def carries_latent_decoder(family: Family, component: str, kind: FileKind | None) -> bool:
-    """Whether a file of `kind` fills `component` with the family's latent decoder beside it (a VAE file that also
-    carries the decoder that replaces the VAE's)."""
+def carries_latent_decoder(family: Family, component: str, path) -> bool:
+    """Whether the file at `path` (or its header) fills `component` with the family's latent decoder beside it (a VAE
+    file that also carries the decoder that replaces the VAE's)."""
     decoder = family.latent_decoder
-    return decoder is not None and component == decoder.slot and kind is decoder.file_kind
+    return decoder is not None and component == decoder.slot and _kind(_header(path)) is decoder.file_kind
 
 
 def load_latent_decoder(family: Family, path: str, config_folder: str, dtype):
-    """The family's latent decoder from the file picked for its slot, where that file carries it (else None): its
-    config from the configs folder's decoder folder where it has one, else the decoder class's defaults."""
+    """The family's latent decoder from `path`, the file picked for its slot, where that file carries it (else None):
+    its config from the configs folder's decoder folder where it has one, else the decoder class's defaults."""
     import diffusers
     from accelerate import init_empty_weights
 
     decoder = family.latent_decoder
-    if decoder is None or not carries_latent_decoder(family, decoder.slot, _kind(_header(path))):
+    if not carries_latent_decoder(family, decoder.slot, path):
         return None
     cls = getattr(diffusers, decoder.model_class)
     has_config = os.path.isfile(os.path.join(config_folder, decoder.component, "config.json"))
@@ -532,7 +532,7 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     if kept_whole and model_file and not any(k.startswith(kept_whole) for k in weights):
         weights = {**read_weights(model_file, dtype, only=kept_whole), **weights}
     kind = slot_kind(family, name, variant)
-    if carries_latent_decoder(family, name, _kind(_header(path), prefix)):
+    if carries_latent_decoder(family, name, path):
         kind = family.latent_decoder.file_kind  # its own component's part of it, as that kind converts it
     want = kind.words
     try:

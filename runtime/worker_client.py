@@ -57,7 +57,7 @@ def check_before_launch(handle: PipelineHandle, plan: Plan) -> list[str]:
         raise UserInputError(LORA_WITH_MESH)
     if cp > 1 and plan.request.reference_video is not None:  # its tokens, appended to the video's, are not counted
         raise UserInputError("a reference_video with context parallelism is not supported yet: run in-context video "
-                             "on a mesh without cp (replicas or TP), or disconnect the reference_video.")
+                             "on a mesh without cp (replicas), or disconnect the reference_video.")
     if cp > 1 and handle.mode is ExecutionMode.COMPILED and (handle.compile or CompileSpec()).fullgraph:
         raise UserInputError("compiled mode with context parallelism needs fullgraph off (TPU Compile "
                              "Transformer): diffusers' Ulysses attention hooks break the graph where dynamo "

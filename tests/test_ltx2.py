@@ -150,7 +150,8 @@ def test_a_last_image_needs_the_first_and_a_model_with_first_last_frame_to_video
     with pytest.raises(UserInputError, match=r"Wan 2.2 WanPipeline has no firstlast2video pipeline, and a last_image "
                                              r"is connected\. It runs: text2video with no image \(WanPipeline\); "
                                              r"image2video with a start image \(WanImageToVideoPipeline\)\. Connect "
-                                             r"or disconnect the Sampler's image, last_image and reference_video inputs to match\."):
+                                             r"or disconnect the Sampler's image, last_image and reference_video "
+                                             r"inputs to match\."):
         prepare("WanPipeline", both, {"expand_timesteps": True})
 
 
@@ -398,50 +399,15 @@ def test_a_sigmas_schedule_is_refused_when_the_model_takes_none_or_it_is_no_sche
         prepare("LTX2Pipeline", request(steps=2, sigmas=(1.0, 0.5, 0.25)))
 
 
-@pytest.fixture(scope="module")
-def tiny_ltx25_diffusion_decoder(tmp_path_factory):
-    """The tiny LTX-2.5 with the diffusion decoder Lightricks/LTX-2.5-Diffusers has in diffusion_decoder/."""
-    import tiny_models
-
-    folder = tmp_path_factory.mktemp("models") / "tiny-ltx25-dd"
-    tiny_models.build("ltx25", folder)
-    return str(tiny_models.with_diffusion_decoder(folder))
-
-
-def test_ltx25_diffusion_decoder_equals_diffusers_recipe(tiny_ltx25_diffusion_decoder, engine):
-    """A folder with LTX-2.5's diffusion decoder decodes with it, as diffusers documents (LTX2VideoDiffusionDecoderModel:
-    the pipeline's latents, then LTX2VideoDiffusionDecodePipeline with denormalize=False and the call's generator, as
-    its modular route does) and the sound as the pipeline decodes it: frames and sound equal, and the run info says so."""
-    import diffusers
-
-    folder = tiny_ltx25_diffusion_decoder
-    made = engine.generate(PipelineHandle.of(source=folder, model_class="LTX2Pipeline"), request(batch_size=1))
-    assert any("diffusion decoder" in note for note in made.info.notes)
-    pipe = diffusers.LTX2Pipeline.from_pretrained(folder, local_files_only=True)
-    generator = torch.Generator("cpu").manual_seed(7)
-    latents = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
-                   num_inference_steps=2, guidance_scale=3.0, generator=generator, output_type="latent")
-    decoder = diffusers.LTX2VideoDiffusionDecoderModel.from_pretrained(folder, subfolder="diffusion_decoder")
-    decode = diffusers.LTX2VideoDiffusionDecodePipeline(diffusion_decoder=decoder, scheduler=pipe.scheduler)
-    frames = decode(latents.frames, generator=generator, output_type="pt", denormalize=False).frames[0]
-    waveform = pipe.vocoder(pipe.audio_vae.decode(latents.audio, return_dict=False)[0]).float()
-    assert made.images.shape == (FRAMES, 32, 32, 3)
-    assert (made.images - frames.permute(0, 2, 3, 1)).abs().max() <= 1 / 255
-    conv = pipe(prompt=PROMPT, negative_prompt="", height=32, width=32, num_frames=FRAMES, frame_rate=24.0,
-                num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(7),
-                output_type="pt").frames[0]
-    assert (made.images - conv.permute(0, 2, 3, 1)).abs().max() > 1 / 255  # not the conv VAE's decode
-    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
-
-
-REFERENCE = (np.random.default_rng(2).random((FRAMES + 4, 40, 56, 3)) * 255).astype(np.uint8)  # trimmed to FRAMES
+# a reference video longer than the videos: trimmed to FRAMES
+REFERENCE = (np.random.default_rng(2).random((FRAMES + 4, 40, 56, 3)) * 255).astype(np.uint8)
 
 
 @pytest.mark.parametrize("images", [(), (PIXELS[None],)], ids=["text", "first_frame"])
 def test_in_context_video_equals_plain_diffusers(tiny_ltx2, engine, images):
-    """A reference video (IC-LoRA's condition, the Video Sampler's reference_video) runs LTX2InContextPipeline (from_pipe),
-    with the image as the first frame where one is connected: frames and sound equal plain diffusers' call with the same
-    reference (diffusers crops it to the video's size and trims it to its frames)."""
+    """A reference video (IC-LoRA's condition, the Video Sampler's reference_video) runs LTX2InContextPipeline
+    (from_pipe), with the image as the first frame where one is connected: frames and sound equal plain diffusers'
+    call with the same reference (diffusers crops it to the video's size and trims it to its frames)."""
     from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
     from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 
@@ -466,8 +432,9 @@ def test_in_context_reference_frames_and_combinations_are_refused_before_loading
     last image is refused, saying what to change."""
     from tpu_diffusers_runtime.tasks import prepare
 
-    with pytest.raises(UserInputError, match=r"reference_video has 6 frames: LTX-2 encodes the first 6 .* 8k \+ 1\. "
-                                             r"Give it 1 frames, or at least 9"):
+    with pytest.raises(UserInputError, match=r"reference_video has 6 frames, fewer than the video's 9: LTX-2 encodes "
+                                             r"it as a video, so it must have 8k \+ 1 frames\. Give it 1 \(the first "
+                                             r"of them\) or at least 9 frames"):
         prepare("LTX2Pipeline", request(reference_video=np.zeros((6, 32, 32, 3), np.float32)))
     prepare("LTX2Pipeline", request(reference_video=np.zeros((13, 32, 32, 3), np.float32)))  # the first 9
     with pytest.raises(UserInputError, match="reference_video with an upscaler"):
@@ -481,8 +448,42 @@ def test_the_reference_video_travels_to_workers_beside_the_images():
     """The worker wire form carries the reference video as a binary payload of its own, after the images."""
     sent = request(images=(PIXELS[None] / 255.0,), reference_video=REFERENCE / 255.0)
     data, payloads = sent.to_wire()
-    assert data["reference_video_shape"] == list(REFERENCE.shape) and len(payloads) == 2
+    assert data["reference_video_shape"] == [FRAMES, *REFERENCE.shape[1:]] and len(payloads) == 2  # its first FRAMES
     received = SampleRequest.from_wire(data, [bytes(payload) for payload in payloads])
     assert np.array_equal(received.reference_video, sent.reference_video)
     assert np.array_equal(received.images[0], sent.images[0]) and received.mask is None
     assert SampleRequest.from_wire(*request().to_wire()).reference_video is None
+
+
+def test_an_ic_lora_s_reference_downscale_factor_comes_from_its_file(tiny_ltx2, engine, tmp_path):
+    """An IC-LoRA trained on half-size references records reference_downscale_factor 2 in its safetensors metadata:
+    the reference is encoded at half the video's size, equal to plain diffusers' LTX2InContextPipeline with the LoRA
+    fused and that factor; a size the factor cannot halve onto the VAE's grid is refused before loading."""
+    import tiny_loras
+    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+    from safetensors.torch import load_file, save_file
+
+    from tpu_diffusers_runtime.plan import plan_request
+    from tpu_diffusers_runtime.specs import LoraSpec
+
+    lora = tiny_loras.build(tiny_ltx2, tmp_path / "ic.safetensors", "comfyui")
+    save_file(load_file(str(lora)), str(lora), metadata={"reference_downscale_factor": "2"})
+    base = PipelineHandle.of(source=tiny_ltx2, model_class="LTX2Pipeline")
+    handle = base.replace(loras=(LoraSpec(str(lora), 1.0),))
+    video = request(width=64, height=64, batch_size=1, reference_video=REFERENCE / 255.0)
+    assert plan_request(handle, video).request.reference_downscale == 2
+    with pytest.raises(UserInputError, match=r"reference_downscale_factor is 2 .* multiples of 64"):
+        plan_request(handle, request(width=96, height=64, reference_video=REFERENCE / 255.0))
+    made = engine.generate(handle, video)
+
+    import diffusers
+
+    pipe = diffusers.LTX2InContextPipeline.from_pretrained(tiny_ltx2, local_files_only=True)
+    pipe.load_lora_weights(str(lora), adapter_name="ic")
+    pipe.fuse_lora(components=["transformer"], adapter_names=["ic"])
+    frames = pipe(prompt=PROMPT, negative_prompt="", height=64, width=64, num_frames=FRAMES, frame_rate=24.0,
+                  num_inference_steps=2, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(7),
+                  output_type="pt", reference_downscale_factor=2,
+                  reference_conditions=[LTX2ReferenceCondition(frames=[Image.fromarray(f) for f in REFERENCE])]).frames
+    assert (made.images - frames[0].permute(0, 2, 3, 1)).abs().max() <= 1 / 255
+    engine.generate(base, request(batch_size=1))  # the next run without the LoRA: the base back for the others

@@ -1,6 +1,7 @@
 """What fits a chip (runtime/memory_plan.py, the Wan family's TP plan): at the real Wan 2.2 widths, with every model
 built on the meta device from its published config (no weights, nothing downloaded)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,20 @@ def test_an_image_familys_plan_is_computed_from_its_own_memory_model(tiny, name)
     message = refusal(family, sizes, Layout(), request, need.total // 2, "a small chip")
     assert message.startswith(f"{family.name} at 1024x768, batch 2, needs ~") and "a smaller batch" in message
     assert refusal(family, sizes, Layout(), request, 2 * need.total, "") is None
+
+
+def test_an_in_context_reference_adds_its_tokens_to_the_estimate():
+    """An in-context run's reference video adds its tokens beside the video's (its first `frames` frames, at
+    1/reference_downscale of the size): counted in the denoising estimate."""
+    import numpy as np
+
+    sizes = memory_plan.reference_sizes("LTX-2.3 (22B)")
+    plain = SampleRequest(prompt="a cat", width=832, height=480, frames=81)
+    reference = dataclasses.replace(plain, reference_video=np.zeros((97, 8, 8, 3), np.float32))
+    assert memory_plan.reference_tokens(sizes, plain) == 0
+    assert memory_plan.reference_tokens(sizes, reference) == memory_plan.latent_tokens(sizes, 832, 480, 81)
+    assert memory_plan.reference_tokens(sizes, dataclasses.replace(reference, reference_downscale=2)) == \
+        memory_plan.latent_tokens(sizes, 416, 240, 81)
+    alone, beside = (estimate(sizes, Layout(), 832, 480, 81, 1, extra_tokens=memory_plan.reference_tokens(sizes, r))
+                     for r in (plain, reference))
+    assert beside.denoising == 2 * alone.denoising

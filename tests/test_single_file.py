@@ -5,6 +5,7 @@ tiny diffusers folders; loading them through `load_pipeline` must give exactly t
 Images are compared to 2e-5: with identical weights, tensors that were read into fresh memory instead of
 memory-mapped change CPU matmul rounding by an ulp (measured: 2e-7 per layer, 4e-6 on the image).
 """
+import dataclasses
 import os
 import shutil
 import sys
@@ -376,13 +377,14 @@ def test_a_wan21_file_is_refused_with_what_to_load_instead(sf_dir, tmp_path):
              "auto", [])
 
 
-def test_ltx25_diffusion_decoder_vae_file_decodes_as_the_folder_s_diffusion_decoder(sf_dir, tmp_path):
-    """The template's ltx-2.5-video-vae-bf16 (the conv encoder with LTX-2.5's diffusion decoder, in its original
-    names): its VAE has no conv decoder (nothing random runs), its diffusion decoder decodes; frames and sound equal a
-    folder holding the same weights with the decoder in diffusion_decoder/ (whose configs-only download needs no
-    decoder weights when files are picked)."""
-    import shutil
-
+def test_ltx25_diffusion_decoder_vae_file_decodes_as_diffusers_recipe(sf_dir, tmp_path):
+    """The template's ltx-2.5-video-vae-bf16 (the conv encoder with LTX-2.5's diffusion decoder in its original names,
+    its gates beside the layers they gate, a frame-type embedding and a preview head): its VAE has no conv decoder
+    (nothing random runs); its diffusion decoder decodes as diffusers documents (LTX2VideoDiffusionDecodePipeline on
+    the pipeline's latents, with the call's generator, as its modular route does): frames and sound equal a folder
+    holding the same weights run that way. The folder, a configs-only download, needs no decoder weights; a folder
+    itself decodes with the conv VAE, as diffusers' classic pipeline does."""
+    import diffusers
     import tiny_models
 
     from tpu_diffusers_runtime.engine import Engine
@@ -395,18 +397,52 @@ def test_ltx25_diffusion_decoder_vae_file_decodes_as_the_folder_s_diffusion_deco
     _, model_class, picked = plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": str(vae),
                                                     "audio_vae": f["audio_vae"]}, "auto", [])
     assert dict(picked)["vae"] == str(vae)
-    from_files = load_pipeline(PipelineHandle.of(source=str(source), model_class=model_class, files=picked), CPU)
-    assert from_files.vae.decoder is None
+    assert load_pipeline(PipelineHandle.of(source=str(source), model_class=model_class, files=picked),
+                         CPU).vae.decoder is None
     request = SampleRequest(prompt="a corgi on a beach", width=32, height=32, steps=2, guidance=3.0, seed=7,
                             batch_size=1, frames=9)
+    pipe = diffusers.LTX2Pipeline.from_pretrained(str(source), local_files_only=True)
+    generator = torch.Generator("cpu").manual_seed(7)
+    latents = pipe(prompt=request.prompt, negative_prompt="", height=32, width=32, num_frames=9, frame_rate=24.0,
+                   num_inference_steps=2, guidance_scale=3.0, generator=generator, output_type="latent")
+    decoder = diffusers.LTX2VideoDiffusionDecoderModel.from_pretrained(str(source), subfolder="diffusion_decoder")
+    decode = diffusers.LTX2VideoDiffusionDecodePipeline(diffusion_decoder=decoder, scheduler=pipe.scheduler)
+    frames = decode(latents.frames, generator=generator, output_type="pt", denormalize=False).frames[0]
+    waveform = pipe.vocoder(pipe.audio_vae.decode(latents.audio, return_dict=False)[0]).float()
+    (source / "diffusion_decoder" / "diffusion_pytorch_model.safetensors").unlink()  # a configs-only folder
     engine = Engine(distribute=False)
-    by_folder = engine.generate(PipelineHandle.of(source=str(source), model_class=model_class), request)
-    # a configs-only folder: the decoder from the picked file alone
-    (source / "diffusion_decoder" / "diffusion_pytorch_model.safetensors").unlink()
-    by_files = engine.generate(PipelineHandle.of(source=str(source), model_class=model_class, files=picked), request)
-    assert any("diffusion decoder" in note for note in by_files.info.notes)
-    assert (by_files.images - by_folder.images).abs().max() <= 1 / 255
-    torch.testing.assert_close(by_files.audio["waveform"], by_folder.audio["waveform"], atol=1e-4, rtol=0)
+    made = engine.generate(PipelineHandle.of(source=str(source), model_class=model_class, files=picked), request)
+    assert any(note.startswith("video decoded by LTX-2.5's diffusion decoder (in 'ltx-2.5-video-vae-bf16")
+               for note in made.info.notes)
+    assert (made.images - frames.permute(0, 2, 3, 1)).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+    by_folder = engine.generate(PipelineHandle.of(source=folder(sf_dir, "ltx25"), model_class=model_class), request)
+    assert not any("diffusion decoder" in note for note in by_folder.info.notes)
+
+
+def test_ltx25_diffusion_decoder_vae_file_is_refused_where_its_attention_cannot_fit(sf_dir, tmp_path):
+    """The diffusion decoder's neighborhood attention runs densely (a tokens x tokens mask): at the template's size
+    it cannot fit, refused before loading, naming the conv VAE file."""
+    import tiny_models
+
+    from tpu_diffusers_runtime import memory_plan
+    from tpu_diffusers_runtime.families import family_for
+    from tpu_diffusers_runtime.file_choice import plan
+    from tpu_diffusers_runtime.tasks import SampleRequest
+
+    source = tiny_models.with_diffusion_decoder(shutil.copytree(folder(sf_dir, "ltx25"), tmp_path / "ltx25"))
+    f = files(sf_dir, "ltx25")
+    vae = tsf.ltx25_diffusion_decoder_vae_file(source, tmp_path)
+    _, model_class, picked = plan(f["transformer"], {"text_encoder": f["text_encoder"], "vae": str(vae),
+                                                    "audio_vae": f["audio_vae"]}, "auto", [])
+    handle = PipelineHandle.of(source=str(source), model_class=model_class, files=picked)
+    request = SampleRequest(prompt="a corgi", width=1536, height=1024, frames=121)
+    with pytest.raises(UserInputError, match=r"'ltx-2.5-video-vae-bf16.safetensors' decodes with LTX-2.5's diffusion "
+                                             r"decoder, which at 1536x1024 x 121 frames needs ~.* GiB .* Pick "
+                                             r"ltx-2.5-video-vae-conv-bf16.safetensors for vae"):
+        memory_plan.check_fits(handle, family_for(model_class), request)
+    assert memory_plan.check_fits(handle, family_for(model_class), dataclasses.replace(
+        request, width=32, height=32, frames=9)) == []
 
 
 def test_ltx25_files_need_their_gemma4_encoder_and_audio_vae(sf_dir):

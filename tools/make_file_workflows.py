@@ -361,8 +361,9 @@ WORKFLOWS = {
         "One TPU v6e chip (32 GB HBM) and about 96 GB of host RAM. ComfyUI's LTX-2.5 template files: models/"
         "diffusion_models/ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors (the diffusion model with "
         "the text connectors' blocks), models/text_encoders/gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot."
-        "safetensors (Gemma 4 12B with the text projection), models/vae/ltx-2.5-video-vae-bf16.safetensors (the "
-        "conv encoder with LTX-2.5's diffusion decoder, which decodes the video) and "
+        "safetensors (Gemma 4 12B with the text projection), models/vae/ltx-2.5-video-vae-conv-bf16.safetensors (the "
+        "conv VAE: the template's ltx-2.5-video-vae-bf16 decodes with the diffusion decoder, whose attention runs "
+        "densely here and does not fit at this size) and "
         "ltx-2.5-audio-vae-bf16.safetensors (the audio VAE with the vocoder, in the audio_vae input), models/"
         "latent_upscale_models/ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors; configs: an "
         "LTX-2.5-Diffusers folder in models/diffusers or the hub cache (Lightricks/LTX-2.5-Diffusers, its config "
@@ -377,7 +378,7 @@ WORKFLOWS = {
         "not checked against the files.",
         [("TPUFileLoader", ["ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors",
                             "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensors", "none", "none",
-                            "ltx-2.5-video-vae-bf16.safetensors", "auto", "auto", "auto", "none", "auto",
+                            "ltx-2.5-video-vae-conv-bf16.safetensors", "auto", "auto", "auto", "none", "auto",
                             "ltx-2.5-audio-vae-bf16.safetensors"]),
          OFFLOAD,
          ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "

@@ -1129,7 +1129,8 @@ def with_diffusion_decoder(folder) -> Path:
         decoder_stage_channels=(16, 8, 8, 8, 8), decoder_stage_depths=(1, 1, 1, 1, 1),
         decoder_stage_kernels=((3, 3, 3),) * 4, decoder_upsample_channel_reductions=(2, 1, 1, 1),
         decoder_stage5_kernel=(3, 3, 3), decoder_t_emb_dim=16,
-        spatial_compression_ratio=vae.spatial_compression_ratio, temporal_compression_ratio=vae.temporal_compression_ratio)
+        spatial_compression_ratio=vae.spatial_compression_ratio,
+        temporal_compression_ratio=vae.temporal_compression_ratio)
     decoder.latents_mean.copy_(vae.latents_mean)
     decoder.latents_std.copy_(vae.latents_std)
     decoder.save_pretrained(str(out / "diffusion_decoder"))

@@ -1311,7 +1311,9 @@ def ltx25_files(folder, out) -> dict[str, Path]:
 def ltx25_diffusion_decoder_vae_file(folder, out) -> Path:
     """The template's ltx-2.5-video-vae-bf16 from a tiny LTX-2.5 folder with a diffusion decoder
     (tiny_models.with_diffusion_decoder): the conv VAE's encoder and statistics, and the diffusion decoder under
-    `decoder.` in its original names (diffusers' conversion script's renames reversed, q/k/v fused)."""
+    `decoder.` in its original names (diffusers' conversion script's renames reversed, q/k/v fused), with what the
+    real file carries beside it: static gates beside the layers they gate (the layers divided by them, so folding
+    gives the folder's weights back), a frame-type embedding and a preview head, which are not diffusers'."""
     encoder = {k: v for k, v in ltx2_video_vae_to_original(folder_weights(folder, "vae")).items()
                if not k.startswith("decoder.")}
     decoder = {}
@@ -1333,7 +1335,20 @@ def ltx25_diffusion_decoder_vae_file(folder, out) -> Path:
                                decoder[key.replace(".to_q.", ".to_v.")]])
             key = key.replace(".to_q.", ".qkv.")
         fused[key] = value
-    return _save({**encoder, **fused}, Path(out) / "ltx-2.5-video-vae-bf16.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for key in list(fused):
+        for layer, gate in ((".attn.proj.weight", ".gate_msa"), (".mlp.w_down.weight", ".gate_mlp"),
+                            (".context_proj.weight", ".gate_ctx")):
+            if key.endswith(layer):
+                name = key[:-len(layer)] + gate
+                fused[name] = torch.rand(fused[key].shape[0], generator=generator) + 0.5
+                fused[key] = fused[key] / fused[name][:, None]
+                bias = key[:-len("weight")] + "bias"
+                if bias in fused:
+                    fused[bias] = fused[bias] / fused[name]
+    extras = {"decoder.type_emb.weight": torch.randn(2, 8, generator=generator),
+              "decoder.coarse_head.weight": torch.randn(3, 8, generator=generator)}
+    return _save({**encoder, **fused, **extras}, Path(out) / "ltx-2.5-video-vae-bf16.safetensors")
 
 
 def ltx25_transformer_values(sd: dict) -> dict:

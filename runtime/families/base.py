@@ -39,8 +39,8 @@ class TaskPipeline:
     # (first frame, last frame: PIL images) -> the call arguments that pin them, for a first/last frame to video class
     # whose diffusers call takes them as its own condition objects rather than as `image`
     first_last: Callable | None = None
-    # (reference frames: PIL images, first frame: a PIL image or None) -> the call arguments for an in-context class
-    # (IC-LoRA: the reference video's tokens beside the video's)
+    # (reference frames: PIL images, first frame: a PIL image or None, the IC-LoRA's reference downscale factor) -> the
+    # call arguments for an in-context class (IC-LoRA: the reference video's tokens beside the video's)
     in_context: Callable | None = None
     # latent frames of tokens its conditions append after the video's, which context parallelism splits with them
     # (LTX2ConditionPipeline's last frame: a keyframe of one latent frame)
@@ -238,17 +238,20 @@ class TwoStage:
 class LatentDecoder:
     """A decoder that replaces the VAE's where a model has one (LTX-2.5's diffusion decoder): a model of its own that
     the pipeline class does not take, run as its own diffusers pipeline on the latents the pipeline returns
-    (output_type="latent"). It comes from the model folder's `component` (model_index.json names it; the pipeline
-    class ignores it), or from a file of `file_kind` picked for the `slot` component (the VAE), which carries it
-    beside that component's own weights."""
+    (output_type="latent"). It comes from a file of `file_kind` picked for the `slot` component (the VAE), which
+    carries it beside that component's own weights: picking that file is asking for it."""
 
-    component: str  # its folder in the model folder (model_index.json's name for it)
+    component: str  # its folder in a diffusers model folder (its config there, where the configs folder has one)
     model_class: str  # its diffusers model class
     decode_pipeline: str  # the diffusers pipeline made of (the decoder, the scheduler) that runs it
     slot: str  # the component whose file may carry it
     file_kind: FileKind
     # (state dict of such a file) -> the decoder's state dict in diffusers' layout
     from_file: Callable
+    # (its config, width, height, frames) -> bytes its run needs at that size, checked before loading (LTX-2.5's
+    # neighborhood attention runs densely outside a NATTEN kernel: a tokens x tokens mask)
+    run_bytes: Callable
+    instead: str  # the file to pick where it does not fit (the VAE's own decoder)
     # (pipe, decode pipeline, the pipeline's latent output, the call's generator) -> an output like the pipeline's
     # decoded one (frames and sound)
     decode: Callable

@@ -241,20 +241,43 @@ DIFFUSION_DECODER_NAMES = ((r"\.t_embedder\.mlp\.0\.", ".t_embedder.timestep_emb
                            (r"\.attn\.k_norm\.", ".attn.norm_k."))
 
 
+# static AdaLN gates some files carry beside the layer they gate: folded into it (the decoder's residuals are
+# ungated), as diffusers' conversion script and Lightricks' loader do
+GATED_LAYERS = {".attn.to_out.0.weight": ".gate_msa", ".attn.to_out.0.bias": ".gate_msa",
+                ".mlp.w_down.weight": ".gate_mlp",
+                ".context_proj.weight": ".gate_ctx", ".context_proj.bias": ".gate_ctx"}
+
+
 def diffusion_decoder_from_file(state: dict) -> dict:
     """LTX2VideoDiffusionDecoderModel's state dict from a diffusion-decoder VAE file (its `decoder.` keys and latent
-    statistics), renamed as diffusers' conversion script does; its preview heads (`coarse_*`) are not the decoder's."""
+    statistics), renamed as diffusers' conversion script does, its gates folded in; what diffusers' decoder has no
+    parameter for is not the decoder's (the preview heads `coarse_*`, the frame-type embedding `type_emb`)."""
     out = {"latents_mean": state["per_channel_statistics.mean-of-means"],
            "latents_std": state["per_channel_statistics.std-of-means"]}
-    decoder = {k: v for k, v in state.items() if k.startswith("decoder.") and ".coarse_" not in k
-               and not k.startswith("decoder.coarse_")}
-    for key, value in renamed(decoder, DIFFUSION_DECODER_NAMES).items():
+    decoder = renamed({k: v for k, v in state.items() if k.startswith("decoder.") and ".coarse_" not in k
+                       and not k.startswith("decoder.type_emb")}, DIFFUSION_DECODER_NAMES)
+    gates = {k: decoder.pop(k) for k in list(decoder) if k.endswith(tuple(set(GATED_LAYERS.values())))}
+    for key, value in decoder.items():
+        layer = next((layer for layer in GATED_LAYERS if key.endswith(layer)), None)
+        gate = gates.get(key[:-len(layer)] + GATED_LAYERS[layer]) if layer else None
+        if gate is not None:
+            value = ((gate[:, None] if value.ndim == 2 else gate).float() * value.float()).to(value.dtype)
         if ".attn.qkv." in key:
             for name, part in zip(("to_q", "to_k", "to_v"), value.chunk(3)):
                 out[key.replace(".qkv.", f".{name}.")] = part
         else:
             out[key] = value
     return out
+
+
+def diffusion_decoder_bytes(config: dict, width: int, height: int, frames: int) -> int:
+    """What the diffusion decoder's last stage needs: its neighborhood attention over every pixel patch of the video
+    runs as FlexAttention, which TorchTPU lowers to attention with a dense tokens x tokens bias (bf16) made from a
+    boolean mask (one byte each), as a flex call outside torch.compile also makes; the earlier stages have fewer
+    tokens. (NATTEN's kernel, on some GPUs, needs none of it: not used here.)"""
+    patch = config.get("patch_size", 4)
+    tokens = frames * (height // patch) * (width // patch)
+    return 3 * tokens * tokens
 
 
 LATENT_DECODER = LatentDecoder(
@@ -264,6 +287,8 @@ LATENT_DECODER = LatentDecoder(
     slot="vae",  # the template's ltx-2.5-video-vae-bf16 carries it beside the conv encoder
     file_kind=DIFFUSION_DECODER_VAE,
     from_file=diffusion_decoder_from_file,
+    run_bytes=diffusion_decoder_bytes,
+    instead="ltx-2.5-video-vae-conv-bf16.safetensors",
     decode=diffusion_decode,
     words="LTX-2.5's diffusion decoder",
 )
@@ -389,7 +414,7 @@ LTX25_TEXT_ENCODER = "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensor
 LTX25_AUDIO_VAE = "ltx-2.5-audio-vae-bf16.safetensors"
 LTX25_FILES = {"text_encoder": LTX25_TEXT_ENCODER,
                "connectors": f"the projection in {LTX25_TEXT_ENCODER}, the blocks in the transformer file",
-               "vae": "ltx-2.5-video-vae-bf16.safetensors, or the conv VAE ltx-2.5-video-vae-conv-bf16",
+               "vae": "ltx-2.5-video-vae-conv-bf16.safetensors, or the diffusion-decoder ltx-2.5-video-vae-bf16",
                "audio_vae": LTX25_AUDIO_VAE,
                "vocoder": f"the vocoder in {LTX25_AUDIO_VAE}"}
 
@@ -398,13 +423,14 @@ LTX25_FILES = {"text_encoder": LTX25_TEXT_ENCODER,
 FIRST_LAST = TaskPipeline("LTX2ConditionPipeline", images=2, first_last=first_last_conditions, keyframes=1)
 
 
-def in_context_conditions(reference, first) -> dict:
-    """LTX2InContextPipeline's reference video (IC-LoRA's condition: clean, at the video's size, diffusers' default
-    reference_downscale_factor 1) and, with an image, the first frame pinned as LTX2ConditionPipeline pins it."""
+def in_context_conditions(reference, first, downscale: int) -> dict:
+    """LTX2InContextPipeline's reference video (IC-LoRA's condition: clean, at 1/downscale of the video's size, as its
+    IC-LoRA was trained) and, with an image, the first frame pinned as LTX2ConditionPipeline pins it."""
     from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
     from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 
-    kwargs = {"reference_conditions": [LTX2ReferenceCondition(frames=reference)]}
+    kwargs = {"reference_conditions": [LTX2ReferenceCondition(frames=reference)],
+              "reference_downscale_factor": downscale}
     if first is not None:
         kwargs["conditions"] = [LTX2VideoCondition(frames=first, index=0)]
     return kwargs
@@ -419,7 +445,7 @@ FAMILY = Family(
                          IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1), FIRSTLAST2VIDEO: FIRST_LAST,
                          INCONTEXT2VIDEO: IN_CONTEXT},
         "LTX2ImageToVideoPipeline": {IMAGE2VIDEO: TaskPipeline("LTX2ImageToVideoPipeline", images=1),
-                                     FIRSTLAST2VIDEO: FIRST_LAST},
+                                     FIRSTLAST2VIDEO: FIRST_LAST, INCONTEXT2VIDEO: IN_CONTEXT},
     },
     takes_negative_prompt=True,
     guidance_kwarg="guidance_scale",

@@ -66,6 +66,9 @@ class SampleRequest:
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
     reference_video: object = dataclasses.field(default=None, compare=False)
+    # its IC-LoRA's reference_downscale_factor (the LoRA file's metadata, set when the run is planned): the reference
+    # is encoded at 1/factor of the video's width and height
+    reference_downscale: int = 1
 
     def __post_init__(self):
         import numpy as np
@@ -82,8 +85,9 @@ class SampleRequest:
             object.__setattr__(self, "mask", batch(self.mask, 3))
         if self.latent is not None:
             object.__setattr__(self, "latent", batch(self.latent, 0))  # any rank: 4-D, or 5-D for a video VAE
-        if self.reference_video is not None:
-            object.__setattr__(self, "reference_video", batch(self.reference_video, 4))
+        if self.reference_video is not None:  # diffusers encodes only the first `frames` of it: the rest stays here
+            video = batch(self.reference_video, 4)
+            object.__setattr__(self, "reference_video", video[:self.frames] if self.frames else video)
 
     def to_wire(self) -> tuple[dict, list]:
         """Plain JSON data and the arrays' bytes, for worker processes (images travel as binary payloads)."""

@@ -1,8 +1,8 @@
 """Video: text to video, image to video (the image is the first frame), first/last frame to video (image and
 last_image are the first and the last frame), and in-context video (a reference video's tokens beside the video's, as
-IC-LoRAs are trained: the image, if any, is the first frame). One pipeline call per video (seed + i for video i, as image batches);
-the frames come back as ComfyUI's IMAGE batch, video after video, so ComfyUI's own CreateVideo / SaveAnimatedWEBP
-take them as they are."""
+IC-LoRAs are trained: the image, if any, is the first frame). One pipeline call per video (seed + i for video i, as
+image batches); the frames come back as ComfyUI's IMAGE batch, video after video, so ComfyUI's own CreateVideo /
+SaveAnimatedWEBP take them as they are."""
 
 from __future__ import annotations
 
@@ -55,11 +55,18 @@ class InContext2Video(Text2Video):
         video = request.reference_video
         if video.ndim != 4 or min(video.shape[:3]) < 1 or video.shape[3] not in (1, 3, 4):
             raise UserInputError(f"reference_video has shape {list(video.shape)}; it is an IMAGE batch of frames: "
-                                 "[frames, height, width, channels] with 3 channels (RGB).")
+                                 "[frames, height, width, channels] with 3 channels (RGB; 4 = RGBA and 1 = grey "
+                                 "are converted).")
         if problem := reference_frames_problem(len(request.reference_video), request.frames, family):
             raise UserInputError(problem)
+        step = family.size_multiple * request.reference_downscale
+        if request.reference_downscale < 1 or request.width % step or request.height % step:
+            raise UserInputError(f"the IC-LoRA's reference_downscale_factor is {request.reference_downscale} (its "
+                                 f"file's metadata): the reference is encoded at 1/{request.reference_downscale} of "
+                                 f"the video's size, so width and height must be multiples of {step}.")
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
         reference = [pil_image(request.reference_video, i) for i in range(len(request.reference_video))]
         first = pil_image(request.images[0], index) if request.images else None
-        return pipeline.in_context(reference, first)  # diffusers resizes (crops) them to the video's size
+        # diffusers resizes (crops) them to the video's size, the reference to 1/factor of it
+        return pipeline.in_context(reference, first, request.reference_downscale)
