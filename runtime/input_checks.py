@@ -55,12 +55,22 @@ def video_frame_factor() -> int:
     """The frame step of the counts some supported video family takes (frames = factor x k + 1): the GCD of their
     factors, as every family's counts are among these (8k + 1 are 4k + 1). At queue time the Video Sampler cannot
     know the model, so it refuses only what no video model takes; the family's own factor refuses the rest when the
-    run is planned, before anything loads (tasks.base.validate_frames)."""
-    return math.gcd(*(family.temporal_factor for family in FAMILIES if family.makes_video))
+    run is planned, before anything loads (tasks.base.validate_frames). Families with a frame rule of another form
+    (Family.frame_rule) are not counted here: their counts pass the queue-time check by their own rule."""
+    return math.gcd(*(family.temporal_factor for family in FAMILIES if family.makes_video and not family.frame_rule))
 
 
 def frames_problem(frames: int, family: Family | None = None) -> str | None:
-    """A video's frame count: `family`'s temporal factor x k + 1 (None: what every supported video family takes)."""
+    """A video's frame count: `family`'s temporal factor x k + 1, or its own frame rule (None: what some supported video
+    family takes)."""
+    if family is not None and family.frame_rule is not None:
+        rule = family.frame_rule
+        if rule.fits(frames):
+            return None
+        return (f"frames {frames} cannot be used with {family.name}: it must be {rule.words()}. Nearest valid frame "
+                f"counts: {' or '.join(str(n) for n in rule.nearest(frames))}.")
+    if family is None and any(f.frame_rule.fits(frames) for f in FAMILIES if f.makes_video and f.frame_rule):
+        return None
     factor = family.temporal_factor if family else video_frame_factor()
     if frames >= 1 and (frames - 1) % factor == 0:
         return None

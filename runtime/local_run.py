@@ -61,6 +61,8 @@ def run_locally(cache: PipelineCache, handle: PipelineHandle, plan: Plan, on_pro
     pipe = entry.pipeline(plan.pipeline.cls, plan.task.name, request.upsample_prompt)
     if request.negative_prompt.strip() and not pipeline_kinds.takes_negative_prompt(pipe, family):
         notes.append(f"negative prompt ignored: {family.name} ({type(pipe).__name__}) takes none")
+    if not pipeline_kinds.takes_guidance(pipe):
+        notes.append(f"guidance unused: {family.name} ({type(pipe).__name__}) takes none (guidance-distilled)")
     if pipeline_kinds.upsamples_prompt(pipe):
         notes.append("prompt rewritten first by the model's prompt upsampler (prompt_upsampling on)")
     if request.upscaler and family.two_stage:

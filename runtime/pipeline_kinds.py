@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 
 from . import settings
 from .errors import ModelLoadError, UserInputError
@@ -30,7 +31,9 @@ from .specs import Placement
 
 CLASSIC = "classic"
 MODULAR = "modular"
-STEP_INPUT = "tpu_diffusers_on_step"  # the modular call input that carries the step callback into the denoising loop
+STEP_INPUT = "tpu_diffusers_on_step"
+# the tasks' outputs-per-call inputs (Task.count_kwarg): left out at 1 for blocks that take none (one per call)
+COUNT_INPUTS = ("num_images_per_prompt", "num_videos_per_prompt")  # the modular call input that carries the step callback into the denoising loop
 
 
 def kind_for(family: Family, model_class: str) -> "ClassicKind | ModularKind":
@@ -50,6 +53,12 @@ def takes_negative_prompt(pipe, family: Family) -> bool:
     """Whether a run of `pipe` uses the Sampler's negative prompt: the family's pipelines take one, and these are not
     distilled modular blocks that take none (ModularBlocks.unguided)."""
     return family.takes_negative_prompt and not (is_modular(pipe) and modular_kind_of(pipe).blocks.unguided)
+
+
+def takes_guidance(pipe) -> bool:
+    """Whether a run of `pipe` uses the Sampler's guidance: not for distilled modular blocks that take none
+    (ModularBlocks.unguided)."""
+    return not (is_modular(pipe) and modular_kind_of(pipe).blocks.unguided)
 
 
 def upsamples_prompt(pipe) -> bool:
@@ -136,8 +145,12 @@ class ModularKind:
         return blocks
 
     def takes(self, model_class: str) -> set[str]:
-        """The components the blocks load from the folder (diffusers creates the rest, e.g. guiders, from config)."""
-        return {spec.name for spec in self._blocks().expected_components
+        """The components the blocks load from the folder (diffusers creates the rest, e.g. guiders, from config): those
+        of the workflows in `ModularBlocks.loaded_workflows` where the family names them (a partition of the model: a
+        component only another workflow uses never loads), else every one of the blocks'."""
+        blocks = self._blocks()
+        parts = [blocks.get_workflow(name) for name in self.blocks.loaded_workflows] or [blocks]
+        return {spec.name for part in parts for spec in part.expected_components
                 if spec.default_creation_method == "from_pretrained"}
 
     def assemble(self, model_class: str, loaded: dict, index: dict, source: str):
@@ -184,11 +197,19 @@ class ModularKind:
             kwargs.pop("negative_prompt", None)
         elif blocks.guider is not None:  # these blocks guide through their guider component, not a call input
             pipe.update_components(guider=pipe.guider.new(**blocks.guider(kwargs.pop(family.guidance_kwarg))))
-        unknown = sorted(set(kwargs) - set(pipe.default_call_parameters))
+        takes = set(pipe.default_call_parameters)
+        for count in COUNT_INPUTS:  # one output per call is what blocks without a count input make
+            if kwargs.get(count) == 1 and count not in takes:
+                kwargs.pop(count)
+        unknown = sorted(set(kwargs) - takes)
         if unknown:
             raise UserInputError(f"{family.name}'s modular pipeline ({type(pipe).__name__}) takes no "
                                  f"{', '.join(unknown)}; set TPU_DIFFUSERS_PIPELINE_KIND=classic for this run.")
-        return pipe(**kwargs, **{STEP_INPUT: on_step})
+        if not blocks.outputs:
+            return pipe(**kwargs, **{STEP_INPUT: on_step})
+        # blocks whose outputs have other names than the pack reads (`videos` for `frames`): those outputs, renamed
+        made = pipe(**kwargs, **{STEP_INPUT: on_step}, output=list(blocks.outputs.values()))
+        return types.SimpleNamespace(**{ours: made[theirs] for ours, theirs in blocks.outputs.items()})
 
 
 def _pipeline(blocks: ModularBlocks, pipeline_blocks, model_settings: dict, components: dict):

@@ -17,11 +17,15 @@ FAMILIES_FOLDER = ROOT / "runtime" / "families"
 # which family it is.
 TASK_WORDS = {"Pipeline", "Image", "Img2Img", "Edit", "Plus", "Fill", "Inpaint", "To", "Video", "Stable",
               "Diffusion", "Modular", "Distilled"}
+# Parts of a class name that are ordinary words alone (MiniMaxH3ModularPipeline's "Max": max_area), named only together
+# ("MiniMax", from the family's name)
+ORDINARY_WORDS = {"Mini", "Max"}
 
 
 def own_word(part: str) -> bool:
     """A part of a family or class name that is a name of its own: no task word, no bare number or letter."""
-    return len(part) > 2 and re.search("[A-Za-z]", part) and part.rstrip("0123456789") not in TASK_WORDS
+    return (len(part) > 2 and re.search("[A-Za-z]", part) and part.rstrip("0123456789") not in TASK_WORDS
+            and part not in ORDINARY_WORDS)
 
 
 def family_words() -> set[str]:

@@ -960,6 +960,46 @@ def flux3(size: str, distilled: bool):
     return pipe, {}
 
 
+def minimax_h3(size: str = "tiny"):
+    """MiniMax H3 (docs/plans/minimax_h3.md): a Qwen3-VL text encoder with 51 layers (its blocks read the hidden states
+    of layer 50), both transformers (t2va/fl2va's `transformer`, ref2va's `transformer_ref`), the video VAE (16x
+    spatial, 4x temporal with 17-frame clips) and the audio VAE (hop 800: 40 latents/s at 32 kHz), saved as diffusers
+    saves modular blocks. Tiny only; not in MODEL_CLASSES yet (the parametrised tests do not take it yet)."""
+    from diffusers import (AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler,
+                           MiniMaxH3Transformer3DModel)
+    from diffusers.modular_pipelines import MiniMaxH3Blocks
+    from transformers import Qwen3VLForConditionalGeneration
+
+    if size != "tiny":
+        raise ValueError("MiniMax H3 has a tiny size only")
+    tok, _ = qwen_tokenizer()
+    text = 16
+    cfg = qwen3_vl_config(tok, text, 51, 2, 1, 8, [2, 1, 1], patch_size=16, num_position_embeddings=64)
+    torch.manual_seed(0)
+    text_encoder = Qwen3VLForConditionalGeneration(cfg)
+    kw = dict(num_attention_heads=2, attention_head_dim=16, hidden_size=32, num_layers=1, num_refiner_layers=1,
+              ffn_dim=32, in_channels=24, audio_in_channels=32, patch_size=(1, 2, 2), text_dim=text, freq_dim=32,
+              time_embed_hidden_dim=32, time_embed_dim=16, rope_freq_dim=2)
+    torch.manual_seed(0)
+    transformer = MiniMaxH3Transformer3DModel(**kw)
+    torch.manual_seed(1)
+    transformer_ref = MiniMaxH3Transformer3DModel(**kw)
+    torch.manual_seed(0)
+    vae = AutoencoderKLMiniMaxH3(latent_channels=24, block_out_channels=(8,) * 6, layers_per_block=1,
+                                 norm_num_groups=4, decoder_num_layers=1, decoder_num_attention_heads=2,
+                                 decoder_attention_head_dim=16, decoder_num_register_tokens=1, decoder_ffn_mult=1)
+    torch.manual_seed(0)
+    audio_vae = AutoencoderKLMiniMaxH3Audio(
+        encoder_dim=4, encoder_rates=(8, 10, 10), latent_dim=32, latent_channels=32, num_attention_heads=2,
+        decoder_dim=32, decoder_rates=(8, 10, 10), decoder_kernel_sizes=(16, 20, 20), resblock_kernel_sizes=(3,),
+        resblock_dilation_sizes=((1,),), latents_mean=[0.0] * 32, latents_std=[1.0] * 32)
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(text_encoder=text_encoder, tokenizer=tok, processor=qwen3_vl_processor(tok),
+                           transformer=transformer, transformer_ref=transformer_ref, vae=vae, audio_vae=audio_vae,
+                           scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
+    return pipe, {}
+
+
 def gemma_tokenizer(vocab_size: int = 300):
     """Byte-level BPE with Gemma's special tokens (<pad> 0, <eos> 1, <bos> 2, <unk> 3), padding on the left as
     transformers' GemmaTokenizer does: LTX2Pipeline pads on the left to max_sequence_length itself, but

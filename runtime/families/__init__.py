@@ -10,7 +10,7 @@ not an `if` elsewhere. Adding a family: docs/adding_a_family.md.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from . import flux1, flux2, flux2_klein, flux3, krea2, ltx2, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
+from . import flux1, flux2, flux2_klein, flux3, krea2, ltx2, minimax_h3, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
 from .base import (EDIT, FIRSTLAST2VIDEO, IMAGE2IMAGE, IMAGE2VIDEO, INCONTEXT2VIDEO, INPAINT, TEXT2IMAGE,  # noqa: F401
                    TEXT2VIDEO, VIDEO_TASKS, ComfyLatent, Family, FileKind, FileSlot, FileVariant, MemoryModel,
                    ModularBlocks,
@@ -19,7 +19,7 @@ from .components import CLIP, KL_VAE, QWEN3, QWEN3VL, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,
                                sdxl.FAMILY, zimage.FAMILY, wan.FAMILY, qwenimage21.FAMILY, krea2.FAMILY,
-                               flux3.FAMILY, ltx2.FAMILY)
+                               flux3.FAMILY, ltx2.FAMILY, minimax_h3.FAMILY)
 
 # Single-file detection order: the first kind with a matching key wins, so more specific kinds come first
 # (a FLUX.2 model also has FLUX.1's double blocks; Qwen2.5-VL's attention has biases Mistral's lacks; FLUX.2
@@ -41,10 +41,12 @@ FILE_KINDS: tuple[FileKind, ...] = (
     QWEN3VL, QWEN3,  # Qwen3-VL's text model has Qwen3's keys (and Mistral 3's): before them
     flux2.MISTRAL3,
     sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG, qwenimage21.FAMILY.denoiser_kind,
+    minimax_h3.FAMILY.denoiser_kind,  # no key yet: its files are refused by UNSUPPORTED_MODEL_TYPES
 )
 
 # diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
-# lacks, as a refusal names them (a family it has is named by its FileKind).
+# lacks, as a refusal names them (a family it has is named by its FileKind). MiniMax H3 runs from diffusers folders,
+# but not from single files yet.
 UNSUPPORTED_MODEL_TYPES = {"minimax-h3": "a MiniMax H3 video model"}
 
 

@@ -61,6 +61,12 @@ class ModularBlocks:
     # distilled blocks that take no guidance at all (Qwen-Image 2.1 Turbo's): the Sampler's guidance and negative prompt
     # are not passed
     unguided: bool = False
+    # the workflows whose components the pack loads, for blocks whose workflows use different components (MiniMax H3's
+    # ref2va runs a transformer of its own, `transformer_ref`): only those load; (): every component of the blocks
+    loaded_workflows: tuple[str, ...] = ()
+    # {output the pack reads (`frames`, `audio`, `images`): the blocks' output of that name}, for blocks whose outputs
+    # are named otherwise (MiniMax H3's `videos`); the call asks the blocks for these outputs only
+    outputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # the sub-block of each workflow that first rewrites the prompt with a language model (FLUX 3's prompt upsampler),
     # as diffusers' blocks do by default: left out when the Sampler's prompt_upsampling is off; "": the blocks have none
     prompt_upsampler: str = ""
@@ -70,6 +76,33 @@ def classifier_free_guider(guidance: float) -> dict:
     """ClassifierFreeGuidance's config for classic pipelines' CFG (SDXL's guidance_scale, Qwen-Image's true_cfg_scale):
     uncond + guidance x (cond - uncond), only when guidance is above 1."""
     return {"guidance_scale": guidance, "enabled": guidance > 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameRule:
+    """A video family's frame counts when they are not `temporal_factor` x k + 1 (Family.frame_rule): step x n + offset,
+    from `least` to `most` frames (MiniMax H3: 17n + 5, 124 to 345)."""
+
+    step: int
+    offset: int
+    least: int  # the fewest frames (a count of the rule)
+    most: int  # the most frames (a count of the rule)
+    why: str = ""  # why these counts, for messages ("5 to 15 s at 24 fps")
+
+    def fits(self, frames: int) -> bool:
+        return self.least <= frames <= self.most and (frames - self.offset) % self.step == 0
+
+    def words(self) -> str:
+        return f"{self.step}n + {self.offset} from {self.least} to {self.most}" + (f" ({self.why})" if self.why else "")
+
+    def nearest(self, frames: int) -> tuple[int, ...]:
+        """The valid counts next to `frames`: the one below and the one above it, or the nearest end."""
+        if frames <= self.least:
+            return (self.least,)
+        if frames >= self.most:
+            return (self.most,)
+        below = self.offset + (frames - self.offset) // self.step * self.step
+        return (below, below + self.step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +337,8 @@ class Family:
     fps_kwarg: str = ""  # the __call__ argument its fps feeds, for a model that conditions on the frame rate
     temporal_factor: int = 0
     default_frames: int = 0
+    # frame counts of another form than temporal_factor x k + 1 (MiniMax H3's 17n + 5, 124 to 345); None: that form
+    frame_rule: FrameRule | None = None
     # (model_index setting, the Family fields it changes when true): facts that follow from a setting of the
     # model rather than its class (Wan 2.2 TI2V-5B is a WanPipeline with expand_timesteps: another VAE, so
     # another size step and latent format, and image to video too). `with_settings` applies them.

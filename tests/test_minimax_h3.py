@@ -1,0 +1,120 @@
+"""MiniMax H3 (runtime/families/minimax_h3.py), diffusers' modular blocks only: text to video, image to video and
+first/last frame to video from a tiny random modular folder (tools/tiny_models.py minimax_h3), frames and stereo sound
+against the modular pipeline as a diffusers user runs it (`ModularPipeline.from_pretrained(folder, workflow=...)`, one
+call per video with seed + i); its 17n + 5 frame rule refused when the run is planned; only the t2va/fl2va partition
+(`transformer`, never `transformer_ref`) loaded; ref2va-type requests (a reference video) refused."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tpu_diffusers_runtime import input_checks
+from tpu_diffusers_runtime.device import device_info
+from tpu_diffusers_runtime.engine import Engine
+from tpu_diffusers_runtime.errors import UserInputError
+from tpu_diffusers_runtime.families import family_for
+from tpu_diffusers_runtime.handle import PipelineHandle
+from tpu_diffusers_runtime.loading import load_pipeline
+from tpu_diffusers_runtime.tasks import SampleRequest
+
+PIPELINE = "MiniMaxH3ModularPipeline"
+PROMPT = "a cat playing piano"
+FRAMES = 124  # 17n + 5, the fewest it makes (5 s at 24 fps)
+PIXELS = (np.random.default_rng(0).random((40, 64, 3)) * 255).astype(np.uint8)  # another size than the video's
+LAST = (np.random.default_rng(1).random((2, 40, 24, 3)) * 255).astype(np.uint8)  # video i ends on item i % 2
+
+
+@pytest.fixture(scope="module")
+def tiny_h3(tmp_path_factory):
+    import tiny_models
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-minimax-h3"
+    tiny_models.save(*tiny_models.minimax_h3(), folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(distribute=False)
+
+
+def request(**fields):
+    return SampleRequest(**{**dict(prompt=PROMPT, width=32, height=32, steps=3, guidance=3.0, seed=7, batch_size=2,
+                                   frames=FRAMES, negative_prompt="blurry"), **fields})
+
+
+def reference(folder, workflow, videos, inputs=lambda i: {}):
+    """The modular pipeline as diffusers' users run it: that workflow's components only, one call per video."""
+    from diffusers import ModularPipeline
+
+    pipe = ModularPipeline.from_pretrained(folder, workflow=workflow)
+    pipe.load_components(dtype=torch.float32)
+    calls = [pipe(prompt=PROMPT, num_frames=FRAMES, height=32, width=32, num_inference_steps=3,
+                  generator=torch.Generator("cpu").manual_seed(7 + i), output_type="pt",
+                  output=["videos", "audio", "sampling_rate"], **inputs(i)) for i in range(videos)]
+    frames = torch.cat([call["videos"][0] for call in calls]).permute(0, 2, 3, 1)
+    return frames, torch.cat([call["audio"] for call in calls]).float(), calls[0]["sampling_rate"]
+
+
+TASKS = {  # task: (its workflow, the Sampler's images, the blocks' inputs for video i)
+    "text2video": ("t2va", (), lambda i: {}),
+    "image2video": ("fl2va", (PIXELS[None],), lambda i: {"image": Image.fromarray(PIXELS)}),
+    "firstlast2video": ("fl2va", (PIXELS[None], LAST),
+                        lambda i: {"image": Image.fromarray(PIXELS), "last_image": Image.fromarray(LAST[i % 2])}),
+}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_frames_and_sound_equal_the_modular_pipeline_video_after_video(tiny_h3, engine, task):
+    workflow, images, inputs = TASKS[task]
+    made = engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE),
+                           request(images=tuple(image.astype(np.float32) / 255.0 for image in images)))
+    assert made.info.task == task and made.info.pipeline == PIPELINE
+    assert made.images.shape == (2 * FRAMES, 32, 32, 3) and made.info.fps == 24.0
+    frames, waveform, rate = reference(tiny_h3, workflow, 2, inputs)
+    assert (made.images - frames).abs().max() <= 1 / 255  # within one 8-bit level
+    assert made.audio["sample_rate"] == rate == 32_000
+    assert made.audio["waveform"].shape == waveform.shape and waveform.shape[:2] == (2, 2)
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+    notes = " | ".join(made.info.notes)
+    assert "negative prompt ignored" in notes and "guidance unused" in notes
+
+
+def test_only_the_t2va_and_fl2va_transformer_loads(tiny_h3):
+    from tpu_diffusers_runtime import pipeline_kinds
+
+    family = family_for(PIPELINE)
+    takes = pipeline_kinds.kind_for(family, PIPELINE).takes(PIPELINE)
+    assert "transformer" in takes and "transformer_ref" not in takes
+    pipe = load_pipeline(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE), device_info("cpu"))
+    assert pipe.transformer is not None and getattr(pipe, "transformer_ref", None) is None
+    assert {"text_encoder", "vae", "audio_vae", "scheduler", "audio_scheduler"} <= set(pipe.components)
+
+
+def test_frames_off_its_17n_plus_5_rule_are_refused_before_loading(tmp_path):
+    """124..345 as 17n + 5 (diffusers would round 108 up to 124 and refuse 346): refused when the run is planned,
+    naming the rule and the nearest counts, with no folder to load; the Video Sampler's queue-time check lets its
+    counts through, and the other families' rules are unchanged."""
+    from tpu_diffusers_runtime.tasks import prepare
+
+    h3, wan = family_for(PIPELINE), family_for("WanPipeline")
+    assert input_checks.video_frame_factor() == 4
+    assert input_checks.frames_problem(124) is None and input_checks.frames_problem(345) is None
+    assert input_checks.frames_problem(141, h3) is None and input_checks.frames_problem(81, wan) is None
+    assert input_checks.frames_problem(125) is None  # 4k + 1: Wan's
+    assert "4k + 1" in input_checks.frames_problem(126)
+    for frames, nearest in ((121, "124"), (81, "124"), (346, "345"), (130, "124 or 141"), (344, "328 or 345")):
+        with pytest.raises(UserInputError, match=rf"frames {frames} cannot be used with MiniMax H3: it must be 17n "
+                                                 rf"\+ 5 from 124 to 345 \(5 to 15 s at 24 fps.*: {nearest}\.$"):
+            prepare(PIPELINE, request(frames=frames))
+    missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class=PIPELINE)
+    with pytest.raises(UserInputError, match=r"17n \+ 5"):
+        Engine(distribute=False).generate(missing, request(frames=121))
+
+
+def test_a_reference_video_is_refused(tiny_h3, engine):
+    """ref2va (ordered image, video and sound references, its own transformer) is not built yet."""
+    video = np.zeros((FRAMES, 32, 32, 3), np.float32)
+    with pytest.raises(UserInputError, match="reference_video"):
+        engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE), request(reference_video=video))
