@@ -24,6 +24,8 @@ STEPS = " or ".join(str(step) for step in sorted({model.size_multiple for model 
 FPS = " or ".join(dict.fromkeys(f"{model.fps:g}" for model in VIDEO_MODELS))
 LENGTHS = "; ".join(f"{model.default_frames} = {model.default_frames / model.fps:.0f} s at {model.fps:g} fps"
                     for model in VIDEO_MODELS)
+# families whose frame counts have another form than factor x k + 1 (Family.frame_rule)
+FRAME_RULES = "".join(f", or for {model.name} {model.frame_rule.words()}" for model in VIDEO_MODELS if model.frame_rule)
 
 
 class TPUVideoSampler(io.ComfyNode):
@@ -54,7 +56,7 @@ class TPUVideoSampler(io.ComfyNode):
                              tooltip=f"Frame height: a multiple of the model's size step ({STEPS}). 0 = the start "
                                      "image's height."),
                 io.Int.Input("frames", default=81, min=1, max=MAX_FRAMES, step=video_frame_factor(),
-                             tooltip=f"Frames per video: {video_frame_factor()}k + 1 ({LENGTHS})."),
+                             tooltip=f"Frames per video: {video_frame_factor()}k + 1{FRAME_RULES} ({LENGTHS})."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
                              tooltip="Denoising steps: 4 with 4-step LoRAs; without them "
                                      f"{', '.join(f'{f.name} {f.default_steps}' for f in VIDEO_FAMILIES)}."),

@@ -159,7 +159,8 @@ def test_the_family_table_covers_every_supported_pipeline():
                                                           "QwenImagePipeline", "Flux2KleinPipeline",
                                                           "StableDiffusionXLPipeline", "ZImagePipeline", "WanPipeline",
                                                           "QwenImage21Pipeline", "Krea2Pipeline",
-                                                          "Flux3ModularPipeline", "LTX2Pipeline"}
+                                                          "Flux3ModularPipeline", "LTX2Pipeline",
+                                                          "MiniMaxH3ModularPipeline"}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
