@@ -98,7 +98,7 @@ class TPUFileLoader(io.ComfyNode):
             display_name="TPU File Loader",
             category=CATEGORY,
             description="Chooses a pipeline from single files in ComfyUI's model folders, e.g. "
-                        f"{'; '.join(family_files(family) for family in FAMILIES)}. "
+                        f"{'; '.join(family_files(family) for family in FAMILIES if family.denoiser_files)}. "
                         "int8 and fp8 layers stay quantized on TPU/CUDA (quantized_weights), else are upcast; GGUF "
                         "and NF4 are refused. Configs and tokenizers (not in single "
                         "files) come from 'configs'. Loaded later, once, by the Sampler.",

@@ -55,7 +55,9 @@ class TPUVideoSampler(io.ComfyNode):
                 io.Int.Input("height", default=480, min=0, max=MAX_SIZE, step=16,
                              tooltip=f"Frame height: a multiple of the model's size step ({STEPS}). 0 = the start "
                                      "image's height."),
-                io.Int.Input("frames", default=81, min=1, max=MAX_FRAMES, step=video_frame_factor(),
+                # a family whose counts have another form (Family.frame_rule) needs every count reachable
+                io.Int.Input("frames", default=81, min=1, max=MAX_FRAMES,
+                             step=1 if any(model.frame_rule for model in VIDEO_MODELS) else video_frame_factor(),
                              tooltip=f"Frames per video: {video_frame_factor()}k + 1{FRAME_RULES} ({LENGTHS})."),
                 io.Int.Input("steps", default=4, min=1, max=1000,
                              tooltip="Denoising steps: 4 with 4-step LoRAs; without them "

@@ -31,9 +31,9 @@ from .specs import Placement
 
 CLASSIC = "classic"
 MODULAR = "modular"
-STEP_INPUT = "tpu_diffusers_on_step"
+STEP_INPUT = "tpu_diffusers_on_step"  # the modular call input that carries the step callback into the denoising loop
 # the tasks' outputs-per-call inputs (Task.count_kwarg): left out at 1 for blocks that take none (one per call)
-COUNT_INPUTS = ("num_images_per_prompt", "num_videos_per_prompt")  # the modular call input that carries the step callback into the denoising loop
+COUNT_INPUTS = ("num_images_per_prompt", "num_videos_per_prompt")
 
 
 def kind_for(family: Family, model_class: str) -> "ClassicKind | ModularKind":
