@@ -42,8 +42,8 @@ def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
     assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT", "MASK"]
     # AUDIO appended after frames, fps and info: saved links hold
     assert info["TPUVideoSampler"]["output"] == ["IMAGE", "FLOAT", "STRING", "AUDIO"]
-    # the upscaler, then the sigmas input appended after the others: saved widget values and links hold
-    assert list(info["TPUVideoSampler"]["input"]["optional"])[-2:] == ["upscaler", "sigmas"]
+    # the upscaler, the sigmas, then the reference video appended after the others: saved widget values and links hold
+    assert list(info["TPUVideoSampler"]["input"]["optional"])[-3:] == ["upscaler", "sigmas", "reference_video"]
     assert info["TPUVideoSampler"]["input"]["optional"]["upscaler"][0] == "TPU_LATENT_UPSCALER"
     assert info["TPUVideoSampler"]["input"]["optional"]["sigmas"][0] == "SIGMAS"
     assert info["TPULatentUpscaleModel"]["output"] == ["TPU_LATENT_UPSCALER"]
