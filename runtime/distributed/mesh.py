@@ -190,8 +190,10 @@ def _joined(names: list[str]) -> str:
 
 
 def has_cp_plan(family: Family) -> bool:
-    """Context parallelism can split its denoiser: its class has diffusers' `_cp_plan`, or the family its own."""
-    return family.cp_plan is not None or getattr(_denoiser_class(family), "_cp_plan", None) is not None
+    """Context parallelism can split its denoiser: its class has diffusers' `_cp_plan`, or the family its own (and the
+    family does not turn it off: `Family.context_parallel`)."""
+    return family.context_parallel and (family.cp_plan is not None
+                                        or getattr(_denoiser_class(family), "_cp_plan", None) is not None)
 
 
 def families_with_cp_plan() -> str:

@@ -353,6 +353,9 @@ class Family:
     # whose diffusers plan is missing or wrong for it (LTX-2's leaves the audio branch out). distributed/sharding.py
     # sets it on the model before `enable_parallelism`.
     cp_plan: Callable | None = None
+    # False: context parallelism is not checked for it yet (its token count is not the mesh checks' formula: MiniMax
+    # H3's 17n + 5 frames), though diffusers has a plan: refused, pointing to replicas, as for a family without a plan
+    context_parallel: bool = True
     # the denoiser's attention modules (their names' last part) that run outside context parallelism: their keys and
     # values are whole on every rank (text, LTX-2's audio), so each rank's own queries need no exchange, and diffusers'
     # Ulysses attention cannot take their per-head attention masks (it keeps all heads of a mask, not the rank's)
