@@ -348,7 +348,9 @@ def load_latent_decoder(family: Family, path: str, config_folder: str, dtype):
     with init_empty_weights():
         model = cls.from_config(config)
     try:
-        model.load_state_dict(decoder.from_file(read_weights(path, dtype)), strict=True, assign=True)
+        # only the decoder's part of the file (the VAE's load read the file already)
+        weights = read_weights(path, dtype, only=decoder.file_prefixes)
+        model.load_state_dict(decoder.from_file(weights), strict=True, assign=True)
     except (RuntimeError, KeyError) as e:
         raise ModelLoadError(f"'{os.path.basename(path)}' is not {decoder.file_kind.words} as "
                              f"{decoder.model_class}'s config describes it ({type(e).__name__}: {e}).") from e

@@ -279,7 +279,8 @@ class LatentDecoder:
     decode_pipeline: str  # the diffusers pipeline made of (the decoder, the scheduler) that runs it
     slot: str  # the component whose file may carry it
     file_kind: FileKind
-    # (state dict of such a file) -> the decoder's state dict in diffusers' layout
+    file_prefixes: tuple[str, ...]  # the keys of such a file the decoder takes (read, the rest not)
+    # (those keys) -> the decoder's state dict in diffusers' layout
     from_file: Callable
     # (its config, width, height, frames) -> bytes its run needs at that size, checked before loading (LTX-2.5's
     # neighborhood attention runs densely outside a NATTEN kernel: a tokens x tokens mask)

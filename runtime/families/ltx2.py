@@ -286,6 +286,7 @@ LATENT_DECODER = LatentDecoder(
     decode_pipeline="LTX2VideoDiffusionDecodePipeline",
     slot="vae",  # the template's ltx-2.5-video-vae-bf16 carries it beside the conv encoder
     file_kind=DIFFUSION_DECODER_VAE,
+    file_prefixes=("decoder.", "per_channel_statistics."),
     from_file=diffusion_decoder_from_file,
     run_bytes=diffusion_decoder_bytes,
     instead="ltx-2.5-video-vae-conv-bf16.safetensors",
