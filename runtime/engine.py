@@ -21,7 +21,7 @@ from .preview import PreviewSpec
 from .handle import PipelineHandle
 from .local_run import realise, run_locally
 from .pipeline_cache import LoadedPipeline, PipelineCache
-from .plan import Plan, plan_request
+from .plan import Plan, loaded_handle, plan_request
 from .run_info import Generation, RunInfo  # noqa: F401  (what a generate returns, importable from here)
 from .specs import Placement, ProgressCallback
 from .tasks import SampleRequest, check_host_memory
@@ -49,7 +49,8 @@ class Engine:
         """Sample `request` with the pipeline `handle` describes: planned here, once (`run`)."""
         device = resolve_device(handle.device)
         to_run = worker_handle(self.workers, handle, device) or handle
-        return self.run(to_run, plan_request(to_run, request, device), on_progress, preview)
+        plan = plan_request(to_run, request, device)
+        return self.run(loaded_handle(to_run, plan), plan, on_progress, preview)
 
     def run(self, handle: PipelineHandle, plan: Plan, on_progress: ProgressCallback | None = None,
             preview: PreviewSpec | None = None) -> Generation:

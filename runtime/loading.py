@@ -100,7 +100,9 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
     family = family_for(handle.model_class, settings=config_values(index))  # settings may change denoisers and slots
     left_out = optional_left_out(family, handle, folder) if files else {}
     kind = pipeline_kinds.kind_for(family, handle.model_class)  # classic or modular (runtime/pipeline_kinds.py)
-    takes = kind.takes(handle.model_class)
+    takes = kind.takes(handle.model_class, handle.load.workflow)
+    if notes is not None and (partition := kind.partition_note(handle.model_class, handle.load.workflow)):
+        notes.append(partition)  # a switch to another partition's workflow says what it loads
     # what the pipeline does not take (a family's latent decoder: the family loads it, where it is used) needs no
     # weights in a configs folder
     not_taken = frozenset(components(index)) - takes

@@ -88,11 +88,15 @@ class ClassicKind:
     name = CLASSIC
 
     @staticmethod
-    def takes(model_class: str) -> set[str]:
-        """The components the pipeline class takes."""
+    def takes(model_class: str, workflow: str = "") -> set[str]:
+        """The components the pipeline class takes (a classic pipeline has no workflows)."""
         import diffusers
 
         return set(inspect.signature(getattr(diffusers, model_class)).parameters)
+
+    @staticmethod
+    def partition_note(model_class: str, workflow: str) -> str:
+        return ""  # it loads every component it takes
 
     @staticmethod
     def assemble(model_class: str, loaded: dict, index: dict, source: str):
@@ -144,14 +148,26 @@ class ModularKind:
         _observe_steps(blocks)
         return blocks
 
-    def takes(self, model_class: str) -> set[str]:
+    def takes(self, model_class: str, workflow: str = "") -> set[str]:
         """The components the blocks load from the folder (diffusers creates the rest, e.g. guiders, from config): those
-        of the workflows in `ModularBlocks.loaded_workflows` where the family names them (a partition of the model: a
-        component only another workflow uses never loads), else every one of the blocks'."""
+        of `workflow`'s partition where the family names partitions (ModularBlocks.partitions: a component only
+        another partition uses does not load), else every one of the blocks'."""
         blocks = self._blocks()
-        parts = [blocks.get_workflow(name) for name in self.blocks.loaded_workflows] or [blocks]
+        parts = [blocks.get_workflow(name) for name in self.blocks.partition(workflow)] or [blocks]
         return {spec.name for part in parts for spec in part.expected_components
                 if spec.default_creation_method == "from_pretrained"}
+
+    def partition_note(self, model_class: str, workflow: str) -> str:
+        """For the run's info, where the blocks have partitions: which one loaded and what it left out (a switch to
+        another partition's workflow loads that one in place of this one)."""
+        if not self.blocks.partitions:
+            return ""
+        loaded = self.blocks.partition(workflow)
+        mine = self.takes(model_class, workflow)
+        others = [group for group in self.blocks.partitions if group != loaded]
+        theirs = set().union(*(self.takes(model_class, group[0]) for group in others))
+        return (f"loaded {'/'.join(loaded)}'s own {', '.join(sorted(mine - theirs))}; "
+                f"{', '.join(sorted(theirs - mine))} of {'/'.join(w for group in others for w in group)} not loaded")
 
     def assemble(self, model_class: str, loaded: dict, index: dict, source: str):
         """A pipeline of the blocks holding the loaded components, with model_index.json's settings beside them in its

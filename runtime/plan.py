@@ -83,6 +83,15 @@ def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceI
     return dataclasses.replace(plan, layout=mesh_shape(handle.mesh, world_size(handle.mesh, device)))
 
 
+def loaded_handle(handle: PipelineHandle, plan: Plan) -> PipelineHandle:
+    """The handle whose components `plan`'s run loads: for a model whose modular blocks load other components for
+    some workflows (ModularBlocks.partitions: MiniMax H3's ref2va and its own transformer), the partition of its
+    task (LoadSpec.workflow, part of the cache key: a switch loads that partition in place of the other)."""
+    blocks = plan.family.modular.get(plan.model_class)
+    workflow = blocks.partition_for(plan.task.name) if blocks else ""
+    return handle if workflow == handle.load.workflow else handle.replace(workflow=workflow)
+
+
 def reference_downscale(loras) -> int:
     """The `reference_downscale_factor` that IC-LoRAs trained on downscaled reference videos record in their
     safetensors metadata (as diffusers' in-context pipeline documents it: the reference is encoded at 1/factor

@@ -1,8 +1,9 @@
 """MiniMax H3 (runtime/families/minimax_h3.py), diffusers' modular blocks only: text to video, image to video and
-first/last frame to video from a tiny random modular folder (tools/tiny_models.py minimax_h3), frames and stereo sound
+first/last frame to video and reference to video from a tiny random modular folder (tools/tiny_models.py minimax_h3), frames and stereo sound
 against the modular pipeline as a diffusers user runs it (`ModularPipeline.from_pretrained(folder, workflow=...)`, one
-call per video with seed + i); its 17n + 5 frame rule refused when the run is planned; only the t2va/fl2va partition
-(`transformer`, never `transformer_ref`) loaded; ref2va-type requests (a reference video) refused."""
+call per video with seed + i); its 17n + 5 frame rule refused when the run is planned; one partition loaded at a time
+(t2va/fl2va's `transformer`, or ref2va's `transformer_ref` for a reference run, which says so); an IC-LoRA's reference
+video refused."""
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import family_for
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import load_pipeline
+from tpu_diffusers_runtime.references import Reference
 from tpu_diffusers_runtime.tasks import SampleRequest
 
 PIPELINE = "MiniMaxH3ModularPipeline"
@@ -114,7 +116,73 @@ def test_frames_off_its_17n_plus_5_rule_are_refused_before_loading(tmp_path):
 
 
 def test_a_reference_video_is_refused(tiny_h3, engine):
-    """ref2va (ordered image, video and sound references, its own transformer) is not built yet."""
+    """An IC-LoRA's reference video is LTX-2's in-context video: MiniMax H3 has none (its videos go in as
+    references)."""
     video = np.zeros((FRAMES, 32, 32, 3), np.float32)
     with pytest.raises(UserInputError, match="reference_video"):
         engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE), request(reference_video=video))
+
+
+SOUND = np.random.default_rng(2).uniform(-0.5, 0.5, (2, 32_000)).astype(np.float32)  # 1 s of stereo at 32 kHz
+CLIP = (np.random.default_rng(3).random((30, 40, 56, 3)) * 255).astype(np.uint8)  # 1 s of video at 30 fps
+REFERENCES = (Reference("image", frames=PIXELS[None] / 255.0),
+              Reference("video", frames=CLIP / 255.0, fps=30.0, audio=SOUND, sample_rate=32_000),
+              Reference("image", frames=LAST[:1] / 255.0),
+              Reference("audio", audio=SOUND[:1, :16_000], sample_rate=32_000))
+
+
+def diffusers_references():
+    """REFERENCES as a diffusers user gives them to ref2va, in the same order."""
+    from diffusers.modular_pipelines.minimax_h3 import (MiniMaxH3AudioReference, MiniMaxH3ImageReference,
+                                                        MiniMaxH3VideoReference)
+
+    return [MiniMaxH3ImageReference(image=Image.fromarray(PIXELS)),
+            MiniMaxH3VideoReference(frames=CLIP, fps=30.0, audio=torch.tensor(SOUND), sample_rate=32_000),
+            MiniMaxH3ImageReference(image=Image.fromarray(LAST[0])),
+            MiniMaxH3AudioReference(audio=torch.tensor(SOUND[:1, :16_000]), sample_rate=32_000)]
+
+
+def test_reference_to_video_loads_its_partition_in_place_and_equals_ref2va(tiny_h3):
+    """Pictures, a 30 fps video with its sound and a sound clip, in order: ref2va's frames and sound as diffusers'
+    users get them (its own partition, `transformer_ref`, loaded in place of `transformer`, and the run says so);
+    t2va after it loads t2va's partition again, and fl2va after that loads nothing."""
+    engine = Engine(distribute=False)
+    handle = PipelineHandle.of(source=tiny_h3, model_class=PIPELINE)
+    made = engine.generate(handle, request(references=REFERENCES))
+    assert made.info.task == "reference2video" and made.info.loaded
+    assert "loaded ref2va's own transformer_ref; transformer of t2va/fl2va not loaded" in made.info.notes
+    (entry,) = engine.cache._pipelines.values()
+    assert getattr(entry.pipe, "transformer", None) is None and entry.pipe.transformer_ref is not None
+    frames, waveform, _ = reference(tiny_h3, "ref2va", 2, lambda i: {"references": diffusers_references()})
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+    assert engine.generate(handle, request(batch_size=1)).info.loaded  # t2va: its partition again
+    (entry,) = engine.cache._pipelines.values()
+    assert entry.pipe.transformer is not None and getattr(entry.pipe, "transformer_ref", None) is None
+    image = (PIXELS[None] / 255.0).astype(np.float32)
+    assert not engine.generate(handle, request(batch_size=1, images=(image,))).info.loaded  # fl2va: same
+
+
+@pytest.mark.parametrize("references, message", [
+    ((Reference("audio", audio=SOUND, sample_rate=32_000),), "only beside a picture or a video"),
+    ((Reference("image", frames=PIXELS[None] / 255.0),) * 10, "at most 9 image references; 10 are connected"),
+    ((Reference("video", frames=CLIP / 255.0, fps=0.0),), "frame rate 0.0"),
+    ((Reference("image", frames=PIXELS / 255.0),), r"frames of shape \[40, 64, 3\]"),
+])
+def test_references_it_cannot_read_are_refused_before_loading(tmp_path, references, message):
+    missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class=PIPELINE)
+    with pytest.raises(UserInputError, match=message):
+        Engine(distribute=False).generate(missing, request(references=references))
+
+
+def test_references_travel_to_workers_as_payloads():
+    data, payloads = request(references=REFERENCES, images=()).to_wire()
+    back = SampleRequest.from_wire(data, [bytes(p) for p in payloads])
+    assert [r.kind for r in back.references] == ["image", "video", "image", "audio"]
+    for sent, got in zip(REFERENCES, back.references):
+        assert sent.fps == got.fps and sent.sample_rate == got.sample_rate
+        for name in ("frames", "audio"):
+            assert (getattr(sent, name) is None) == (getattr(got, name) is None)
+            if getattr(sent, name) is not None:
+                np.testing.assert_array_equal(getattr(sent, name), getattr(got, name))

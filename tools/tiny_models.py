@@ -997,6 +997,8 @@ def minimax_h3(size: str = "tiny"):
     pipe.update_components(text_encoder=text_encoder, tokenizer=tok, processor=qwen3_vl_processor(tok),
                            transformer=transformer, transformer_ref=transformer_ref, vae=vae, audio_vae=audio_vae,
                            scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
+    # reference pictures at a 32-pixel short edge (2048 in the release): tiny reference to video runs stay tiny
+    pipe.register_to_config(reference_image_short_edge=32)
     return pipe, {}
 
 

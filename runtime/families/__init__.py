@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from ..errors import UserInputError
 from . import flux1, flux2, flux2_klein, flux3, krea2, ltx2, minimax_h3, qwenimage, qwenimage21, sd3, sdxl, wan, zimage
-from .base import (EDIT, FIRSTLAST2VIDEO, IMAGE2IMAGE, IMAGE2VIDEO, INCONTEXT2VIDEO, INPAINT, TEXT2IMAGE,  # noqa: F401
-                   TEXT2VIDEO, VIDEO_TASKS, ComfyLatent, Family, FileKind, FileSlot, FileVariant, MemoryModel,
-                   ModularBlocks,
-                   ReferenceModel, TaskPipeline, TwoStage)  # (re-exported)
+from .base import (EDIT, FIRSTLAST2VIDEO, IMAGE2IMAGE, IMAGE2VIDEO, INCONTEXT2VIDEO, INPAINT, REFERENCE2VIDEO,  # noqa: F401
+                   TEXT2IMAGE, TEXT2VIDEO, VIDEO_TASKS, ComfyLatent, Family, FileKind, FileSlot, FileVariant,
+                   MemoryModel, ModularBlocks, ReferenceModel, TaskPipeline, TwoStage)  # (re-exported)
 from .components import CLIP, KL_VAE, QWEN3, QWEN3VL, T5, WAN_VAE
 
 FAMILIES: tuple[Family, ...] = (flux1.FAMILY, sd3.FAMILY, flux2.FAMILY, qwenimage.FAMILY, flux2_klein.FAMILY,

@@ -16,7 +16,8 @@ FIRSTLAST2VIDEO = "firstlast2video"  # the image is the first frame, the last im
 # a reference video conditions the video in context (LTX-2's IC-LoRAs: depth, pose, edges...); an image, if any, is the
 # first frame
 INCONTEXT2VIDEO = "incontext2video"
-VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO, FIRSTLAST2VIDEO, INCONTEXT2VIDEO)
+REFERENCE2VIDEO = "reference2video"
+VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO, FIRSTLAST2VIDEO, INCONTEXT2VIDEO, REFERENCE2VIDEO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,10 @@ class TaskPipeline:
     # (reference frames: PIL images, first frame: a PIL image or None, the IC-LoRA's reference downscale factor) -> the
     # call arguments for an in-context class (IC-LoRA: the reference video's tokens beside the video's)
     in_context: Callable | None = None
+    # (references: runtime.references.Reference, in order) -> the call arguments of a reference to video class, and
+    # how many of each kind it reads (references.ReferenceRule)
+    references: Callable | None = None
+    reference_rule: object = None
     # latent frames of tokens its conditions append after the video's, which context parallelism splits with them
     # (LTX2ConditionPipeline's last frame: a keyframe of one latent frame)
     keyframes: int = 0
@@ -61,15 +66,28 @@ class ModularBlocks:
     # distilled blocks that take no guidance at all (Qwen-Image 2.1 Turbo's): the Sampler's guidance and negative prompt
     # are not passed
     unguided: bool = False
-    # the workflows whose components the pack loads, for blocks whose workflows use different components (MiniMax H3's
-    # ref2va runs a transformer of its own, `transformer_ref`): only those load; (): every component of the blocks
-    loaded_workflows: tuple[str, ...] = ()
+    # groups of workflows that load the same components, for blocks whose workflows use different ones (MiniMax H3's
+    # ref2va runs a transformer of its own, `transformer_ref`): a model loads one group's components, the first
+    # group's unless its run's workflow is in another (LoadSpec.workflow); (): every component of the blocks loads
+    partitions: tuple[tuple[str, ...], ...] = ()
     # {output the pack reads (`frames`, `audio`, `images`): the blocks' output of that name}, for blocks whose outputs
     # are named otherwise (MiniMax H3's `videos`); the call asks the blocks for these outputs only
     outputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # the sub-block of each workflow that first rewrites the prompt with a language model (FLUX 3's prompt upsampler),
     # as diffusers' blocks do by default: left out when the Sampler's prompt_upsampling is off; "": the blocks have none
     prompt_upsampler: str = ""
+
+    def partition_for(self, task: str) -> str:
+        """What a model loads for `task` (LoadSpec.workflow): "" for the first partition's components (or every
+        component, for blocks without partitions), else the task's workflow, whose partition loads instead."""
+        workflow = self.workflows.get(task, "")
+        return "" if not self.partitions or workflow in self.partitions[0] else workflow
+
+    def partition(self, workflow: str) -> tuple[str, ...]:
+        """The workflows whose components load for LoadSpec.workflow `workflow` ("": the first partition's); ()
+        for blocks without partitions (every component loads)."""
+        return next((group for group in self.partitions if workflow in group), self.partitions[0] if self.partitions
+                    else ())
 
 
 def classifier_free_guider(guidance: float) -> dict:

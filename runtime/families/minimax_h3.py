@@ -9,17 +9,22 @@ at 24 fps: diffusers rounds a frame count up to the next 17n + 5 and takes 124 t
 counts as they are (what is asked is what is made).
 
 The blocks' workflows: t2va (text), fl2va (a first frame, a last frame, or both: image to video and first/last frame to
-video here) and ref2va (ordered image, video and audio references, run by a second transformer, `transformer_ref`,
-as large as the first). Only t2va/fl2va's components load (`ModularBlocks.loaded_workflows`); ref2va is not built yet.
+video here) and ref2va (reference to video: ordered pictures, videos and sound clips, the TPU Video Reference node's
+chain), run by a second transformer, `transformer_ref`, as large as the first. A model loads one partition
+(`ModularBlocks.partitions`): t2va/fl2va's `transformer`, or for a reference run ref2va's `transformer_ref` in its place
+(the run's info says so), never both.
 Its single files are not read yet either (no file kind detects them: they are refused as a model TPU Diffusers does not
 run yet).
 """
 
-from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, TEXT2VIDEO, Family, FileKind, FrameRule, MemoryModel, ModularBlocks,
-                   TaskPipeline)
+from ..references import AUDIO, IMAGE, VIDEO, ReferenceRule
+from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, Family, FileKind, FrameRule, MemoryModel,
+                   ModularBlocks, TaskPipeline)
 
 PIPELINE = "MiniMaxH3ModularPipeline"
-WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va"}
+WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
+# diffusers' limits (MiniMaxH3Ref2VASetupStep) and its audio VAE's rate (32 kHz)
+REFERENCE_RULE = ReferenceRule(most={IMAGE: 9, VIDEO: 3, AUDIO: 3}, total=12, sound_rate=32_000)
 
 # No single file is told as this family's yet (its VAEs and text encoder have no converters, files come later): the
 # kind carries no key, so diffusers' "minimax-h3" files stay refused by name (families.UNSUPPORTED_MODEL_TYPES).
@@ -30,6 +35,24 @@ def first_last(first, last) -> dict:
     """The fl2va blocks take the first and the last frame as PIL images (diffusers stretches or cover-crops them onto
     the canvas)."""
     return {"image": first, "last_image": last}
+
+
+def references(given) -> dict:
+    """ref2va takes diffusers' reference objects in the prompt's order: a picture as an [H, W, 3] array, a video's
+    frames with their rate and its sound, a sound clip with its rate (the blocks resample them to 24 fps and to their
+    audio VAE's rate, and put each on a canvas of its own)."""
+    import torch
+    from diffusers.modular_pipelines.minimax_h3 import (MiniMaxH3AudioReference, MiniMaxH3ImageReference,
+                                                        MiniMaxH3VideoReference)
+
+    def sound(reference):
+        return None if reference.audio is None else torch.tensor(reference.audio)
+
+    made = {IMAGE: lambda r: MiniMaxH3ImageReference(image=r.frames[0]),
+            VIDEO: lambda r: MiniMaxH3VideoReference(frames=r.frames, fps=r.fps, audio=sound(r),
+                                                     sample_rate=r.sample_rate or None),
+            AUDIO: lambda r: MiniMaxH3AudioReference(audio=sound(r), sample_rate=r.sample_rate)}
+    return {"references": [made[reference.kind](reference) for reference in given]}
 
 
 def first_latent_frame(pipe, latents, height, width):
@@ -55,9 +78,11 @@ def sound_rate(pipe) -> int:
 FAMILY = Family(
     name="MiniMax H3",
     model_classes={PIPELINE: {TEXT2VIDEO: TaskPipeline(PIPELINE), IMAGE2VIDEO: TaskPipeline(PIPELINE, images=1),
-                              FIRSTLAST2VIDEO: TaskPipeline(PIPELINE, images=2, first_last=first_last)}},
+                              FIRSTLAST2VIDEO: TaskPipeline(PIPELINE, images=2, first_last=first_last),
+                              REFERENCE2VIDEO: TaskPipeline(PIPELINE, references=references,
+                                                            reference_rule=REFERENCE_RULE)}},
     modular={PIPELINE: ModularBlocks("MiniMaxH3Blocks", PIPELINE, WORKFLOWS, unguided=True,
-                                     loaded_workflows=("t2va", "fl2va"),
+                                     partitions=(("t2va", "fl2va"), ("ref2va",)),
                                      outputs={"frames": "videos", "audio": "audio"})},
     takes_negative_prompt=False,
     guidance_kwarg="guidance_scale",  # not passed: the blocks take none (ModularBlocks.unguided)

@@ -9,21 +9,24 @@ checks and the pipeline's call arguments.
 from __future__ import annotations
 
 from ..errors import UserInputError
-from ..families import (EDIT, FIRSTLAST2VIDEO, IMAGE2IMAGE, IMAGE2VIDEO, INCONTEXT2VIDEO, INPAINT, TEXT2IMAGE,
-                        TEXT2VIDEO, Family, TaskPipeline, family_for)
+from ..families import (EDIT, FIRSTLAST2VIDEO, IMAGE2IMAGE, IMAGE2VIDEO, INCONTEXT2VIDEO, INPAINT, REFERENCE2VIDEO,
+                        TEXT2IMAGE, TEXT2VIDEO, Family, TaskPipeline, family_for)
 from .base import MAX_SEED, SampleRequest, Task, resolve_size, validate_frames, validate_size  # noqa: F401
 from .edit import Edit
 from .image2image import Image2Image
 from .inpaint import Inpaint
 from .text2image import Text2Image
-from .video import FirstLast2Video, Image2Video, InContext2Video, Text2Video
+from .video import FirstLast2Video, Image2Video, InContext2Video, Reference2Video, Text2Video
 
 TASKS: dict[str, Task] = {task.name: task for task in (Text2Image(), Image2Image(), Inpaint(), Edit(), Text2Video(),
-                                                       Image2Video(), FirstLast2Video(), InContext2Video())}
+                                                       Image2Video(), FirstLast2Video(), InContext2Video(),
+                                                       Reference2Video())}
 
 
 def wanted_task(tasks, request: SampleRequest) -> str:
-    if request.frames:  # the Video Sampler's images: none, (image,) or (image, last_image); its reference video
+    if request.frames:  # the Video Sampler's images: none, (image,) or (image, last_image); its references
+        if request.references:
+            return REFERENCE2VIDEO
         if request.reference_video is not None:
             return INCONTEXT2VIDEO
         if len(request.images) > 1:
@@ -47,6 +50,8 @@ def _needs(task: str, pipeline: TaskPipeline) -> str:
         return "image + last_image (the first and the last frame)"
     if task == INCONTEXT2VIDEO:
         return "reference_video (+ image as the first frame)"
+    if task == REFERENCE2VIDEO:
+        return "references (TPU Video Reference)"
     if task == INPAINT:
         return "image + mask" + (" (+ image_2 as reference)" if pipeline.reference_kwarg else "")
     return f"1 to {pipeline.images} images" if pipeline.images > 1 else "an image"
@@ -64,9 +69,10 @@ def task_for(family: Family, model_class: str, request: SampleRequest) -> tuple[
                  else "an image without a mask is connected", TEXT2VIDEO: "no image is connected",
                  IMAGE2VIDEO: "an image is connected (this model takes no image: text to video only)",
                  FIRSTLAST2VIDEO: "a last_image is connected",
-                 INCONTEXT2VIDEO: "a reference_video is connected"}[wanted]
+                 INCONTEXT2VIDEO: "a reference_video is connected",
+                 REFERENCE2VIDEO: "references are connected"}[wanted]
         runs = "; ".join(f"{task} with {_needs(task, pipeline)} ({pipeline.cls})" for task, pipeline in tasks.items())
-        inputs = "image, last_image and reference_video" if request.frames else "image and mask"
+        inputs = "image, last_image, reference_video and references" if request.frames else "image and mask"
         raise UserInputError(f"{family.name} {model_class} has no {wanted} pipeline, and {given}. It runs: {runs}. "
                              f"Connect or disconnect the Sampler's {inputs} inputs to match.")
     return TASKS[wanted], tasks[wanted]

@@ -19,6 +19,7 @@ from ..errors import UserInputError
 from ..families import FAMILIES, Family, TaskPipeline
 from ..input_checks import frames_problem, prompt_problem, sigmas_problem, size_problem
 from ..preview import Previewer, PreviewSpec
+from ..references import Reference
 from ..modes import outside_inference_mode
 from ..outputs import IMAGES, KINDS, LATENT, MASK, CallResult, OutputKind, Outputs, joined
 from . import images
@@ -66,6 +67,8 @@ class SampleRequest:
     mask: object = dataclasses.field(default=None, compare=False)
     latent: object = dataclasses.field(default=None, compare=False)
     reference_video: object = dataclasses.field(default=None, compare=False)
+    # reference to video's references in the order the prompt names them (runtime/references.py)
+    references: tuple = dataclasses.field(default=(), compare=False)
     # its IC-LoRA's reference_downscale_factor (the LoRA file's metadata, set when the run is planned): the reference
     # is encoded at 1/factor of the video's width and height
     reference_downscale: int = 1
@@ -88,6 +91,7 @@ class SampleRequest:
         if self.reference_video is not None:  # diffusers encodes only the first `frames` of it: the rest stays here
             video = batch(self.reference_video, 4)
             object.__setattr__(self, "reference_video", video[:self.frames] if self.frames else video)
+        object.__setattr__(self, "references", tuple(self.references))
 
     def to_wire(self) -> tuple[dict, list]:
         """Plain JSON data and the arrays' bytes, for worker processes (images travel as binary payloads)."""
@@ -97,21 +101,30 @@ class SampleRequest:
                     **{f"{name}_shape": None if array is None else list(array.shape)
                        for name, array in singles.items()})
         given = [array for array in singles.values() if array is not None]
+        references = [reference.to_wire() for reference in self.references]
+        data["references"] = [described for described, _ in references]
+        given += [array for _, arrays in references for array in arrays]
         return data, [memoryview(array).cast("B") for array in (*self.images, *given)]
 
     @classmethod
     def from_wire(cls, data: dict, payloads: list) -> "SampleRequest":
         import numpy as np
 
-        shape_keys = ("image_shapes", *(f"{name}_shape" for name in SINGLE_ARRAYS))
+        shape_keys = ("image_shapes", "references", *(f"{name}_shape" for name in SINGLE_ARRAYS))
         fields = {k: v for k, v in data.items() if k not in shape_keys}
         singles = [name for name in SINGLE_ARRAYS if data.get(f"{name}_shape")]
         shapes = [*data.get("image_shapes", ()), *(data[f"{name}_shape"] for name in singles)]
-        if len(shapes) != len(payloads):
-            raise UserInputError(f"the request names {len(shapes)} image arrays but carries {len(payloads)}")
+        described = data.get("references", ())
+        if len(shapes) + sum(map(Reference.payload_count, described)) != len(payloads):
+            raise UserInputError(f"the request names {len(shapes)} image arrays and {len(described)} references but "
+                                 f"carries {len(payloads)} arrays")
         arrays = [np.frombuffer(payload, dtype=np.float32).reshape(shape) for payload, shape in zip(payloads, shapes)]
         images = arrays[:len(data.get("image_shapes", ()))]
-        return cls(**fields, images=tuple(images), **dict(zip(singles, arrays[len(images):])))
+        rest = iter(payloads[len(shapes):])
+        references = tuple(Reference.from_wire(one, [next(rest) for _ in range(Reference.payload_count(one))])
+                           for one in described)
+        return cls(**fields, images=tuple(images), references=references,
+                   **dict(zip(singles, arrays[len(images):])))
 
     def output_bytes(self) -> int:
         """The size of what the request makes: ComfyUI's IMAGE batch in float32, frame after frame of a video."""

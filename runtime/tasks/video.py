@@ -7,7 +7,8 @@ SaveAnimatedWEBP take them as they are."""
 from __future__ import annotations
 
 from ..errors import UserInputError
-from ..families import FIRSTLAST2VIDEO, IMAGE2VIDEO, INCONTEXT2VIDEO, TEXT2VIDEO, Family, TaskPipeline
+from ..families import (FIRSTLAST2VIDEO, IMAGE2VIDEO, INCONTEXT2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, Family,
+                        TaskPipeline)
 from ..input_checks import reference_frames_problem
 from ..outputs import AUDIO, FRAMES, KINDS, OutputKind
 from .base import SampleRequest, Task
@@ -70,3 +71,21 @@ class InContext2Video(Text2Video):
         first = pil_image(request.images[0], index) if request.images else None
         # diffusers resizes (crops) them to the video's size, the reference to 1/factor of it
         return pipeline.in_context(reference, first, request.reference_downscale)
+
+
+class Reference2Video(Text2Video):
+    name = REFERENCE2VIDEO
+
+    def validate(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
+        if request.images or request.reference_video is not None:
+            raise UserInputError("references with image, last_image or reference_video: a reference to video run "
+                                 "takes its pictures as references (TPU Video Reference); disconnect the others.")
+        super().validate(family, pipeline, request)
+        for reference in request.references:
+            if problem := reference.problem():
+                raise UserInputError(problem)
+        if problem := pipeline.reference_rule.problem(request.references, family.name):
+            raise UserInputError(problem)
+
+    def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
+        return pipeline.references(request.references)  # the same references for every video of the batch
