@@ -160,13 +160,16 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
     import torch
 
     from .model_folder import component_config
+    from .pipeline_kinds import kind_for
     from .sources import component_module, components, read_model_index
 
     index = read_model_index(folder, is_folder=True)
+    # what loads: a modular model's partition only (MiniMax H3's t2va/fl2va transformer, never its transformer_ref)
+    loads = kind_for(family, index["_class_name"]).takes(index["_class_name"])
     configs = {}
     for name, (library, cls_name) in components(index).items():
         cls = getattr(importlib.import_module(component_module(library)), cls_name, None)
-        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(
+        if name in loads and isinstance(cls, type) and issubclass(cls, torch.nn.Module) and os.path.isfile(
                 os.path.join(folder, name, "config.json")):
             configs[name] = (cls, component_config(folder, name))
     return sizes_from_configs(family, configs)
@@ -185,7 +188,8 @@ def component_bytes(sizes: ModelSizes, layout: Layout, dtype_bytes: int = 2) -> 
 
 def latent_tokens(sizes: ModelSizes, width: int, height: int, frames: int) -> int:
     """The denoiser's tokens for a video (or an image: frames 1) of this size."""
-    latent_frames = (max(frames, 1) - 1) // sizes.vae_temporal + 1
+    counted = sizes.memory.latent_frames
+    latent_frames = counted(frames) if counted and frames > 1 else (max(frames, 1) - 1) // sizes.vae_temporal + 1
     step = sizes.vae_spatial
     return ((latent_frames // sizes.patch[0]) * (height // (step * sizes.patch[1]))
             * (width // (step * sizes.patch[2])))
@@ -224,15 +228,25 @@ def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames:
                     max(denoiser + denoising, resident.get("vae", 0) + vae, others))
 
 
-def layouts(world_sizes: tuple[int, ...] = DEGREES) -> list[Layout]:
+def layouts(world_sizes: tuple[int, ...] = DEGREES, tp: bool = True, cp: bool = True) -> list[Layout]:
     """The layouts the suggestions and the docs table consider, fewest chips first, `device` (no host copies) before
     model CPU offload (tp 1 only: TP keeps its shards on the chips), with tp or cp in 1, 2, 4, 8 (a replica is one or
     the other: diffusers does not combine them) over a number of chips the host can launch (`world_sizes`: a TPU
-    generation's, device.launchable_world_sizes)."""
-    found = [Layout(placement, tp=tp, cp=cp) for tp in DEGREES for cp in DEGREES
+    generation's, device.launchable_world_sizes); `tp`/`cp` False: none with it (the model has no such plan)."""
+    found = [Layout(placement, tp=tp_degree, cp=cp_degree) for tp_degree in DEGREES[:len(DEGREES) if tp else 1]
+             for cp_degree in DEGREES[:len(DEGREES) if cp else 1]
              for placement in (Placement.MODEL_CPU_OFFLOAD, Placement.DEVICE)
-             if tp * cp in world_sizes and min(tp, cp) == 1 and (tp == 1 or placement is Placement.DEVICE)]
+             if tp_degree * cp_degree in world_sizes and min(tp_degree, cp_degree) == 1
+             and (tp_degree == 1 or placement is Placement.DEVICE)]
     return sorted(found, key=lambda layout: (layout.chips, layout.placement is not Placement.DEVICE, layout.cp))
+
+
+def family_layouts(family: Family, sizes: ModelSizes, world_sizes: tuple[int, ...] = DEGREES) -> list[Layout]:
+    """`layouts` the pack runs for this model: tp only where a TP plan shards its denoisers, cp only where the family
+    has a CP plan it runs (MiniMax H3 has neither yet: a suggestion must not name a mesh the run would refuse)."""
+    from .distributed.mesh import has_cp_plan
+
+    return layouts(world_sizes, tp=any(sizes.planned.values()), cp=has_cp_plan(family))
 
 
 # --- the device's memory
@@ -370,7 +384,8 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
             shared_host: bool = False, dtype_bytes: int = 2, world_sizes: tuple[int, ...] = DEGREES) -> str | None:
     """What to tell the user when `request` needs more than `budget` bytes per chip (None when it fits): the
     estimate, and what would fit (fewer outputs per replica, the fewest-chips layout over chips the host can launch,
-    `world_sizes`, fewer frames). shared_host: the chips are one host's processes (cpu), which share `budget`."""
+    `world_sizes`, fewer frames; or, where one model alone is over a chip, more memory or smaller weights).
+    shared_host: the chips are one host's processes (cpu), which share `budget`."""
     def usable(chips: int) -> int:
         return int(budget * USABLE_SHARE) // (chips if shared_host else 1)
 
@@ -382,16 +397,23 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
     tries = []
     if math.ceil(request.batch_size / layout.replicas) > 1:
         tries.append("a smaller batch (or more replicas)")
-    better = next((other for other in layouts(world_sizes) if other != layout and estimate(
+    better = next((other for other in family_layouts(family, sizes, world_sizes) if other != layout and estimate(
         sizes, other, *size, request.frames, 1, dtype_bytes, extra).total <= usable(other.chips)), None)
     if better is not None:
         per_chip = estimate(sizes, better, *size, request.frames, 1, dtype_bytes, extra).total
         tries.append(f"{better.words()} (~{per_chip / GIB:.1f} GiB per chip)")
-    step = family.temporal_factor
-    fewer = range(request.frames - step, 0, -step) if step else ()  # frame counts the family takes (none: images)
+    rule, step = family.frame_rule, family.temporal_factor
+    # frame counts the family takes (none: images)
+    fewer = (range(request.frames - rule.step, rule.least - 1, -rule.step) if rule else
+             range(request.frames - step, 0, -step) if step else ())
     frames = next((n for n in fewer if estimate(sizes, layout, *size, n, request.batch_size, dtype_bytes,
                                                 extra).total <= usable(layout.chips)), None)
-    tries.append(f"at most {frames} frames at this size with this mesh" if frames else "a smaller size")
+    name, largest = max(component_bytes(sizes, layout, dtype_bytes).items(), key=lambda item: item[1])
+    if better is None and largest > usable(layout.chips):  # no size helps: one model alone is over a chip
+        tries.append(f"a chip with more memory, or smaller (int8) weights: its {name} alone is ~{largest / GIB:.1f} "
+                     "GiB")
+    else:
+        tries.append(f"at most {frames} frames at this size with this mesh" if frames else "a smaller size")
     length = f" x {request.frames} frames" if family.makes_video else ""
     return (f"{family.name} at {request.width}x{request.height}{length}, batch "
             f"{request.batch_size}, needs {need.words()} with {layout.words()}, and {where} has "
@@ -439,25 +461,27 @@ def linear_weights(component, bytes_per_weight: int) -> tuple[int, int]:
 
 
 def markdown_table() -> str:
-    """docs/parallelism.md's table: for each reference model, size and chip type, the first of `layouts` (fewest
-    chips, over as many as the chip type can launch) that fits one 81-frame video in bf16, and its estimate per
-    chip."""
+    """docs/parallelism.md's table: for each reference model, size and chip type, the first of the layouts the pack
+    runs for it (`family_layouts`: fewest chips, over as many as the chip type can launch) that fits one video in
+    bf16 (81 frames, or the model's own count), and its estimate per chip."""
     from .device import launchable_world_sizes
 
-    rows = ["| model | size x 81 frames | " + " | ".join(f"{kind} ({HBM_PER_DEVICE_GIB[kind]} GiB)"
-                                                     for kind in TABLE_CHIPS) + " |",
+    rows = ["| model | size x frames | " + " | ".join(f"{kind} ({HBM_PER_DEVICE_GIB[kind]} GiB)"
+                                                 for kind in TABLE_CHIPS) + " |",
             "|---|---|" + "---|" * len(TABLE_CHIPS)]
-    for model in REFERENCE_MODELS:
+    for model, (family, reference) in REFERENCE_MODELS.items():
         sizes = reference_sizes(model)
-        for width, height in TABLE_SIZES:
+        frames = reference.frames or TABLE_FRAMES
+        for width, height in reference.sizes or TABLE_SIZES:
             cells = []
             for kind in TABLE_CHIPS:
                 usable = int(HBM_PER_DEVICE_GIB[kind] * GIB * USABLE_SHARE)
-                layout = next((layout for layout in layouts(launchable_world_sizes(kind)) if estimate(
-                    sizes, layout, width, height, TABLE_FRAMES, 1).total <= usable), None)
-                cells.append("does not fit on 8" if layout is None else _cell(
-                    layout, estimate(sizes, layout, width, height, TABLE_FRAMES, 1)))
-            rows.append(f"| {model} | {width}x{height} | " + " | ".join(cells) + " |")
+                tried = family_layouts(family, sizes, launchable_world_sizes(kind))
+                layout = next((layout for layout in tried if estimate(
+                    sizes, layout, width, height, frames, 1).total <= usable), None)
+                cells.append(f"does not fit on {tried[-1].chips}" if layout is None else _cell(
+                    layout, estimate(sizes, layout, width, height, frames, 1)))
+            rows.append(f"| {model} | {width}x{height} x {frames} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

@@ -9,7 +9,7 @@ import pytest
 from tpu_diffusers_runtime import memory_plan
 from tpu_diffusers_runtime.device import device_info, launchable_world_sizes
 from tpu_diffusers_runtime.distributed.mesh import check_mesh, shardable_families
-from tpu_diffusers_runtime.families import family_for, wan
+from tpu_diffusers_runtime.families import family_for, minimax_h3, wan
 from tpu_diffusers_runtime.handle import PipelineHandle
 from tpu_diffusers_runtime.loading import inspect_source
 from tpu_diffusers_runtime.memory_plan import GIB, Layout, estimate, reference_sizes, refusal
@@ -151,3 +151,41 @@ def test_an_in_context_reference_adds_its_tokens_to_the_estimate():
     alone, beside = (estimate(sizes, Layout(), 832, 480, 81, 1, extra_tokens=memory_plan.reference_tokens(sizes, r))
                      for r in (plain, reference))
     assert beside.denoising == 2 * alone.denoising
+
+
+H3_BF16, H3_INT8 = minimax_h3.REFERENCE_MODELS
+
+
+def test_a_minimax_h3_run_that_cannot_fit_is_refused_naming_what_to_change():
+    """MiniMax H3 has no mesh yet (no TP plan, context parallelism off): at its 16:9 canvas in bf16 a v5e chip fits
+    no layout and no smaller size (its transformer and text encoder are ~62 GiB each), which the refusal says; a v6e
+    chip with int8 weights is told the same; a v5p chip is told model CPU offload, never a mesh."""
+    bf16 = reference_sizes(H3_BF16)
+    assert 2 * bf16.params["transformer"] / GIB == pytest.approx(61.7, abs=0.05)  # one partition, as released
+    assert memory_plan.latent_tokens(bf16, 1344, 768, 124) == 37 * 24 * 42  # 17n + 5 frames: 5n + 2 latent frames
+    request = SampleRequest(prompt="a cat", width=1344, height=768, frames=124)
+    message = refusal(minimax_h3.FAMILY, bf16, Layout(), request, 16 * GIB, "a v5e chip",
+                      world_sizes=launchable_world_sizes("v5e"))
+    assert message.startswith("MiniMax H3 at 1344x768 x 124 frames, batch 1, needs ~136.9 GiB per chip") and \
+        message.endswith("it cannot fit. Try a chip with more memory, or smaller (int8) weights: its text_encoder "
+                         "alone is ~62.1 GiB. (docs/parallelism.md has a table of what fits each chip type.)")
+    assert "Try a chip with more memory" in refusal(minimax_h3.FAMILY, reference_sizes(H3_INT8), Layout(), request,
+                                                    32 * GIB, "a v6e chip", world_sizes=launchable_world_sizes("v6e"))
+    assert "Try placement 'model_cpu_offload', 1 chip (~69.7 GiB per chip)" in refusal(
+        minimax_h3.FAMILY, bf16, Layout(), request, 95 * GIB, "a v5p chip", world_sizes=launchable_world_sizes("v5p"))
+
+
+def test_a_tiny_minimax_h3_folder_is_planned_from_its_loaded_partition(tmp_path):
+    """The estimate reads the configs of what loads (t2va/fl2va's transformer, never transformer_ref) and the
+    transformer's real config keys; a tiny run is never refused."""
+    import tiny_models
+
+    folder = tmp_path / "tiny-minimax-h3"
+    tiny_models.save(*tiny_models.minimax_h3(), folder)
+    handle = PipelineHandle.of(source=str(folder), model_class=inspect_source(str(folder)))
+    assert memory_plan.check_fits(handle, minimax_h3.FAMILY, SampleRequest(prompt="a cat", width=32, height=32,
+                                                                          frames=124)) == []
+    sizes = memory_plan.sizes_of_folder(str(folder), minimax_h3.FAMILY)
+    assert set(sizes.params) == {"text_encoder", "transformer", "vae", "audio_vae"}
+    assert (sizes.hidden, sizes.ffn, sizes.patch) == (32, 32, (1, 2, 2))  # 2 heads x 16, hidden_size 32
+    assert memory_plan.latent_tokens(sizes, 32, 32, 124) == 37

@@ -241,6 +241,9 @@ class ReferenceModel:
     # {component: bytes per weight of its linear layers}: a row for a file whose linear layers stay quantized on the
     # chip (an int8 or fp8 file: 1), as a File Loader keeps them
     quantized: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # the table's (width, height) sizes and frame count for it, where not 480p and 720p x 81 frames (its own canvas)
+    sizes: tuple = ()
+    frames: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +263,8 @@ class MemoryModel:
     modulation_bytes: int = 0  # fp32 bytes per token per hidden channel of a per-token timestep modulation
     vae_chunk_frames: int = 1  # frames the VAE decodes at a time
     vae_tensors: int = 16  # full-resolution tensors of the decoder's width per decoded chunk
+    # (frames) -> latent frames, where they are not (frames - 1) / temporal factor + 1 (MiniMax H3's 17-frame clips)
+    latent_frames: Callable[[int], int] | None = None
     # published configs for the docs' table of what fits each chip: {model name: ReferenceModel}
     reference_models: Mapping[str, ReferenceModel] = dataclasses.field(default_factory=dict)
 

@@ -19,7 +19,7 @@ run yet).
 
 from ..references import AUDIO, IMAGE, VIDEO, ReferenceRule
 from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, Family, FileKind, FrameRule, MemoryModel,
-                   ModularBlocks, TaskPipeline)
+                   ModularBlocks, ReferenceModel, TaskPipeline)
 
 PIPELINE = "MiniMaxH3ModularPipeline"
 WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
@@ -61,14 +61,48 @@ def first_latent_frame(pipe, latents, height, width):
 
 
 def denoiser_shape(config) -> tuple:
-    """MiniMaxH3Transformer3DModel: (hidden width, FFN width, patch (t, h, w))."""
-    return config["hidden_size"], config["ffn_dim"], tuple(config.get("patch_size", (1, 2, 2)))
+    """MiniMaxH3Transformer3DModel: (width, FFN width, patch (t, h, w)); its attention (heads x head width, 7168) is
+    wider than its residual stream (hidden_size, 5376): the wider one counts, on the high side."""
+    width = max(config["hidden_size"], config["num_attention_heads"] * config["attention_head_dim"])
+    return width, config["ffn_dim"], tuple(config.get("patch_size", (1, 2, 2)))
 
 
 def vae_shape(config) -> tuple:
-    """AutoencoderKLMiniMaxH3: 16x spatial, 4x temporal (17-frame clips), its first stage's width, no pixel patch.
-    Not measured: the memory model's defaults."""
+    """AutoencoderKLMiniMaxH3: 16x spatial, 4x temporal (17-frame clips: `latent_frames` counts them), its first
+    stage's width, no pixel patch. Not measured: the memory model's defaults; its decoder (a ViT over 256-pixel tiles
+    of one clip) holds less than that width at full resolution."""
     return 16, 4, (config.get("block_out_channels") or (128,))[0], 1
+
+
+def latent_frames(frames: int) -> int:
+    """17n + 5 frames make 5n + 2 latent frames (124 -> 37; diffusers' video_latent_num_frames)."""
+    return (frames - 5) // 17 * 5 + 2
+
+
+# The release's configs for the docs' table (runtime/memory_plan.py). The transformer, the VAE and the audio VAE are
+# diffusers 0.42.1's class defaults (its default repo is MiniMaxAI/MiniMax-H3): 33.12B parameters, 61.7 GiB in bf16
+# (the 66.3 GB of Comfy-Org's minimax_h3_fl2va_bf16 file), 2.60B (its 5.21 GB fp16 video VAE) and 0.15B (its 605 MB
+# fp32 audio VAE) match the released files. One partition loads per run (t2va/fl2va: `transformer`). The text encoder
+# is Qwen3-VL 32B's published shape (33.4B): all its weights load though the blocks read its 50th layer.
+QWEN3_VL_32B = ("transformers", "Qwen3VLForConditionalGeneration", dict(
+    text_config=dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                     num_attention_heads=64, num_key_value_heads=8, head_dim=128),
+    vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=5120,
+                       patch_size=16, deepstack_visual_indexes=[8, 16, 24]),
+    tie_word_embeddings=False))
+H3 = {"text_encoder": QWEN3_VL_32B,
+      "transformer": ("diffusers", "MiniMaxH3Transformer3DModel", dict(
+          num_attention_heads=56, attention_head_dim=128, hidden_size=5376, num_layers=50, ffn_dim=14336,
+          text_dim=5120, patch_size=[1, 2, 2])),
+      "vae": ("diffusers", "AutoencoderKLMiniMaxH3", {}), "audio_vae": ("diffusers", "AutoencoderKLMiniMaxH3Audio", {})}
+CANVASES = ((1344, 768), (768, 768))  # its default canvas (16:9, 768 short edge) and 1:1
+REFERENCE_MODELS = {
+    "MiniMax H3 (2 x 33B partitions, one loaded), bf16": ReferenceModel(H3, sizes=CANVASES, frames=124),
+    # the transformer and the text encoder with every linear layer kept int8 (a File Loader's int8 files, when the
+    # pack reads this family's files)
+    "MiniMax H3, int8 transformer and text encoder": ReferenceModel(
+        H3, quantized={"transformer": 1, "text_encoder": 1}, sizes=CANVASES, frames=124),
+}
 
 
 def sound_rate(pipe) -> int:
@@ -96,7 +130,8 @@ FAMILY = Family(
     denoiser_files=(),
     file_slots=(),
     default_config_repo="MiniMaxAI/MiniMax-H3",
-    memory=MemoryModel(denoiser_shape=denoiser_shape, vae_shape=vae_shape),
+    memory=MemoryModel(denoiser_shape=denoiser_shape, vae_shape=vae_shape, latent_frames=latent_frames,
+                       reference_models=REFERENCE_MODELS),
     fps=24.0,
     temporal_factor=4,  # the VAE's temporal compression; its counts are `frame_rule`'s
     frame_rule=FrameRule(17, 5, 124, 345, "5 to 15 s at 24 fps, each 17-frame clip of the video VAE"),
