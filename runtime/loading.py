@@ -111,6 +111,8 @@ def load_pipeline(handle: PipelineHandle, device: DeviceInfo, on_progress: Progr
         raise ModelLoadError(f"'{handle.source}' now holds a {index['_class_name']}, not the {handle.model_class} "
                              "the Loader found; queue the workflow again.")
     parts = {name: part for name, part in components(index).items() if name in takes}
+    if handle.load.workflow:  # another partition's file (the File Loader's fl2va transformer) is not read
+        files = {name: path for name, path in files.items() if name in parts}
     unknown = sorted(set(files) - set(parts))
     if unknown:
         raise UserInputError(f"{handle.model_class} has no component {', '.join(unknown)} to load from a file; "

@@ -3,7 +3,12 @@ first/last frame to video and reference to video from a tiny random modular fold
 against the modular pipeline as a diffusers user runs it (`ModularPipeline.from_pretrained(folder, workflow=...)`, one
 call per video with seed + i); its 17n + 5 frame rule refused when the run is planned; one partition loaded at a time
 (t2va/fl2va's `transformer`, or ref2va's `transformer_ref` for a reference run, which says so); an IC-LoRA's reference
-video refused."""
+video refused. Its diffusion-model
+files in Comfy-Org's layout (tools/tiny_single_files.minimax_h3_files) through the File Loader's plan: the video and
+sound of the folder holding the file's values; pruned and ref2va files refused when queued."""
+
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,3 +191,84 @@ def test_references_travel_to_workers_as_payloads():
             assert (getattr(sent, name) is None) == (getattr(got, name) is None)
             if getattr(sent, name) is not None:
                 np.testing.assert_array_equal(getattr(sent, name), getattr(got, name))
+
+
+@pytest.fixture(scope="module")
+def h3_files(tiny_h3, tmp_path_factory):
+    """{precision: (a configs folder named as auto finds it, holding exactly what that file loads as, the file)}, and
+    the pruned file."""
+    import tiny_single_files as tsf
+
+    root = tmp_path_factory.mktemp("h3_files")
+    files = tsf.minimax_h3_files(tiny_h3, root / "files")
+    folders = {}
+    for precision, values in (("bf16", tsf.bf16_valued_transformer),
+                              ("int8_convrot", lambda f: tsf.transformer_holding(f, tsf.minimax_h3_int8_values))):
+        folders[precision] = Path(shutil.copytree(tiny_h3, root / precision / "MiniMax-H3"))
+        values(folders[precision])
+    return {"bf16": (folders["bf16"], files["transformer"]),
+            "int8_convrot": (folders["int8_convrot"], files["transformer_int8_convrot"]),
+            "pruned": files["transformer_pruned"]}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8_convrot"])
+def test_its_diffusion_model_file_gives_the_folders_video_and_sound(h3_files, engine, precision):
+    """Comfy-Org's unpruned fl2va file (bf16 unprefixed; int8 ConvRot under model.diffusion_model.) converted by
+    diffusers' own converter, the rest from the configs folder auto finds: the folder's video and sound."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    folder, path = h3_files[precision]
+    source, model_class, files = plan(str(path), {}, "auto", [str(folder.parent)])
+    assert (source, model_class, files) == (str(folder), PIPELINE, (("transformer", str(path)),))
+    made = engine.generate(PipelineHandle.of(source=source, model_class=model_class, files=files),
+                           request(batch_size=1))
+    frames, waveform, _ = reference(str(folder), "t2va", 1)
+    assert (made.images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+def test_pruned_and_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_files, tmp_path):
+    """A pruned file (ComfyUI's curve form) cannot become diffusers' weights; a ref2va file has fl2va's keys but is
+    another model; the VAEs and the text encoder come only from a folder with their weights."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    folder, path = h3_files["bf16"]
+    with pytest.raises(UserInputError, match=r"'minimax_h3_fl2va_pruned_int8_convrot.safetensors' carries "
+                                             r"'adaln_t_table': it is a pruned MiniMax H3 .* Pick the unpruned "
+                                             r"minimax_h3_fl2va_int8_convrot.safetensors or "
+                                             r"minimax_h3_fl2va_bf16.safetensors \(Comfy-Org/MiniMax-H3\)\.$"):
+        plan(str(h3_files["pruned"]), {}, "auto", [str(folder.parent)])
+    ref2va = tmp_path / "minimax_h3_ref2va_bf16.safetensors"
+    ref2va.symlink_to(path)
+    with pytest.raises(UserInputError, match=r"is named 'ref2va': reference to video .* is not built yet"):
+        plan(str(ref2va), {}, "auto", [str(folder.parent)])
+    with pytest.raises(UserInputError, match=r"MiniMax H3's text_encoder, vae, audio_vae are not read from single "
+                                             r"files .* pick its diffusers folder, with their weights, as configs"):
+        plan(str(path), {}, "auto", [])  # auto's hub id gives configs only
+    with pytest.raises(UserInputError, match=r"MiniMax H3's vae is not read from a single file .* leave it at 'none'"):
+        plan(str(path), {"vae": str(path)}, "auto", [str(folder.parent)])
+
+
+def test_the_int8_convrot_file_holds_the_folders_weights_and_keeps_its_layers_quantized(h3_files):
+    """diffusers' converter splits the stacked q/k/v and swaps fc1's halves: the model holds exactly the folder's
+    weights. Kept quantized, q/k/v are row blocks of the file's layer and stay int8; fc1's swapped halves are a new
+    tensor, left dequantized (the run info counts them)."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from tpu_diffusers_runtime.resident_weights import ResidentLinear
+    from tpu_diffusers_runtime.specs import QuantizedWeights
+
+    folder, path = h3_files["int8_convrot"]
+    want = MiniMaxH3Transformer3DModel.from_pretrained(folder / "transformer").state_dict()
+    pipes, notes = {}, []
+    for choice in (QuantizedWeights.DEQUANTIZE, QuantizedWeights.KEEP_QUANTIZED):
+        pipes[choice] = load_pipeline(PipelineHandle.of(source=str(folder), model_class=PIPELINE,
+                                                        files=(("transformer", str(path)),), quantized_weights=choice),
+                                      device_info("cpu"), notes=notes)
+    got = pipes[QuantizedWeights.DEQUANTIZE].transformer.state_dict()
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    resident = {name for name, module in pipes[QuantizedWeights.KEEP_QUANTIZED].transformer.named_modules()
+                if isinstance(module, ResidentLinear)}
+    assert {f"transformer_blocks.0.attn.to_{p}" for p in "qkv"} <= resident
+    assert "transformer_blocks.0.ff.net.0.proj" not in resident
+    assert any("2 quantized layers of the file left dequantized" in note for note in notes)

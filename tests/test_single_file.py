@@ -966,7 +966,7 @@ def test_comfyuis_int8_is_read_exactly_as_comfy_kitchen_dequantizes_it(sf_dir, t
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("minimax-h3", "a MiniMax H3 video model"),
+    ("hunyuan-video", "a HunyuanVideo video model"),
 ])
 def test_int8_convrot_files_of_models_tpu_diffusers_lacks_are_refused_when_queued_naming_the_model(tmp_path,
                                                                                                   model_type, words):

@@ -1366,3 +1366,62 @@ def gemma3_file_layout(sd: dict) -> dict:
         key = re.sub(r"^(model\.)?vision_tower\.(vision_model\.)?", "vision_model.", key)
         out[re.sub(r"^model\.multi_modal_projector\.", "multi_modal_projector.", key)] = value
     return out
+
+
+# ------------------------------------------------------------------------------------------ MiniMax H3
+# diffusers key prefix -> the original layout's (convert_minimax_h3_transformer_checkpoint_to_diffusers, inverted)
+MINIMAX_H3_PREFIXES = (("transformer_blocks.", "blocks."), ("token_refiner.refiner_blocks.", "token_refiner.blocks."),
+                       ("time_embedder.linear_1.", "time_embedder.proj_in."),
+                       ("time_embedder.linear_2.", "time_embedder.proj_out."), ("proj_in.", "video_patch_proj."),
+                       ("audio_proj_in.", "audio_patch_proj."), ("context_embedder.", "condition_proj."),
+                       ("norm_out.norm.", "final_layer.norm."), ("norm_out.linear.", "final_layer.adaln_proj.linear."),
+                       ("proj_out.", "final_layer.video_out."), ("audio_proj_out.", "final_layer.audio_out."))
+MINIMAX_H3_PARTS = ((".attn.norm_q.", ".attn.q_norm."), (".attn.norm_k.", ".attn.k_norm."),
+                    (".attn.to_out.0.", ".attn.out_proj."), (".ff.net.0.proj.", ".mlp.fc1."),
+                    (".ff.net.2.", ".mlp.fc2."))
+MINIMAX_H3_CONVROT_GROUP = 16  # the tiny model's widths (32) are no multiple of ComfyUI's 256
+
+
+def minimax_h3_to_original(sd: dict) -> dict:
+    """MiniMaxH3Transformer3DModel keys -> MiniMax's layout (ComfyUI's comfy/ldm/minimax/model.py, Comfy-Org's files):
+    blocks.N, q/k/v fused into `attn.qkv_proj` stacked [q; k; v], `mlp.fc1` as [gate; value] (diffusers' SwiGLU reads
+    [value; gate]), final_layer.*, and the rotary `rope.inv_freq` buffer (which diffusers' converter drops)."""
+    out = {"rope.inv_freq": torch.ones(1)}
+    for key, value in sd.items():
+        if ".attn.to_k." in key or ".attn.to_v." in key:
+            continue
+        if ".attn.to_q." in key:
+            value = torch.cat([value, sd[key.replace(".to_q.", ".to_k.")], sd[key.replace(".to_q.", ".to_v.")]])
+            key = key.replace(".to_q.", ".qkv_proj.")
+        if ".ff.net.0.proj." in key:
+            value = _swap_halves(value)
+        key = _replaced(key, MINIMAX_H3_PARTS)
+        prefix = next(((new, old) for new, old in MINIMAX_H3_PREFIXES if key.startswith(new)), None)
+        out[prefix[1] + key[len(prefix[0]):] if prefix else key] = value
+    return out
+
+
+def minimax_h3_files(folder, out) -> dict[str, Path]:
+    """MiniMax H3's diffusion models as Comfy-Org's files hold them, from a tiny folder's transformer: bf16 without a
+    prefix (minimax_h3_fl2va_bf16), int8 ConvRot under model.diffusion_model. (minimax_h3_fl2va_int8_convrot;
+    `transformer_holding(folder, minimax_h3_int8_values)` then makes a folder hold what it loads as), and a pruned one
+    (the curve form's `adaln_t_table` for the time embedder and rank-8 AdaLN projections: only its header is read)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    original = minimax_h3_to_original(folder_weights(folder, "transformer"))
+    pruned = {k: v for k, v in original.items() if not k.startswith("time_embedder.")}
+    pruned.update({k: v[:, :8] for k, v in pruned.items() if ".adaln_proj.linear.weight" in k},
+                  adaln_t_table=torch.zeros(1025, 8))
+    int8 = comfy_quantized(original, "int8_convrot", MINIMAX_H3_CONVROT_GROUP)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in original.items()}
+    return {"transformer": _save(bf16, out / "minimax_h3_fl2va_bf16.safetensors"),
+            "transformer_int8_convrot": _save(_prefixed(int8, "model.diffusion_model."),
+                                              out / "minimax_h3_fl2va_int8_convrot.safetensors"),
+            "transformer_pruned": _save(comfy_quantized(pruned, "int8_convrot", MINIMAX_H3_CONVROT_GROUP),
+                                        out / "minimax_h3_fl2va_pruned_int8_convrot.safetensors")}
+
+
+def minimax_h3_int8_values(sd: dict) -> dict:
+    """What `minimax_h3_files`' int8 ConvRot diffusion model holds of a transformer's weights (rows quantize
+    independently, so diffusers' layout holds the same values as the fused original)."""
+    return comfy_valued(sd, "int8_convrot", MINIMAX_H3_CONVROT_GROUP)

@@ -40,13 +40,12 @@ FILE_KINDS: tuple[FileKind, ...] = (
     QWEN3VL, QWEN3,  # Qwen3-VL's text model has Qwen3's keys (and Mistral 3's): before them
     flux2.MISTRAL3,
     sdxl.FAMILY.denoiser_kind, sdxl.OPEN_CLIP_BIGG, qwenimage21.FAMILY.denoiser_kind,
-    minimax_h3.FAMILY.denoiser_kind,  # no key yet: its files are refused by UNSUPPORTED_MODEL_TYPES
+    minimax_h3.FAMILY.denoiser_kind,  # keys of its own
 )
 
 # diffusers' model types (single_file_utils.infer_diffusers_model_type) of diffusion models whose family TPU Diffusers
-# lacks, as a refusal names them (a family it has is named by its FileKind). MiniMax H3 runs from diffusers folders,
-# but not from single files yet.
-UNSUPPORTED_MODEL_TYPES = {"minimax-h3": "a MiniMax H3 video model"}
+# lacks, as a refusal names them (a family it has is named by its FileKind).
+UNSUPPORTED_MODEL_TYPES = {"hunyuan-video": "a HunyuanVideo video model"}
 
 
 def listed(families) -> str:

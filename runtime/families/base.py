@@ -345,6 +345,12 @@ class Family:
     # {lower-case part of a diffusion-model file's name: what to use instead}: files of the family's kind that it
     # cannot load (Wan 2.1's have Wan 2.2's keys, but other configs), refused when the prompt is queued
     unsupported_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # {key a diffusion-model file of its kind may carry: why it cannot load such a file and what to use instead}: files
+    # of another form of the model than diffusers' class (MiniMax H3's pruned ones), refused when the prompt is queued
+    unsupported_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # components no single file fills (diffusers has no converter for them): the File Loader reads them from the
+    # configs folder's weights, which it then needs (MiniMax H3's VAEs and text encoder)
+    folder_components: tuple[str, ...] = ()
     # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
     # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
     prepare_compile: Callable | None = None

@@ -13,22 +13,29 @@ video here) and ref2va (reference to video: ordered pictures, videos and sound c
 chain), run by a second transformer, `transformer_ref`, as large as the first. A model loads one partition
 (`ModularBlocks.partitions`): t2va/fl2va's `transformer`, or for a reference run ref2va's `transformer_ref` in its place
 (the run's info says so), never both.
-Its single files are not read yet either (no file kind detects them: they are refused as a model TPU Diffusers does not
-run yet).
+
+Single files: the File Loader reads Comfy-Org's unpruned fl2va diffusion models (bf16, int8 ConvRot) with diffusers' own
+converter ("stacked" q/k/v, as every published single file is). Comfy-Org's "pruned" files are another form of the
+model (ComfyUI's curve form: `adaln_t_table`, a 1025 x 8 table of the timestep curve interpolated linearly, replaces the
+time embedder, and each AdaLN projection is cut to that rank-8 basis), which diffusers' class does not run and which
+cannot be turned back into its weights (the full projections are gone): refused. diffusers has no converter for its VAEs
+nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
 """
 
 from ..references import AUDIO, IMAGE, VIDEO, ReferenceRule
 from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, Family, FileKind, FrameRule, MemoryModel,
                    ModularBlocks, ReferenceModel, TaskPipeline)
+from .components import diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
 WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
 # diffusers' limits (MiniMaxH3Ref2VASetupStep) and its audio VAE's rate (32 kHz)
 REFERENCE_RULE = ReferenceRule(most={IMAGE: 9, VIDEO: 3, AUDIO: 3}, total=12, sound_rate=32_000)
 
-# No single file is told as this family's yet (its VAEs and text encoder have no converters, files come later): the
-# kind carries no key, so diffusers' "minimax-h3" files stay refused by name (families.UNSUPPORTED_MODEL_TYPES).
-TRANSFORMER = FileKind("minimax_h3_transformer", "a MiniMax H3 diffusion model", lambda: ())
+# "token_refiner.blocks.0.attn.qkv_proj.weight" in the original (and ComfyUI's) layout, diffusers' names beside it
+TRANSFORMER = FileKind("minimax_h3_transformer", "a MiniMax H3 diffusion model", lambda: (
+    *diffusers_detection_keys("minimax-h3"), "token_refiner.refiner_blocks.0.attn.to_q.weight"))
+UNPRUNED = "minimax_h3_fl2va_int8_convrot.safetensors"  # Comfy-Org's unpruned files: this and the bf16 one
 
 
 def first_last(first, last) -> dict:
@@ -127,9 +134,20 @@ FAMILY = Family(
     comfy_latent_format="Wan21",  # none fits its 24 channels: previews are left out (logged once)
     comfy_latent=None,
     denoiser_kind=TRANSFORMER,
-    denoiser_files=(),
+    denoiser_files=("minimax_h3_fl2va_bf16.safetensors", UNPRUNED),
     file_slots=(),
+    folder_components=("text_encoder", "vae", "audio_vae"),
     default_config_repo="MiniMaxAI/MiniMax-H3",
+    diffusers_model_types=("minimax-h3",),
+    unsupported_keys={"adaln_t_table": f"it is a pruned MiniMax H3 (ComfyUI's curve form: a table of the timestep "
+                                       f"curve replaces the time embedder, each AdaLN projection is cut to its rank-8 "
+                                       f"basis), which diffusers' MiniMaxH3Transformer3DModel does not run and which "
+                                       f"cannot be turned back into its weights. Pick the unpruned {UNPRUNED} or "
+                                       f"minimax_h3_fl2va_bf16.safetensors (Comfy-Org/MiniMax-H3)"},
+    # ref2va's transformer has fl2va's keys and shapes: only its name tells it
+    unsupported_files={"ref2va": f"reference to video's own transformer is not read from a file yet (a reference run "
+                                 f"loads transformer_ref from the configs folder's weights); pick the fl2va model "
+                                 f"({UNPRUNED})"},
     memory=MemoryModel(denoiser_shape=denoiser_shape, vae_shape=vae_shape, latent_frames=latent_frames,
                        reference_models=REFERENCE_MODELS),
     fps=24.0,

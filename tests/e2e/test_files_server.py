@@ -72,7 +72,7 @@ def files_server(tiny_dir, single_files, tmp_path_factory):
     (broken / "flux1-dev-Q4_K_S.gguf").write_bytes(b"GGUF" + bytes(64))
     cut = single_files["flux2"][1]["transformer"]
     (broken / "cut_short.safetensors").write_bytes(cut.read_bytes()[:2000])
-    tiny_single_files.unsupported_model_file("minimax-h3", broken / "minimax-h3-int8_convrot.safetensors")
+    tiny_single_files.unsupported_model_file("hunyuan-video", broken / "hunyuan-video-int8_convrot.safetensors")
     quantized = tiny_single_files.zimage_quantized_files(single_files["zimage"][0], base / "models")
     unknown_format(quantized["int8"]["transformer"], broken / UNKNOWN_FORMAT_FILE)
     wrong_slot = base / "models" / "vae" / "broken"
@@ -379,8 +379,8 @@ def test_switching_loras_on_a_compiled_pipeline_compiles_nothing(files_server):
       "none", "flux1-wide/ae.safetensors"), "text_encoder", "text_encoder"),
     (("flux1-wide/flux1-dev.safetensors", "flux1-wide/clip_l.safetensors", "none", "none",
       "flux1-wide/ae.safetensors", "auto"), "text_encoder_2", "text_encoder_2 (t5xxl"),
-    (("broken/minimax-h3-int8_convrot.safetensors", "none", "none", "none", "none"), "model",
-     "it is a MiniMax H3 video model, which TPU Diffusers does not run yet"),
+    (("broken/hunyuan-video-int8_convrot.safetensors", "none", "none", "none", "none"), "model",
+     "it is a HunyuanVideo video model, which TPU Diffusers does not run yet"),
 ], ids=["gguf", "truncated", "text-encoder-as-vae", "clip-g-as-clip-l", "missing-t5-with-config-only-source",
         "int8-convrot"])
 def test_a_wrong_file_is_refused_on_the_file_loader(files_server, picks, field, message):
