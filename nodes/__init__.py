@@ -14,13 +14,14 @@ from .lora import TPULora
 from .mode_selector import TPUModeSelector
 from .sampler import TPUSampler
 from .tp_mesh import TPUMesh
+from .video_reference import TPUVideoReference
 from .video_sampler import TPUVideoSampler
 
 
 class TPUDiffusersExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [TPULoader, TPUFileLoader, TPULora, TPUModeSelector, TPUCompileTransformer, TPUMesh, TPUSampler,
-                TPUVideoSampler, TPULatentUpscaleModel]
+                TPUVideoSampler, TPUVideoReference, TPULatentUpscaleModel]
 
 
 async def comfy_entrypoint() -> TPUDiffusersExtension:

@@ -23,6 +23,14 @@ class TPUUpscaler(io.ComfyTypeIO):
     Type = str
 
 
+@io.comfytype(io_type="TPU_VIDEO_REFERENCES")
+class TPUReferences(io.ComfyTypeIO):
+    """A reference to video run's references in order (runtime.references.Reference: arrays and rates), built by a
+    chain of TPU Video Reference nodes."""
+
+    Type = tuple
+
+
 CATEGORY = "TPU Diffusers"
 
 

@@ -11,7 +11,8 @@ from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
 from .latent_upscale_model import TWO_STAGE_FAMILIES
 from .sampler import queue_time_problem
-from .types import CATEGORY, TPUPipeline, TPUUpscaler
+from .types import CATEGORY, TPUPipeline, TPUReferences, TPUUpscaler
+from .video_reference import REFERENCE_FAMILIES
 
 MAX_FRAMES = 1025
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
@@ -36,9 +37,9 @@ class TPUVideoSampler(io.ComfyNode):
             display_name="TPU Video Sampler",
             category=CATEGORY,
             description=f"Generates video with a video model ({listed(VIDEO_FAMILIES)}): from text, from a "
-                        "start image (models with image to video), or from a first and a last image (models with "
-                        "first/last frame to video). The frames come out as an IMAGE batch for "
-                        "ComfyUI's Create Video + Save "
+                        "start image (models with image to video), from a first and a last image (models with "
+                        "first/last frame to video), or from references (TPU Video Reference: models with reference "
+                        "to video). The frames come out as an IMAGE batch for ComfyUI's Create Video + Save "
                         "Video or Save Animated WEBP, with the model's frame rate. Loads on first use, shows "
                         "progress and the first frame's preview per step. Cancel stops sampling at the end of "
                         "the running step, and loading between components.",
@@ -100,6 +101,12 @@ class TPUVideoSampler(io.ComfyNode):
                                        "Components), cropped to width x height; its first `frames` frames are used and "
                                        "must be 8k + 1. With image, that is the first frame. Models with it: "
                                        f"{listed(IN_CONTEXT_FAMILIES) or 'none yet'}."),
+                # appended after the others, so that workflows saved before it keep their input indices
+                TPUReferences.Input("references", optional=True,
+                                    tooltip="Reference to video: pictures, videos and sound clips the prompt refers to "
+                                            "(<Picture 1>, <Video 1>, <Audio 1>), in the order of a chain of TPU "
+                                            "Video Reference nodes; width and height give the video's size. Models "
+                                            f"with it: {listed(REFERENCE_FAMILIES) or 'none yet'}."),
             ],
             outputs=[
                 io.Image.Output(display_name="frames", tooltip="batch x frames images, video after video: connect to "
@@ -134,7 +141,7 @@ class TPUVideoSampler(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, prompt: str, negative_prompt: str, width: int, height: int, frames: int, steps: int,
                 guidance: float, seed: int, batch_size: int, image=None, last_image=None,
-                upscaler: str | None = None, sigmas=None, reference_video=None) -> io.NodeOutput:
+                upscaler: str | None = None, sigmas=None, reference_video=None, references=None) -> io.NodeOutput:
         if problem := last_image_problem(image is not None, last_image is not None):
             raise UserInputError(problem)  # (again: a ComfyUI that passes no input_types to validate_inputs)
         schedule = schedule_of(sigmas)
@@ -144,7 +151,8 @@ class TPUVideoSampler(io.ComfyNode):
                                 steps=len(schedule) if sigmas is not None else steps, guidance=guidance, seed=seed,
                                 batch_size=batch_size, frames=frames,
                                 images=tuple(i for i in (image, last_image) if i is not None),
-                                upscaler=upscaler or "", sigmas=schedule, reference_video=reference_video)
+                                upscaler=upscaler or "", sigmas=schedule, reference_video=reference_video,
+                                references=references or ())
         generation = ENGINE.generate(pipeline, request, on_progress=ComfyProgress(), preview=preview_spec(pipeline))
         info = generation.info
         return io.NodeOutput(generation.images, info.fps, info.summary(), sound_track(generation),

@@ -195,14 +195,19 @@ def latent_tokens(sizes: ModelSizes, width: int, height: int, frames: int) -> in
             * (width // (step * sizes.patch[2])))
 
 
-def reference_tokens(sizes: ModelSizes, request) -> int:
-    """The tokens an in-context run's reference video adds beside the video's (its first `frames` frames, at
-    1/reference_downscale of the video's size); 0 without one."""
-    if getattr(request, "reference_video", None) is None:
-        return 0
-    factor = request.reference_downscale
-    return latent_tokens(sizes, request.width // factor, request.height // factor,
-                         min(len(request.reference_video), request.frames))
+def reference_tokens(sizes: ModelSizes, request, family: Family) -> int:
+    """The tokens references add beside the video's: an in-context run's reference video (its first `frames` frames,
+    at 1/reference_downscale of the video's size), a reference to video run's pictures and videos at the sizes its
+    model encodes them (Family.reference_rule); 0 without any."""
+    tokens = 0
+    if getattr(request, "reference_video", None) is not None:
+        factor = request.reference_downscale
+        tokens += latent_tokens(sizes, request.width // factor, request.height // factor,
+                                min(len(request.reference_video), request.frames))
+    if getattr(request, "references", ()) and family.reference_rule:
+        tokens += sum(latent_tokens(sizes, *size)
+                      for size in family.reference_rule.encoded_sizes(request.references, request.frames))
+    return tokens
 
 
 def estimate(sizes: ModelSizes, layout: Layout, width: int, height: int, frames: int, batch: int,
@@ -390,7 +395,7 @@ def refusal(family: Family, sizes: ModelSizes, layout: Layout, request, budget: 
         return int(budget * USABLE_SHARE) // (chips if shared_host else 1)
 
     size = (request.width, request.height)
-    extra = reference_tokens(sizes, request)
+    extra = reference_tokens(sizes, request, family)
     need = estimate(sizes, layout, *size, request.frames, request.batch_size, dtype_bytes, extra)
     if need.total <= usable(layout.chips):
         return None

@@ -141,16 +141,36 @@ def test_an_in_context_reference_adds_its_tokens_to_the_estimate():
     1/reference_downscale of the size): counted in the denoising estimate."""
     import numpy as np
 
+    family = family_for("LTX2Pipeline")
     sizes = memory_plan.reference_sizes("LTX-2.3 (22B)")
     plain = SampleRequest(prompt="a cat", width=832, height=480, frames=81)
     reference = dataclasses.replace(plain, reference_video=np.zeros((97, 8, 8, 3), np.float32))
-    assert memory_plan.reference_tokens(sizes, plain) == 0
-    assert memory_plan.reference_tokens(sizes, reference) == memory_plan.latent_tokens(sizes, 832, 480, 81)
-    assert memory_plan.reference_tokens(sizes, dataclasses.replace(reference, reference_downscale=2)) == \
+    assert memory_plan.reference_tokens(sizes, plain, family) == 0
+    assert memory_plan.reference_tokens(sizes, reference, family) == memory_plan.latent_tokens(sizes, 832, 480, 81)
+    assert memory_plan.reference_tokens(sizes, dataclasses.replace(reference, reference_downscale=2), family) == \
         memory_plan.latent_tokens(sizes, 416, 240, 81)
-    alone, beside = (estimate(sizes, Layout(), 832, 480, 81, 1, extra_tokens=memory_plan.reference_tokens(sizes, r))
-                     for r in (plain, reference))
+    alone, beside = (estimate(sizes, Layout(), 832, 480, 81, 1,
+                              extra_tokens=memory_plan.reference_tokens(sizes, r, family)) for r in (plain, reference))
     assert beside.denoising == 2 * alone.denoising
+
+
+def test_reference_to_video_counts_its_pictures_and_videos_at_the_sizes_the_model_encodes_them():
+    """MiniMax H3's pictures at a 2048 short edge (its release's), a video's frames resampled to 24 fps and cut to the
+    video's frames, on at most its canvas area; sound clips add no video tokens."""
+    import numpy as np
+
+    from tpu_diffusers_runtime.references import Reference
+
+    family = family_for("MiniMaxH3ModularPipeline")
+    sizes = memory_plan.reference_sizes(H3_BF16)
+    picture = Reference("image", frames=np.zeros((1, 1000, 500, 3), np.float32))  # 1:2, short edge 500
+    clip = Reference("video", frames=np.zeros((300, 720, 1280, 3), np.float32), fps=30.0)  # 10 s at 30 fps
+    voice = Reference("audio", audio=np.zeros((2, 32_000), np.float32), sample_rate=32_000)
+    request = SampleRequest(prompt="a cat", width=1344, height=768, frames=124, references=(picture, clip, voice))
+    area = (768 * 1344 / (1280 * 720)) ** 0.5
+    assert memory_plan.reference_tokens(sizes, request, family) == (
+        memory_plan.latent_tokens(sizes, 2048, 4096, 1)
+        + memory_plan.latent_tokens(sizes, round(1280 * area), round(720 * area), 124))
 
 
 H3_BF16, H3_INT8 = minimax_h3.REFERENCE_MODELS

@@ -173,6 +173,8 @@ def test_reference_to_video_loads_its_partition_in_place_and_equals_ref2va(tiny_
     ((Reference("audio", audio=SOUND, sample_rate=32_000),), "only beside a picture or a video"),
     ((Reference("image", frames=PIXELS[None] / 255.0),) * 10, "at most 9 image references; 10 are connected"),
     ((Reference("video", frames=CLIP / 255.0, fps=0.0),), "frame rate 0.0"),
+    ((Reference("video", frames=CLIP[:15] / 255.0, fps=30.0),),
+     r"15 frames at 30 fps is too short: MiniMax H3 reads at least 13 frames at 24 fps \(0.54 s\)"),
     ((Reference("image", frames=PIXELS / 255.0),), r"frames of shape \[40, 64, 3\]"),
 ])
 def test_references_it_cannot_read_are_refused_before_loading(tmp_path, references, message):
@@ -240,7 +242,9 @@ def test_pruned_and_ref2va_files_and_configs_without_weights_are_refused_when_qu
         plan(str(h3_files["pruned"]), {}, "auto", [str(folder.parent)])
     ref2va = tmp_path / "minimax_h3_ref2va_bf16.safetensors"
     ref2va.symlink_to(path)
-    with pytest.raises(UserInputError, match=r"is named 'ref2va': reference to video .* is not built yet"):
+    with pytest.raises(UserInputError, match=r"is named 'ref2va': reference to video's own transformer is not read "
+                                             r"from a file yet \(a reference run loads transformer_ref from the configs "
+                                             r"folder's weights\)"):
         plan(str(ref2va), {}, "auto", [str(folder.parent)])
     with pytest.raises(UserInputError, match=r"MiniMax H3's text_encoder, vae, audio_vae are not read from single "
                                              r"files .* pick its diffusers folder, with their weights, as configs"):

@@ -43,10 +43,9 @@ class TaskPipeline:
     # (reference frames: PIL images, first frame: a PIL image or None, the IC-LoRA's reference downscale factor) -> the
     # call arguments for an in-context class (IC-LoRA: the reference video's tokens beside the video's)
     in_context: Callable | None = None
-    # (references: runtime.references.Reference, in order) -> the call arguments of a reference to video class, and
-    # how many of each kind it reads (references.ReferenceRule)
+    # (references: runtime.references.Reference, in order) -> the call arguments of a reference to video class (what
+    # it reads: Family.reference_rule)
     references: Callable | None = None
-    reference_rule: object = None
     # latent frames of tokens its conditions append after the video's, which context parallelism splits with them
     # (LTX2ConditionPipeline's last frame: a keyframe of one latent frame)
     keyframes: int = 0
@@ -376,6 +375,9 @@ class Family:
     # pipeline components that denoise besides `denoiser` (Wan 2.2 A14B's low-noise expert `transformer_2`):
     # compiled, offloaded and given LoRAs like it
     extra_denoisers: tuple[str, ...] = ()
+    # denoisers another partition of its modular blocks loads in place of `denoiser` (ModularBlocks.partitions: MiniMax
+    # H3's ref2va, `transformer_ref`): compiled, offloaded and sharded like it where loaded
+    partition_denoisers: tuple[str, ...] = ()
     # (a denoiser's config.json as a dict) -> diffusers' `_tp_plan` for it, for a denoiser class diffusers gives
     # none (Wan's: it depends on the head count). distributed/sharding.py sets it on the class before a sharded load.
     tp_plan: Callable | None = None
@@ -386,6 +388,9 @@ class Family:
     # False: context parallelism is not checked for it yet (its token count is not the mesh checks' formula: MiniMax
     # H3's 17n + 5 frames), though diffusers has a plan: refused, pointing to replicas, as for a family without a plan
     context_parallel: bool = True
+    # a reference to video model's references: how many of each kind, and the sizes it encodes them at
+    # (runtime/references.py ReferenceRule)
+    reference_rule: object = None
     # the denoiser's attention modules (their names' last part) that run outside context parallelism: their keys and
     # values are whole on every rank (text, LTX-2's audio), so each rank's own queries need no exchange, and diffusers'
     # Ulysses attention cannot take their per-head attention masks (it keeps all heads of a mask, not the rank's)
@@ -425,7 +430,7 @@ class Family:
 
     @property
     def denoisers(self) -> tuple[str, ...]:
-        return (self.denoiser, *self.extra_denoisers)
+        return (self.denoiser, *self.extra_denoisers, *self.partition_denoisers)
 
     def with_settings(self, settings: Mapping) -> "Family":
         """This family as a model with these model_index settings is (the facts `setting_changes` names)."""

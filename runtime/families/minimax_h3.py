@@ -29,8 +29,11 @@ from .components import diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
 WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
-# diffusers' limits (MiniMaxH3Ref2VASetupStep) and its audio VAE's rate (32 kHz)
-REFERENCE_RULE = ReferenceRule(most={IMAGE: 9, VIDEO: 3, AUDIO: 3}, total=12, sound_rate=32_000)
+# diffusers' limits (MiniMaxH3Ref2VASetupStep: a video is read at 2 fps, its frames merged in pairs, so 13 frames at
+# 24 fps at least), its audio VAE's rate, the release's picture short edge (reference_image_short_edge) and canvas
+# (canvas_short_edge, canvas_max_pixels)
+REFERENCE_RULE = ReferenceRule(most={IMAGE: 9, VIDEO: 3, AUDIO: 3}, total=12, sound_rate=32_000, picture_edge=2048,
+                               canvas_edge=768, canvas_pixels=768 * 1344, fps=24.0, least_video_frames=13)
 
 # "token_refiner.blocks.0.attn.qkv_proj.weight" in the original (and ComfyUI's) layout, diffusers' names beside it
 TRANSFORMER = FileKind("minimax_h3_transformer", "a MiniMax H3 diffusion model", lambda: (
@@ -120,8 +123,7 @@ FAMILY = Family(
     name="MiniMax H3",
     model_classes={PIPELINE: {TEXT2VIDEO: TaskPipeline(PIPELINE), IMAGE2VIDEO: TaskPipeline(PIPELINE, images=1),
                               FIRSTLAST2VIDEO: TaskPipeline(PIPELINE, images=2, first_last=first_last),
-                              REFERENCE2VIDEO: TaskPipeline(PIPELINE, references=references,
-                                                            reference_rule=REFERENCE_RULE)}},
+                              REFERENCE2VIDEO: TaskPipeline(PIPELINE, references=references)}},
     modular={PIPELINE: ModularBlocks("MiniMaxH3Blocks", PIPELINE, WORKFLOWS, unguided=True,
                                      partitions=(("t2va", "fl2va"), ("ref2va",)),
                                      outputs={"frames": "videos", "audio": "audio"})},
@@ -155,5 +157,7 @@ FAMILY = Family(
     frame_rule=FrameRule(17, 5, 124, 345, "5 to 15 s at 24 fps, each 17-frame clip of the video VAE"),
     default_frames=124,
     sound_rate=sound_rate,
+    reference_rule=REFERENCE_RULE,
+    partition_denoisers=("transformer_ref",),
     context_parallel=False,  # diffusers has a `_cp_plan`; the mesh checks do not count its 5n + 2 latent frames yet
 )

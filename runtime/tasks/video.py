@@ -84,7 +84,7 @@ class Reference2Video(Text2Video):
         for reference in request.references:
             if problem := reference.problem():
                 raise UserInputError(problem)
-        if problem := pipeline.reference_rule.problem(request.references, family.name):
+        if problem := family.reference_rule.problem(request.references, family.name):
             raise UserInputError(problem)
 
     def image_kwargs(self, pipeline: TaskPipeline, request: SampleRequest, index: int) -> dict:
