@@ -12,14 +12,17 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPE, IMAGE, MASK, UPSCALER = "TPU_PIPELINE", "IMAGE", "MASK", "TPU_LATENT_UPSCALER"
+REFERENCES = "TPU_VIDEO_REFERENCES"
 SIZES = {"TPULoader": [320, 130], "TPUFileLoader": [340, 250], "TPULora": [320, 82], "TPUModeSelector": [320, 82],
          "TPUCompileTransformer": [320, 130], "TPUMesh": [320, 206], "TPUSampler": [400, 420],
          "TPUVideoSampler": [400, 480], "SaveImage": [400, 440], "LoadImage": [320, 330], "CreateVideo": [320, 110],
-         "SaveVideo": [400, 440], "TPULatentUpscaleModel": [320, 82]}
+         "SaveVideo": [400, 440], "TPULatentUpscaleModel": [320, 82], "TPUVideoReference": [320, 110]}
 # Each sampler's sockets in the frontend's order (widget inputs follow them); a link's target slot is the index here
 SAMPLER_SOCKETS = {"TPUSampler": {"pipeline": PIPE, "image": IMAGE, "image_2": IMAGE, "image_3": IMAGE, "mask": MASK},
                    "TPUVideoSampler": {"pipeline": PIPE, "image": IMAGE, "last_image": IMAGE, "upscaler": UPSCALER,
-                                       "sigmas": "SIGMAS"}}
+                                       "sigmas": "SIGMAS", "reference_video": IMAGE, "references": REFERENCES}}
+# TPU Video Reference's sockets in the frontend's order
+REFERENCE_SOCKETS = {"references": REFERENCES, "image": IMAGE, "video": "VIDEO", "audio": "AUDIO"}
 SAMPLERS = tuple(SAMPLER_SOCKETS)
 SAVERS = ("SaveImage", "CreateVideo")  # what a sampler's first output feeds (Create Video then feeds Save Video)
 LOAD_IMAGE_OUTPUTS = (("IMAGE", IMAGE), ("MASK", MASK))  # Load Image: the picture, and 1 - its alpha channel
@@ -39,6 +42,7 @@ class Workflow(NamedTuple):
     images: tuple = ()  # (file in ComfyUI's input folder, {Sampler input: Load Image output slot}), one per Load Image
     upscaler: str = ""  # a TPU Latent Upscale Model's choice, into the Video Sampler's upscaler (two stages)
     sound: bool = False  # the Video Sampler's audio into Create Video's audio
+    references: tuple = ()  # files in ComfyUI's input folder, each a Load Image into a TPU Video Reference, chained
 
 
 WORKFLOWS = {
@@ -387,6 +391,38 @@ WORKFLOWS = {
          ("SaveVideo", ["video/ltx25_i2v", "auto", "auto"])],
         images=(("wan22_start_corgi.png", {"image": 0}),),
         upscaler="ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors", sound=True),
+    "minimax_h3_i2v_int8_sound_one_chip_files": Workflow(
+        "One TPU v5p chip (95 GB HBM) or v7x device (96 GB), about 160 GB of host RAM. MiniMax H3's unpruned int8 "
+        "ConvRot diffusion model (Comfy-Org/MiniMax-H3): models/diffusion_models/minimax_h3_fl2va_int8_convrot."
+        "safetensors; its Qwen3-VL 32B text encoder and both VAEs from a MiniMax H3 diffusers folder in models/"
+        "diffusers (MiniMaxAI/MiniMax-H3, with their weights: diffusers has no converters for their single files). "
+        "The template's pruned file (minimax_h3_fl2va_pruned_int8_convrot) is another form of the model, refused. "
+        "Model CPU offload: the chip holds one model at a time, the bf16 text encoder (~62 GiB) the largest; the int8 "
+        "layers stay int8 on the chip. Image to video with its stereo sound: 1344x768, 124 frames (5 s at 24 fps), 30 "
+        "steps (guidance-distilled: guidance and negative prompt unused). Context parallelism over v6e-8 is not "
+        "built yet. Designed, not run on a chip.",
+        [("TPUFileLoader", ["minimax_h3_fl2va_int8_convrot.safetensors", "none", "none", "none", "none", "auto",
+                            "auto", "auto", "none", "auto", "none"]),
+         OFFLOAD,
+         ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
+                              "crashing, golden hour", "", 1344, 768, 124, 30, 1.0, 42, "fixed", 1]),
+         ("CreateVideo", [24.0]),
+         ("SaveVideo", ["video/minimax_h3_i2v", "auto", "auto"])],
+        images=(("wan22_start_corgi.png", {"image": 0}),), sound=True),
+    "minimax_h3_ref2v_two_pictures_sound": Workflow(
+        "One TPU v5p chip (95 GB HBM) or v7x device (96 GB), about 160 GB of host RAM. MiniMax H3's diffusers "
+        "folder in models/diffusers (MiniMaxAI/MiniMax-H3): reference to video runs its own transformer "
+        "(transformer_ref, loaded in place of the text/image to video one: the run's info says so). Two pictures "
+        "from ComfyUI's input folder, chained through TPU Video Reference nodes in the order the prompt names them "
+        "(<Picture 1>, <Picture 2>). Model CPU offload (bf16: ~62 GiB per transformer and text encoder). 1344x768, "
+        "124 frames (5 s at 24 fps) with its stereo sound, 30 steps. Designed, not run on a chip.",
+        [("TPULoader", ["MiniMax-H3", "", "auto", "auto"]),
+         OFFLOAD,
+         ("TPUVideoSampler", ["<Picture 1> walks through <Picture 2>, looking around, soft morning light, ambient "
+                              "birdsong", "", 1344, 768, 124, 30, 1.0, 42, "fixed", 1]),
+         ("CreateVideo", [24.0]),
+         ("SaveVideo", ["video/minimax_h3_ref2v", "auto", "auto"])],
+        sound=True, references=("minimax_h3_reference_character.png", "minimax_h3_reference_place.png")),
     "wan22_t2v_14b_lightx2v_4steps_files": Workflow(
         "One TPU v7x device (96 GB HBM) or v5p chip (95 GB), about 96 GB of host RAM. ComfyUI's Wan 2.2 T2V A14B "
         "files: models/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors (model) and "
@@ -415,12 +451,14 @@ def node(node_id: int, node_type: str, pos: list, inputs: list, outputs: list, v
 
 
 def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = (), upscaler: str = "",
-          sound: bool = False) -> dict:
+          sound: bool = False, references: tuple = ()) -> dict:
     """The pipeline nodes in a column, the Load Image nodes (if any) and a TPU Latent Upscale Model (`upscaler`) in
     the next, then the Sampler and Save Image (a video sampler: Create Video, its fps and with `sound` its audio linked
-    from the sampler, and Save Video). Node ids: the chain's in order, then the Load Image nodes', then the upscaler's.
-    Link ids: link i enters chain node i + 1, then one link per Sampler image input, then Create Video's fps, then the
-    upscaler's and the audio's."""
+    from the sampler, and Save Video); `references`' Load Image and TPU Video Reference nodes in rows below, the last
+    reference into the Sampler's references. Node ids: the chain's in order, then the Load Image nodes', then the
+    upscaler's, then each reference's Load Image and TPU Video Reference. Link ids: link i enters chain node i + 1,
+    then one link per Sampler image input, then Create Video's fps, then the upscaler's and the audio's, then per
+    reference its picture's and its output's."""
     nodes, links = [], []
     types = [node_type for node_type, _ in steps]
     sampler_type = next(node_type for node_type in types if node_type in SAMPLERS)
@@ -436,6 +474,11 @@ def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = (), upsc
     sampler_x = image_x + (SIZES["LoadImage"][0] + 40 if images or upscaler else 0)
     fps_link = len(steps) + len(input_links)  # a video sampler's fps -> Create Video's fps
     audio_link = fps_link + 1 if sound else None  # ... and its audio -> Create Video's audio
+    first_reference_link = fps_link + 1 + sound  # reference k: its picture's link, then its output's
+    first_reference = len(steps) + len(images) + bool(upscaler) + 1  # reference k: its Load Image, then its node
+    if references:
+        input_links.append((first_reference_link + 2 * len(references) - 1,
+                            first_reference + 2 * len(references) - 1, 0, "references"))
     x, y = 40, 80
     for index, (node_type, values) in enumerate(steps):
         node_id = index + 1
@@ -485,6 +528,21 @@ def chain(hardware: str, steps: list[tuple[str, list]], images: tuple = (), upsc
                     "links": [link for link, origin, _, _ in input_links if origin == node_id]}]
         y = 80 + len(images) * (SIZES["LoadImage"][1] + 60)
         nodes.append(node(node_id, "TPULatentUpscaleModel", [image_x, y], [], outputs, [upscaler]))
+    for k, file_name in enumerate(references):
+        picture, reference = first_reference + 2 * k, first_reference + 2 * k + 1
+        picture_link, out_link = first_reference_link + 2 * k, first_reference_link + 2 * k + 1
+        x, y = 40 + k * (SIZES["LoadImage"][0] + 40), 700
+        nodes.append(node(picture, "LoadImage", [x, y], [], [
+            {"name": "IMAGE", "type": IMAGE, "slot_index": 0, "links": [picture_link]},
+            {"name": "MASK", "type": MASK, "slot_index": 1, "links": None}], [file_name, "image"]))
+        before = out_link - 2 if k else None
+        nodes.append(node(reference, "TPUVideoReference", [x, y + SIZES["LoadImage"][1] + 40], [
+            {"name": name, "type": kind, "link": {"references": before, "image": picture_link}.get(name)}
+            for name, kind in REFERENCE_SOCKETS.items()],
+            [{"name": "references", "type": REFERENCES, "slot_index": 0, "links": [out_link]}], []))
+        links.append([picture_link, picture, 0, reference, 1, IMAGE])
+        if k + 1 < len(references):
+            links.append([out_link, reference, 0, reference + 2, 0, REFERENCES])
     links += [[link, origin, slot, sampler_id, list(sockets).index(target), sockets[target]]
               for link, origin, slot, target in input_links]
     if "CreateVideo" in types:
