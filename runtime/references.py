@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+from collections.abc import Mapping
 
 IMAGE, VIDEO, AUDIO = "image", "video", "audio"
 KINDS = (IMAGE, VIDEO, AUDIO)
@@ -84,10 +85,11 @@ class Reference:
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceRule:
-    """How many references of each kind a model reads (diffusers' limits for its blocks), and whether sound clips
-    need a picture or a video beside them."""
+    """What a reference to video model reads (diffusers' rules for its blocks): how many of each kind, whether sound
+    clips need a picture or a video beside them, and the rates and sizes it resamples them to, for the checks and the
+    memory plan before loading."""
 
-    most: dict  # {kind: the most references of that kind}
+    most: Mapping[str, int]  # {kind: the most references of that kind}
     total: int  # the most references in all
     sound_needs_sight: bool = True  # sound clips only with a picture or a video
     # the model's sound rate: sound at another rate is resampled by diffusers with torchaudio, which must be installed
@@ -111,11 +113,16 @@ class ReferenceRule:
                 scale = self.picture_edge / min(width, height)
             else:
                 scale = min(self.canvas_edge / min(width, height), (self.canvas_pixels / (width * height)) ** 0.5)
-                count = min(frames, math.ceil(count * self.fps / reference.fps))
+                count = min(frames, self.resampled_frames(reference))
             sizes.append((round(width * scale), round(height * scale), count))
         return sizes
 
+    def resampled_frames(self, video: Reference) -> int:
+        """A video reference's frames at `fps` (each held until the next one's slot, as diffusers resamples)."""
+        return math.floor(len(video.frames) * self.fps / video.fps + 0.5)
+
     def problem(self, references, model: str) -> str | None:
+        """What makes these references unreadable for `model`, said so that it can be fixed; None when they are fine."""
         kinds = [reference.kind for reference in references]
         for kind in KINDS:
             if kinds.count(kind) > self.most.get(kind, 0):
@@ -126,8 +133,8 @@ class ReferenceRule:
         if self.sound_needs_sight and kinds and set(kinds) == {AUDIO}:
             return (f"{model} takes sound references only beside a picture or a video reference; add one to the TPU "
                     "Video Reference chain.")
-        short = next((r for r in references if r.kind == VIDEO and r.fps > 0 and
-                      math.floor(len(r.frames) * self.fps / r.fps + 0.5) < self.least_video_frames), None)
+        short = next((r for r in references
+                      if r.kind == VIDEO and r.fps > 0 and self.resampled_frames(r) < self.least_video_frames), None)
         if short is not None:
             return (f"a video reference of {len(short.frames)} frames at {short.fps:g} fps is too short: {model} reads "
                     f"at least {self.least_video_frames} frames at {self.fps:g} fps "

@@ -276,3 +276,23 @@ def test_the_int8_convrot_file_holds_the_folders_weights_and_keeps_its_layers_qu
     assert {f"transformer_blocks.0.attn.to_{p}" for p in "qkv"} <= resident
     assert "transformer_blocks.0.ff.net.0.proj" not in resident
     assert any("2 quantized layers of the file left dequantized" in note for note in notes)
+
+
+def test_a_reference_run_compiles_its_own_transformers_blocks_under_offload_and_matches_eager(tiny_h3):
+    """Compiled mode on ref2va's partition: `transformer_ref` (Family.partition_denoisers) is compiled as the first
+    partition's transformer would be (its repeated blocks under model CPU offload); frames and sound equal eager."""
+    from tpu_diffusers_runtime.specs import CompileSpec, ExecutionMode, Placement
+
+    video = request(references=REFERENCES[:2], batch_size=1)
+    handle = PipelineHandle.of(source=tiny_h3, model_class=PIPELINE, mode=ExecutionMode.COMPILED,
+                               placement=Placement.MODEL_CPU_OFFLOAD, compile=CompileSpec())
+    engine = Engine(distribute=False)
+    made = engine.generate(handle, video)
+    (entry,) = engine.cache._pipelines.values()
+    assert entry.states["compilation"].scope == "repeated_blocks" and made.info.compiled_now
+    model = entry.pipe.transformer_ref
+    blocks = [module for module in model.modules() if type(module).__name__ in model._repeated_blocks]
+    assert blocks and all(block._compiled_call_impl is not None for block in blocks)
+    eager = Engine(distribute=False).generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE), video)
+    torch.testing.assert_close(made.images, eager.images, atol=2e-3, rtol=0)  # inductor reorders float32 sums
+    torch.testing.assert_close(made.audio["waveform"], eager.audio["waveform"], atol=1e-4, rtol=0)
