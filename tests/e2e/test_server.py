@@ -8,7 +8,7 @@ from PIL import Image
 
 from comfy_host import ROOT, PromptRejected, execution_error
 
-OUR_NODES = ("TPULoader", "TPUModeSelector", "TPUSampler")
+OUR_NODES = ("TPULoader", "TPUModeSelector", "TPUSampler", "TPUVideoSampler", "TPUVideoReference")
 
 
 def run_ok(server, prompt):
@@ -42,8 +42,12 @@ def test_object_info_lists_our_nodes_with_tooltips_and_descriptions(server):
     assert info["TPUSampler"]["output"] == ["IMAGE", "STRING", "LATENT", "MASK"]
     # AUDIO appended after frames, fps and info: saved links hold
     assert info["TPUVideoSampler"]["output"] == ["IMAGE", "FLOAT", "STRING", "AUDIO"]
-    # the upscaler, the sigmas, then the reference video appended after the others: saved widget values and links hold
-    assert list(info["TPUVideoSampler"]["input"]["optional"])[-3:] == ["upscaler", "sigmas", "reference_video"]
+    # the upscaler, the sigmas, the reference video, then the references appended after the others: saved widget
+    # values and links hold
+    assert list(info["TPUVideoSampler"]["input"]["optional"])[-4:] == ["upscaler", "sigmas", "reference_video",
+                                                                       "references"]
+    assert info["TPUVideoSampler"]["input"]["optional"]["references"][0] == "TPU_VIDEO_REFERENCES"
+    assert info["TPUVideoReference"]["output"] == ["TPU_VIDEO_REFERENCES"]
     assert info["TPUVideoSampler"]["input"]["optional"]["upscaler"][0] == "TPU_LATENT_UPSCALER"
     assert info["TPUVideoSampler"]["input"]["optional"]["sigmas"][0] == "SIGMAS"
     assert info["TPULatentUpscaleModel"]["output"] == ["TPU_LATENT_UPSCALER"]
