@@ -31,8 +31,9 @@ class LoadSpec:
     placement: Placement = Placement.DEVICE
     # a File Loader's files: int8/fp8 layers kept quantized on the chip or dequantized on load (resident_weights.py)
     quantized_weights: QuantizedWeights = QuantizedWeights.AUTO
-    # for modular blocks whose workflows load different components (ModularBlocks.partitions, MiniMax H3's ref2va):
-    # the workflow whose components load; "": the first partition's. Set per run from its task (plan.loaded_handle)
+    # for modular blocks whose workflows load different components (ModularBlocks.partitions: a reference to video
+    # workflow with a transformer of its own): the workflow whose components load; "": the first partition's. Set per
+    # run from its task (plan.loaded_handle)
     workflow: str = ""
 
     def __post_init__(self):  # also accepts the plain values a workflow or the wire carries

@@ -164,7 +164,7 @@ def _sizes_of_folder(folder: str, family: Family) -> ModelSizes:
     from .sources import component_module, components, read_model_index
 
     index = read_model_index(folder, is_folder=True)
-    # what loads: a modular model's partition only (MiniMax H3's t2va/fl2va transformer, never its transformer_ref)
+    # what loads: a modular model's partition only (ModularBlocks.partitions: the first one's)
     loads = kind_for(family, index["_class_name"]).takes(index["_class_name"])
     configs = {}
     for name, (library, cls_name) in components(index).items():
@@ -248,7 +248,7 @@ def layouts(world_sizes: tuple[int, ...] = DEGREES, tp: bool = True, cp: bool = 
 
 def family_layouts(family: Family, sizes: ModelSizes, world_sizes: tuple[int, ...] = DEGREES) -> list[Layout]:
     """`layouts` the pack runs for this model: tp only where a TP plan shards its denoisers, cp only where the family
-    has a CP plan it runs (MiniMax H3 has neither yet: a suggestion must not name a mesh the run would refuse)."""
+    has a CP plan it runs (a suggestion must not name a mesh the run would refuse)."""
     from .distributed.mesh import has_cp_plan
 
     return layouts(world_sizes, tp=any(sizes.planned.values()), cp=has_cp_plan(family))

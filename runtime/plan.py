@@ -85,8 +85,9 @@ def plan_request(handle: PipelineHandle, request: SampleRequest, device: DeviceI
 
 def loaded_handle(handle: PipelineHandle, plan: Plan) -> PipelineHandle:
     """The handle whose components `plan`'s run loads: for a model whose modular blocks load other components for
-    some workflows (ModularBlocks.partitions: MiniMax H3's ref2va and its own transformer), the partition of its
-    task (LoadSpec.workflow, part of the cache key: a switch loads that partition in place of the other)."""
+    some workflows (ModularBlocks.partitions: a reference to video workflow with a transformer of its own), the
+    partition of its task (LoadSpec.workflow, part of the cache key: a switch loads that partition in place of the
+    other)."""
     blocks = plan.family.modular.get(plan.model_class)
     workflow = blocks.partition_for(plan.task.name) if blocks else ""
     return handle if workflow == handle.load.workflow else handle.replace(workflow=workflow)
