@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import math
 from typing import Callable, Mapping
 
 # Task names (runtime/tasks has what each one checks and passes; a family names the class that runs it).
@@ -17,6 +19,9 @@ FIRSTLAST2VIDEO = "firstlast2video"  # the image is the first frame, the last im
 # first frame
 INCONTEXT2VIDEO = "incontext2video"
 REFERENCE2VIDEO = "reference2video"
+# the kinds of a reference to video run's references (runtime/references.py)
+IMAGE, VIDEO, AUDIO = "image", "video", "audio"
+KINDS = (IMAGE, VIDEO, AUDIO)
 VIDEO_TASKS = (TEXT2VIDEO, IMAGE2VIDEO, FIRSTLAST2VIDEO, INCONTEXT2VIDEO, REFERENCE2VIDEO)
 
 
@@ -120,6 +125,70 @@ class FrameRule:
             return (self.most,)
         below = self.offset + (frames - self.offset) // self.step * self.step
         return (below, below + self.step)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceRule:
+    """What a reference to video model reads (diffusers' rules for its blocks): how many of each kind, whether sound
+    clips need a picture or a video beside them, and the rates and sizes it resamples them to, for the checks and the
+    memory plan before loading."""
+
+    most: Mapping[str, int]  # {kind: the most references of that kind}
+    total: int  # the most references in all
+    sound_needs_sight: bool = True  # sound clips only with a picture or a video
+    # the model's sound rate: sound at another rate is resampled by diffusers with torchaudio, which must be installed
+    sound_rate: int = 0
+    picture_edge: int = 0  # the short edge pictures are encoded at, whatever the video's size
+    canvas_edge: int = 0  # a video reference's frames go on a canvas of their own aspect with this short edge,
+    canvas_pixels: int = 0  # and at most this many pixels
+    fps: float = 0.0  # the rate video references are resampled to
+    least_video_frames: int = 1  # the fewest frames of a video reference, at `fps`
+
+    def encoded_sizes(self, references, frames: int) -> list[tuple[int, int, int]]:
+        """(width, height, frames) each picture and video is encoded at, at most, for the memory plan: a picture at
+        `picture_edge` on its short edge, a video's frames resampled to `fps` and cut to the video's `frames`, on a
+        canvas of `canvas_edge` and at most `canvas_pixels`. Sound clips are left out (40 latents a second)."""
+        sizes = []
+        for reference in references:
+            if reference.kind == AUDIO:
+                continue
+            count, height, width = reference.frames.shape[:3]
+            if reference.kind == IMAGE:
+                scale = self.picture_edge / min(width, height)
+            else:
+                scale = min(self.canvas_edge / min(width, height), (self.canvas_pixels / (width * height)) ** 0.5)
+                count = min(frames, self.resampled_frames(reference))
+            sizes.append((round(width * scale), round(height * scale), count))
+        return sizes
+
+    def resampled_frames(self, video) -> int:
+        """A video reference's frames at `fps` (each held until the next one's slot, as diffusers resamples)."""
+        return math.floor(len(video.frames) * self.fps / video.fps + 0.5)
+
+    def problem(self, references, model: str) -> str | None:
+        """What makes these references unreadable for `model`, said so that it can be fixed; None when they are fine."""
+        kinds = [reference.kind for reference in references]
+        for kind in KINDS:
+            if kinds.count(kind) > self.most.get(kind, 0):
+                return (f"{model} reads at most {self.most.get(kind, 0)} {kind} references; {kinds.count(kind)} are "
+                        "connected. Remove some TPU Video Reference nodes (or images of a batch).")
+        if len(kinds) > self.total:
+            return f"{model} reads at most {self.total} references in all; {len(kinds)} are connected."
+        if self.sound_needs_sight and kinds and set(kinds) == {AUDIO}:
+            return (f"{model} takes sound references only beside a picture or a video reference; add one to the TPU "
+                    "Video Reference chain.")
+        short = next((r for r in references
+                      if r.kind == VIDEO and r.fps > 0 and self.resampled_frames(r) < self.least_video_frames), None)
+        if short is not None:
+            return (f"a video reference of {len(short.frames)} frames at {short.fps:g} fps is too short: {model} reads "
+                    f"at least {self.least_video_frames} frames at {self.fps:g} fps "
+                    f"({self.least_video_frames / self.fps:.2f} s). Use a longer clip.")
+        rates = sorted({r.sample_rate for r in references if r.audio is not None and r.sample_rate != self.sound_rate})
+        if rates and importlib.util.find_spec("torchaudio") is None:
+            return (f"a sound reference at {', '.join(map(str, rates))} Hz: {model} resamples sound to "
+                    f"{self.sound_rate} Hz with torchaudio, which is not installed. Install torchaudio (pip install "
+                    f"torchaudio, matching your torch), or resample the sound to {self.sound_rate} Hz first.")
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +458,7 @@ class Family:
     # H3's 17n + 5 frames), though diffusers has a plan: refused, pointing to replicas, as for a family without a plan
     context_parallel: bool = True
     # a reference to video model's references: how many of each kind, and the sizes it encodes them at
-    # (runtime/references.py ReferenceRule)
-    reference_rule: object = None
+    reference_rule: ReferenceRule | None = None
     # the denoiser's attention modules (their names' last part) that run outside context parallelism: their keys and
     # values are whole on every rank (text, LTX-2's audio), so each rank's own queries need no exchange, and diffusers'
     # Ulysses attention cannot take their per-head attention masks (it keeps all heads of a mask, not the rank's)

@@ -22,9 +22,8 @@ cannot be turned back into its weights (the full projections are gone): refused.
 nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
 """
 
-from ..references import AUDIO, IMAGE, VIDEO, ReferenceRule
-from .base import (FIRSTLAST2VIDEO, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, Family, FileKind, FrameRule, MemoryModel,
-                   ModularBlocks, ReferenceModel, TaskPipeline)
+from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, Family, FileKind,
+                   FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
 from .components import diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
