@@ -37,6 +37,10 @@ layer names under `diffusion_model.` with `lora_A`/`lora_B` and an `.alpha` per 
 `diffusion_model.layers.0.attention.to_q.lora_A.weight`; diffusers' Z-Image loader converts it.
 `comfyui` for Krea 2 is the layout of its LoRAs for ComfyUI (Krea's module names under `diffusion_model.`, `lora_A`/
 `lora_B`, no alpha: `diffusion_model.blocks.0.attn.wq.lora_A.weight`); diffusers' Krea 2 loader converts it.
+`comfyui` for MiniMax H3 is the layout of its LoRAs for ComfyUI (lightx2v's `*_comfyui_bf16` turbo LoRAs, ai-toolkit's):
+MiniMax's module names (ComfyUI's comfy/ldm/minimax/model.py) under `diffusion_model.`, `lora_A`/`lora_B`, no alpha, on
+every linear of the transformer, so q/k/v are one fused `attn.qkv_proj` and `mlp.fc1` is [gate; value]; diffusers'
+MiniMax H3 loader converts it (splits qkv's lora_B, swaps fc1's halves).
 """
 from __future__ import annotations
 
@@ -279,6 +283,23 @@ def ltx2_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int 
     return _renamed_diffusers_lora(model_dir, out_file, {"transformer.": "diffusion_model."}, seed, rank)
 
 
+def minimax_h3_comfyui_lora(model_dir: Path, out_file: Path, seed: int = 0, rank: int = 4,
+                            std: float = 0.3) -> Path:
+    """A MiniMax H3 LoRA in ComfyUI's layout on every 2-D weight of the transformer in MiniMax's own names
+    (tiny_single_files.minimax_h3_to_original), drawn at random, lora_A/lora_B, no alpha."""
+    from safetensors.torch import save_file
+    from tiny_single_files import folder_weights, minimax_h3_to_original
+
+    original = minimax_h3_to_original(folder_weights(model_dir, "transformer"))
+    layers = {f"diffusion_model.{key.removesuffix('.weight')}": tuple(value.shape)
+              for key, value in sorted(original.items()) if key.endswith(".weight") and value.ndim == 2}
+    tensors = {key.replace(".lora_down.", ".lora_A.").replace(".lora_up.", ".lora_B."): value for key, value
+               in _kohya_tensors(layers, torch.Generator().manual_seed(seed), rank, std, alpha=None).items()}
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_file))
+    return out_file
+
+
 def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int = 4,
           expert: str = "transformer") -> Path:
     """Write a LoRA for the tiny (or bench) pipeline in `model_dir` to `out_file`; returns out_file as a Path.
@@ -296,6 +317,8 @@ def build(model_dir, out_file, fmt: str = "diffusers", seed: int = 0, rank: int 
         return krea2_comfyui_lora(model_dir, out_file, seed, rank)
     if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "LTX2Pipeline":
         return ltx2_comfyui_lora(model_dir, out_file, seed, rank)
+    if fmt == "comfyui" and _pipeline_class(model_dir).__name__ == "MiniMaxH3ModularPipeline":
+        return minimax_h3_comfyui_lora(model_dir, out_file, seed, rank)
     if fmt in ("kohya", "comfyui"):
         return bfl_lora(model_dir, out_file, fmt, seed, rank)
     if fmt == "lightx2v":

@@ -25,6 +25,8 @@ default, and the only one of one-transformer models), a second expert `transform
 the transformer for the refine stage of a two-stage run only (a distilled LoRA): the first stage runs with it
 at strength 0, the upscale between the stages switches to its strength (`refine_after`), and the next run's
 realise switches back. Fused, that is a restore and a fuse per switch; unfused, a `set_adapters`.
+A model whose other partition loads its own denoiser in place of `transformer` (MiniMax H3's ref2va: `transformer_ref`,
+the families' `partition_denoisers`) takes a `transformer` LoRA into that one, as diffusers routes it there itself.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), LoraExpert.REFINE:
     LoraExpert(choice): targets for family in FAMILIES for choice, targets in family.lora_targets.items()}}
 # what a second expert is, for the refusal on a model without one
 SECOND_EXPERT_WORDS = next(family.extra_denoiser_words for family in FAMILIES if family.lora_targets)
+# the denoisers a partition of a model's modular blocks loads in place of `transformer` (MiniMax H3's transformer_ref)
+PARTITION_DENOISERS = tuple(name for family in FAMILIES for name in family.partition_denoisers)
 LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) yet: the sharded transformer's weights "
                   "are DTensors split over the ranks, and diffusers' LoRA loading and fusing handles only whole "
                   "weights. Remove the LoRAs, or make the TP Mesh all replicas (replicas = chips, tp 1), or remove it.")
@@ -238,8 +242,9 @@ def _fuse(pipe, loras, active, state: LoraState, on_progress) -> list[str]:
     notes = []
     for index, lora in enumerate(loras):
         if index in layers:
-            experts = " + ".join(EXPERT_COMPONENTS[lora.expert])
-            where = f", {lora.expert}: {experts}" if _second_expert(pipe) is not None else ""
+            experts = " + ".join(_components(pipe, lora))
+            where = (f", {lora.expert}: {experts}" if _second_expert(pipe) is not None
+                     else f", into {experts}" if experts != "transformer" else "")
             notes.append(f"LoRA: {_name(lora)} @ {lora.strength:g} (fused, {layers[index]} layers{where})")
         else:
             notes.append(f"LoRA: {_name(lora)} @ 0 (strength 0: not applied)")
@@ -256,8 +261,8 @@ def _load_adapters(pipe, active, on_progress):
         expected = _check_fits(pipe, lora)
         try:
             with _quiet_about_components_without_keys():
-                for component in EXPERT_COMPONENTS[lora.expert]:  # one adapter name, in each expert's own model
-                    into = {"load_into_transformer_2": True} if component == "transformer_2" else {}
+                for component in _components(pipe, lora):  # one adapter name, in each expert's own model
+                    into = {f"load_into_{component}": True} if component != "transformer" else {}
                     pipe.load_lora_weights(os.path.dirname(lora.path), weight_name=os.path.basename(lora.path),
                                            adapter_name=adapter, **into)
         except (ValueError, RuntimeError, KeyError, AssertionError, TypeError) as e:
@@ -332,14 +337,26 @@ def _second_expert(pipe):
     return model if isinstance(model, torch.nn.Module) else None
 
 
+def _components(pipe, lora: LoraSpec) -> tuple[str, ...]:
+    """The pipeline components the LoRA goes into: its expert's, with `transformer` read as the partition denoiser
+    loaded in its place (diffusers' MiniMax H3 loader routes `transformer.` layers to a lone `transformer_ref`)."""
+    import torch
+
+    components = EXPERT_COMPONENTS[lora.expert]
+    if components != ("transformer",) or isinstance(getattr(pipe, "transformer", None), torch.nn.Module):
+        return components
+    return next(((name,) for name in PARTITION_DENOISERS if name in pipe._lora_loadable_modules
+                 and isinstance(getattr(pipe, name, None), torch.nn.Module)), components)
+
+
 def _into_experts(pipe, lora: LoraSpec, converted: dict) -> dict:
     """The converted layers as the experts the LoRA goes into hold them: diffusers names an expert LoRA's layers
-    `transformer.` and loads them into `transformer_2` for load_into_transformer_2. Refused when the LoRA asks
-    for a second expert this model does not have."""
-    components = EXPERT_COMPONENTS[lora.expert]
+    `transformer.` and loads them into `transformer_2` for load_into_transformer_2 (or `transformer_ref`, see
+    `_components`). Refused when the LoRA asks for a second expert this model does not have."""
+    components = _components(pipe, lora)
     if components == ("transformer",):
         return converted
-    if _second_expert(pipe) is None:
+    if "transformer_2" in components and _second_expert(pipe) is None:
         raise UserInputError(
             f"LoRA '{_name(lora)}' is set to expert '{lora.expert}', which needs a second transformer "
             f"(transformer_2, {SECOND_EXPERT_WORDS}), but this {type(pipe).__name__} has only one. "
