@@ -106,11 +106,18 @@ def test_context_parallel_refuses_what_cannot_run_before_anything_loads(tiny, en
         context_parallel_notes(2, ltx2, request(width=64, height=64, frames=9, upscaler="upscaler"), "ltx2", 1)
     assert context_parallel_notes(2, ltx2, request(width=64, height=64, frames=9), "ltx2", 1)[0].endswith(
         "12 latent tokens, 6 on each rank")  # (2 + 1) x 2 x 2, at the asked size only
-    assert families_with_cp_plan() == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2 and LTX-2"
+    assert families_with_cp_plan() == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2, LTX-2 and MiniMax H3"
+    # MiniMax H3's 17n + 5 frames make 5n + 2 latent frames (its own count); its sequence holds the prompt's text
+    # tokens, unpadded, so its length is not known here: it is split unevenly where the ranks do not divide it
+    h3 = family_for("MiniMaxH3ModularPipeline")
+    assert latent_tokens(h3, 32, 32, 124) == 37 and latent_tokens(h3, 96, 32, 141) == 42 * 3
+    assert context_parallel_notes(2, h3, request(width=96, height=32, frames=124), "hub/id")[0].endswith(
+        "111 latent tokens of video with the text's and the sound's in one sequence, split as evenly as its length "
+        "allows")
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     with pytest.raises(UserInputError, match=r"SD3/SD3.5's SD3Transformer2DModel has no context-parallel plan, in "
                                              r"diffusers or this pack \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\], "
-                                             r"Wan 2.2 and LTX-2 have one\); set context_parallel to 1"):
+                                             r"Wan 2.2, LTX-2 and MiniMax H3 have one\); set context_parallel to 1"):
         engine.generate(handle_for(tiny, "sd3", mesh=MeshSpec(chips=2, context_parallel=2)), request())
     with pytest.raises(UserInputError, match=r"context_parallel 4 does not divide the transformer's 2 attention heads "
                                              r"\(Ulysses attention splits them over the ranks\); use one of \[1, 2\]"):

@@ -190,10 +190,8 @@ def _joined(names: list[str]) -> str:
 
 
 def has_cp_plan(family: Family) -> bool:
-    """Context parallelism can split its denoiser: its class has diffusers' `_cp_plan`, or the family its own (and the
-    family does not turn it off: `Family.context_parallel`)."""
-    return family.context_parallel and (family.cp_plan is not None
-                                        or getattr(_denoiser_class(family), "_cp_plan", None) is not None)
+    """Context parallelism can split its denoiser: its class has diffusers' `_cp_plan`, or the family its own."""
+    return family.cp_plan is not None or getattr(_denoiser_class(family), "_cp_plan", None) is not None
 
 
 def families_with_cp_plan() -> str:
@@ -204,8 +202,11 @@ def families_with_cp_plan() -> str:
 def latent_tokens(family: Family, width: int, height: int, frames: int = 0, keyframes: int = 0) -> int:
     """The denoiser's sequence of image tokens: latent frames x (height / size_multiple) x (width / size_multiple),
     size_multiple being the VAE's factor times the patch size (temporal factor 4: 4k + 1 frames make k + 1 latent
-    frames), plus `keyframes` latent frames of condition tokens appended after the video's (TaskPipeline.keyframes)."""
-    latent_frames = (frames - 1) // family.temporal_factor + 1 if frames and family.temporal_factor else 1
+    frames, unless the family counts them: MemoryModel.latent_frames), plus `keyframes` latent frames of condition
+    tokens appended after the video's (TaskPipeline.keyframes)."""
+    counted = family.memory.latent_frames
+    latent_frames = (counted(frames) if counted else (frames - 1) // family.temporal_factor + 1) \
+        if frames and family.temporal_factor else 1
     return (latent_frames + keyframes) * (height // family.size_multiple) * (width // family.size_multiple)
 
 
@@ -219,7 +220,8 @@ def context_parallel_notes(cp: int, family: Family, request, source: str, keyfra
     or its family's), a token count or head count the CP degree does not divide (Ulysses attention splits the
     tokens, then the heads over the ranks), at every size the run denoises at (a two-stage run's half size too).
     `source`: the model's folder (its denoiser config gives the heads) or a hub id; `keyframes`: the task's appended
-    condition frames (TaskPipeline.keyframes)."""
+    condition frames (TaskPipeline.keyframes). A family whose sequence has a length known only once the prompt is
+    encoded (`Family.cp_any_length`) is split unevenly: only its heads are checked."""
     if not has_cp_plan(family):
         cls = _denoiser_class(family)
         raise UserInputError(f"{family.name}'s {cls.__name__ if cls else family.denoiser} has no context-parallel "
@@ -235,7 +237,7 @@ def context_parallel_notes(cp: int, family: Family, request, source: str, keyfra
 
     width, height, frames = request.width, request.height, request.frames
     for w, h, tokens in stage_tokens(width, height, frames):
-        if tokens % cp:
+        if tokens % cp and not family.cp_any_length:
             stage = " (the first stage's half size)" if (w, h) != (width, height) else ""
             raise UserInputError(f"context_parallel {cp} does not divide the {tokens} latent tokens of "
                                  f"{_shape_text(w, h, frames)}{stage}; "
@@ -249,6 +251,9 @@ def context_parallel_notes(cp: int, family: Family, request, source: str, keyfra
                                      f"heads (Ulysses attention splits them over the ranks); use one of "
                                      f"{_divisors(heads)}.")
     tokens = stage_tokens(width, height, frames)[-1][2]
+    if family.cp_any_length:
+        return [f"context parallel: {cp} ranks per video (Ulysses all-to-all attention), {tokens} latent tokens "
+                f"of video with the text's and the sound's in one sequence, split as evenly as its length allows"]
     return [f"context parallel: {cp} ranks per video (Ulysses all-to-all attention), {tokens} latent tokens, "
             f"{tokens // cp} on each rank"]
 

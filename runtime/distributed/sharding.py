@@ -73,12 +73,15 @@ def sharded_fraction(*modules) -> float:
     return held / full if full else 1.0
 
 
-def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh, plan=None, local_attention=()) -> str:
+def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh, plan=None, local_attention=(),
+                           any_length=False) -> str:
     """Context parallelism on every denoiser the pipeline has (both experts of a two-expert model), after loading:
     each rank holds the whole model and runs 1/N of the tokens; the CP plan splits them at the first block and
     gathers them after the last: diffusers', or `plan`'s for the model's config (the family's `Family.cp_plan`), set
     on the model, where diffusers' `enable_parallelism` and `remove_context_parallel` read it. The `local_attention`
-    modules (`Family.cp_local_attention`) are then taken out of CP: their keys are whole on every rank. Ulysses
+    modules (`Family.cp_local_attention`: a part of their names) are then taken out of CP: their keys are whole on
+    every rank. `any_length` (`Family.cp_any_length`): diffusers' Ulysses Anything, which splits a sequence (and heads)
+    the ranks do not divide unevenly, for a sequence whose length depends on the prompt. Ulysses
     (all-to-all of heads): ring attention needs the attention op's log-sum-exp, which diffusers' "native" backend
     (SDPA, the one every device here uses) does not give. `cp_mesh`: the replica's ("ring", "ulysses") sub-mesh,
     ring 1. Returns a note of what the models now are."""
@@ -89,9 +92,10 @@ def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh, plan=None,
         model = getattr(pipe, name)
         if plan is not None:
             model._cp_plan = plan(dict(model.config))
-        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=cp_mesh.size(), mesh=cp_mesh))
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=cp_mesh.size(), mesh=cp_mesh,
+                                                              ulysses_anything=any_length))
         for module_name, module in model.named_modules():
-            if module_name.rsplit(".", 1)[-1] in local_attention:
+            if hasattr(module, "processor") and set(module_name.split(".")) & set(local_attention):
                 module.processor._parallel_config = None
     return "context parallel (Ulysses): " + ", ".join(
         f"{name} over {context_parallel_degree(getattr(pipe, name))} ranks" for name in present)

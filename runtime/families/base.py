@@ -454,14 +454,16 @@ class Family:
     # whose diffusers plan is missing or wrong for it (LTX-2's leaves the audio branch out). distributed/sharding.py
     # sets it on the model before `enable_parallelism`.
     cp_plan: Callable | None = None
-    # False: context parallelism is not checked for it yet (its token count is not the mesh checks' formula: MiniMax
-    # H3's 17n + 5 frames), though diffusers has a plan: refused, pointing to replicas, as for a family without a plan
-    context_parallel: bool = True
+    # True: its denoiser's sequence has a length no check before loading knows (MiniMax H3 packs the prompt's text
+    # tokens, unpadded, with the video's and the sound's), so context parallelism splits it unevenly where the ranks
+    # do not divide it (diffusers' Ulysses Anything) instead of refusing sizes
+    cp_any_length: bool = False
     # a reference to video model's references: how many of each kind, and the sizes it encodes them at
     reference_rule: ReferenceRule | None = None
-    # the denoiser's attention modules (their names' last part) that run outside context parallelism: their keys and
-    # values are whole on every rank (text, LTX-2's audio), so each rank's own queries need no exchange, and diffusers'
-    # Ulysses attention cannot take their per-head attention masks (it keeps all heads of a mask, not the rank's)
+    # the denoiser's attention modules (a part of their names: an attention's own, or a module holding them) that run
+    # outside context parallelism: their keys and values are whole on every rank (text, LTX-2's audio), so each
+    # rank's own queries need no exchange, and diffusers' Ulysses attention cannot take their per-head attention masks
+    # (it keeps all heads of a mask, not the rank's)
     cp_local_attention: tuple[str, ...] = ()
     # model class -> the diffusers modular blocks that also run it (runtime/pipeline_kinds.py): used when its task
     # pipelines name no classic class (a modular-only model), or when TPU_DIFFUSERS_PIPELINE_KIND asks modular

@@ -158,5 +158,6 @@ FAMILY = Family(
     sound_rate=sound_rate,
     reference_rule=REFERENCE_RULE,
     partition_denoisers=("transformer_ref",),
-    context_parallel=False,  # diffusers has a `_cp_plan`; the mesh checks do not count its 5n + 2 latent frames yet
+    cp_any_length=True,  # its text's tokens are not padded: the packed sequence's length depends on the prompt
+    cp_local_attention=("token_refiner",),  # the text's own attention, before it joins the sequence
 )

@@ -42,7 +42,7 @@ def asks_of(handle: PipelineHandle, family: Family, device: DeviceInfo,
     spec = handle.compile or CompileSpec()
     split = None if context_parallel_mesh is None else context_parallel.ContextParallelAsk(
         mesh=context_parallel_mesh, denoisers=family.denoisers, plan=family.cp_plan,
-        local_attention=family.cp_local_attention)
+        local_attention=family.cp_local_attention, any_length=family.cp_any_length)
     compiled = None if handle.mode is not ExecutionMode.COMPILED else compilation.CompileAsk(
         request=compilation.CompileRequest.of(spec, handle.placement, device), warmup_sizes=spec.warmup_sizes,
         denoisers=family.denoisers, prepare=family.prepare_compile, untraceable_whole=family.untraceable_whole)

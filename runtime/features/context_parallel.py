@@ -19,6 +19,7 @@ class ContextParallelAsk:
     denoisers: tuple[str, ...]  # the pipeline's denoiser components (a two-expert model: both)
     plan: object  # the family's CP plan for a denoiser config (Family.cp_plan), or None: diffusers'
     local_attention: tuple[str, ...]  # the family's attentions outside CP (Family.cp_local_attention)
+    any_length: bool = False  # split a sequence the ranks do not divide unevenly (Family.cp_any_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,8 @@ def apply(entry, ask: ContextParallelAsk | None, state: ContextParallelState | N
         remove(entry, state)
     if ask is None:
         return None
-    note = apply_context_parallel(entry.pipe, ask.denoisers, ask.mesh, ask.plan, ask.local_attention)
+    note = apply_context_parallel(entry.pipe, ask.denoisers, ask.mesh, ask.plan, ask.local_attention,
+                                  ask.any_length)
     return ContextParallelState(ask=ask, notes=(note,))
 
 
