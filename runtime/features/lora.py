@@ -25,8 +25,9 @@ default, and the only one of one-transformer models), a second expert `transform
 the transformer for the refine stage of a two-stage run only (a distilled LoRA): the first stage runs with it
 at strength 0, the upscale between the stages switches to its strength (`refine_after`), and the next run's
 realise switches back. Fused, that is a restore and a fuse per switch; unfused, a `set_adapters`.
-A model whose other partition loads its own denoiser in place of `transformer` (MiniMax H3's ref2va: `transformer_ref`,
-the families' `partition_denoisers`) takes a `transformer` LoRA into that one, as diffusers routes it there itself.
+A model whose other partition loads its own denoiser in place of `transformer` (a reference to video workflow's
+`transformer_ref`: the families' `partition_denoisers`) takes a `transformer` LoRA into that one, as diffusers routes
+it there itself.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ EXPERT_COMPONENTS = {LoraExpert.HIGH_NOISE: ("transformer",), LoraExpert.REFINE:
     LoraExpert(choice): targets for family in FAMILIES for choice, targets in family.lora_targets.items()}}
 # what a second expert is, for the refusal on a model without one
 SECOND_EXPERT_WORDS = next(family.extra_denoiser_words for family in FAMILIES if family.lora_targets)
-# the denoisers a partition of a model's modular blocks loads in place of `transformer` (MiniMax H3's transformer_ref)
+# the denoisers a partition of a model's modular blocks loads in place of `transformer` (a reference to video
+# workflow's transformer_ref)
 PARTITION_DENOISERS = tuple(name for family in FAMILIES for name in family.partition_denoisers)
 LORA_WITH_MESH = ("LoRAs are not supported with tensor parallelism (tp above 1) yet: the sharded transformer's weights "
                   "are DTensors split over the ranks, and diffusers' LoRA loading and fusing handles only whole "
@@ -339,7 +341,8 @@ def _second_expert(pipe):
 
 def _components(pipe, lora: LoraSpec) -> tuple[str, ...]:
     """The pipeline components the LoRA goes into: its expert's, with `transformer` read as the partition denoiser
-    loaded in its place (diffusers' MiniMax H3 loader routes `transformer.` layers to a lone `transformer_ref`)."""
+    loaded in its place (diffusers' loader for such a model routes `transformer.` layers to a lone
+    `transformer_ref`)."""
     import torch
 
     components = EXPERT_COMPONENTS[lora.expert]
