@@ -136,8 +136,9 @@ class DeviceInfo:
         return torch.device(self.type)
 
 
-# cpu: gloo named "cpu:gloo", as diffusers' Ulysses Anything (context parallelism of a sequence the ranks do not divide) reads the backend's
-# name to put its size exchange on the CPU rather than on torch's built-in accelerator (CUDA, absent on a CPU host)
+# cpu: gloo named "cpu:gloo", as diffusers' Ulysses Anything (context parallelism of a sequence the ranks do not
+# divide) reads the backend's name to put its size exchange on the CPU rather than on torch's built-in accelerator
+# (CUDA, absent on a CPU host)
 _DEVICE_TABLE = {
     "tpu": dict(compile_backend="tpu", process_group_backend="tpu_dist", has_fused_eager=True, default_dtype="bfloat16"),
     "cuda": dict(compile_backend="inductor", process_group_backend="nccl", has_fused_eager=False, default_dtype="bfloat16"),
