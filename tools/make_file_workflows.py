@@ -423,6 +423,21 @@ WORKFLOWS = {
          ("CreateVideo", [24.0]),
          ("SaveVideo", ["video/minimax_h3_ref2v", "auto", "auto"])],
         sound=True, references=("minimax_h3_reference_character.png", "minimax_h3_reference_place.png")),
+    "minimax_h3_t2v_turbo_4step_lora_sound": Workflow(
+        "One TPU v5p chip (95 GB HBM) or v7x device (96 GB), about 160 GB of host RAM. MiniMax H3's diffusers folder "
+        "in models/diffusers (MiniMaxAI/MiniMax-H3) with its template's 4-step turbo LoRA in models/loras "
+        "(minimax_h3_fl2v_turbo_4step_v1.0_768p_comfyui_bf16.safetensors, ComfyUI's layout, read by diffusers' "
+        "converter). Text to video with its stereo sound at 1344x768, 124 frames (5 s at 24 fps); steps 5: diffusers' "
+        "scheduler counts the final sigma as a step, so 5 steps are the LoRA's 4 transformer passes. Model CPU "
+        "offload (bf16). Designed, not run on a chip; the released LoRA file was not read here.",
+        [("TPULoader", ["MiniMax-H3", "", "auto", "auto"]),
+         ("TPULora", ["minimax_h3_fl2v_turbo_4step_v1.0_768p_comfyui_bf16.safetensors", 1.0, "high_noise"]),
+         OFFLOAD,
+         ("TPUVideoSampler", [CORGI + ", the sound of waves and barking", "", 1344, 768, 124, 5, 1.0, 42, "fixed",
+                              1]),
+         ("CreateVideo", [24.0]),
+         ("SaveVideo", ["video/minimax_h3_t2v_turbo", "auto", "auto"])],
+        sound=True),
     "wan22_t2v_14b_lightx2v_4steps_files": Workflow(
         "One TPU v7x device (96 GB HBM) or v5p chip (95 GB), about 96 GB of host RAM. ComfyUI's Wan 2.2 T2V A14B "
         "files: models/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors (model) and "
