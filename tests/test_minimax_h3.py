@@ -121,6 +121,19 @@ def test_frames_off_its_17n_plus_5_rule_are_refused_before_loading(tmp_path):
         Engine(distribute=False).generate(missing, request(frames=121))
 
 
+@pytest.mark.parametrize("width, height, nearest", [(1920, 1088, "1344x768"), (1024, 1024, "768x768"),
+                                                    (4096, 512, "2016x512"), (512, 2048, "512x2016")])
+def test_sizes_off_its_canvas_are_refused_before_loading_naming_the_nearest(tmp_path, width, height, nearest):
+    """Its blocks pick canvases with a short edge of at most 768, at most 768 x 1344 pixels, 1:4 to 4:1; a size the
+    pack passes is held to the same canvas, refused when the run is planned (no folder to load) with the nearest
+    canvas of the asked shape."""
+    missing = PipelineHandle.of(source=str(tmp_path / "no-such-folder"), model_class=PIPELINE)
+    with pytest.raises(UserInputError, match=rf"MiniMax H3 makes canvases with a short edge of at most 768, at most "
+                                             rf"1,032,192 pixels and an aspect ratio from 1:4 to 4:1 .*: the nearest "
+                                             rf"of this shape is {nearest}\.$"):
+        Engine(distribute=False).generate(missing, request(width=width, height=height))
+
+
 def test_a_reference_video_is_refused(tiny_h3, engine):
     """An IC-LoRA's reference video is LTX-2's in-context video: MiniMax H3 has none (its videos go in as
     references)."""

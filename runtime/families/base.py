@@ -192,6 +192,39 @@ class ReferenceRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class CanvasRule:
+    """The canvases a family was made for, beyond its size step (MiniMax H3: a short edge of at most 768, at most
+    768 x 1344 pixels, 1:4 to 4:1), refused when the run is planned with the nearest canvas of that shape."""
+
+    short_edge: int  # the longest short edge
+    most_pixels: int
+    widest: float  # the most width / height (and height / width)
+    words: str = ""  # where the rule comes from, for messages
+
+    def problem(self, width: int, height: int, multiple: int, model: str) -> str | None:
+        ratio = max(width / height, height / width)
+        if ratio <= self.widest and min(width, height) <= self.short_edge and width * height <= self.most_pixels:
+            return None
+        width, height = self.nearest(width, height, multiple)
+        return (f"{model} makes canvases with a short edge of at most {self.short_edge}, at most {self.most_pixels:,} "
+                f"pixels and an aspect ratio from 1:{self.widest:g} to {self.widest:g}:1"
+                + (f" ({self.words})" if self.words else "") + f": the nearest of this shape is {width}x{height}.")
+
+    def nearest(self, width: int, height: int, multiple: int) -> tuple[int, int]:
+        """The largest canvas of the rule with the asked shape (its aspect ratio clamped into the rule's), in
+        multiples of `multiple`."""
+        ratio = min(max(width / height, 1 / self.widest), self.widest)
+        scale = min(self.short_edge / min(ratio, 1), (self.most_pixels / ratio) ** 0.5)  # the height
+        width, height = (max(multiple, round(size / multiple) * multiple) for size in (scale * ratio, scale))
+        while width * height > self.most_pixels or min(width, height) > self.short_edge:
+            if width >= height:
+                width -= multiple
+            else:
+                height -= multiple
+        return width, height
+
+
+@dataclasses.dataclass(frozen=True)
 class FileKind:
     """What a single weights file is, told by one key it carries (after any checkpoint prefix): its
     original layout's key first, then the diffusers/transformers layout's. `keys` is called when needed
@@ -460,6 +493,8 @@ class Family:
     cp_any_length: bool = False
     # a reference to video model's references: how many of each kind, and the sizes it encodes them at
     reference_rule: ReferenceRule | None = None
+    # the canvases it was made for beyond its size step; None: any size of the step
+    canvas_rule: CanvasRule | None = None
     # the denoiser's attention modules (a part of their names: an attention's own, or a module holding them) that run
     # outside context parallelism: their keys and values are whole on every rank (text, LTX-2's audio), so each
     # rank's own queries need no exchange, and diffusers' Ulysses attention cannot take their per-head attention masks

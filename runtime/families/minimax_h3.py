@@ -22,8 +22,8 @@ cannot be turned back into its weights (the full projections are gone): refused.
 nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
 """
 
-from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, Family, FileKind,
-                   FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
+from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
+                   FileKind, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
 from .components import diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
@@ -157,6 +157,9 @@ FAMILY = Family(
     default_frames=124,
     sound_rate=sound_rate,
     reference_rule=REFERENCE_RULE,
+    # its blocks' canvas (canvas_short_edge, canvas_max_pixels, the 1:4 to 4:1 check), which they apply only to a size
+    # they pick themselves: the pack always passes one, so it holds it to the same canvas
+    canvas_rule=CanvasRule(768, 768 * 1344, 4.0, "the canvas its blocks pick sizes on"),
     partition_denoisers=("transformer_ref",),
     cp_any_length=True,  # its text's tokens are not padded: the packed sequence's length depends on the prompt
     cp_local_attention=("token_refiner",),  # the text's own attention, before it joins the sequence

@@ -314,6 +314,8 @@ def validate_size(family: Family, width: int, height: int) -> None:
     for name, value in (("width", width), ("height", height)):
         if problem := size_problem(name, value, family):
             raise UserInputError(problem)
+    if family.canvas_rule and (problem := family.canvas_rule.problem(width, height, family.size_multiple, family.name)):
+        raise UserInputError(problem)
 
 
 def validate_two_stage(family: Family, request: SampleRequest) -> None:
