@@ -5,8 +5,8 @@ from comfy_api.latest import io
 from tpu_diffusers_runtime.engine import ENGINE
 from tpu_diffusers_runtime.errors import UserInputError
 from tpu_diffusers_runtime.families import FAMILIES, INCONTEXT2VIDEO, listed, with_each_setting
-from tpu_diffusers_runtime.input_checks import (MAX_SIZE, frames_problem, last_image_problem, sigmas_problem,
-                                                video_frame_factor)
+from tpu_diffusers_runtime.input_checks import (MAX_SIZE, frames_problem, last_image_problem, references_problem,
+                                                sigmas_problem, video_frame_factor)
 from tpu_diffusers_runtime.tasks import MAX_SEED, SampleRequest
 from .comfy_progress import ComfyProgress, preview_spec
 from .latent_upscale_model import TWO_STAGE_FAMILIES
@@ -15,6 +15,7 @@ from .types import CATEGORY, TPUPipeline, TPUReferences, TPUUpscaler
 from .video_reference import REFERENCE_FAMILIES
 
 MAX_FRAMES = 1025
+CONDITIONS = ("image", "last_image", "reference_video")  # what references take the place of
 VIDEO_FAMILIES = [family for family in FAMILIES if family.makes_video]
 SIGMAS_FAMILIES = [family for family in VIDEO_FAMILIES if family.sigmas_as_given]
 SOUND_FAMILIES = [family for family in VIDEO_FAMILIES if family.makes_sound]
@@ -128,10 +129,13 @@ class TPUVideoSampler(io.ComfyNode):
     def validate_inputs(cls, input_types: dict | None = None, prompt: str | None = None, width: int | None = None,
                         height: int | None = None, frames: int | None = None) -> bool | str:
         """Checked when the prompt is queued (see TPUSampler.validate_inputs): link types, a last image without the
-        first, prompt, size and the frame count, which every supported video model takes as factor x k + 1."""
+        first, references beside other conditions, prompt, size and the frame count, which every supported video model
+        takes as factor x k + 1."""
         input_types = input_types or {}
         problem = (queue_time_problem(cls, input_types, prompt, width, height)
-                   or last_image_problem("image" in input_types, "last_image" in input_types))
+                   or last_image_problem("image" in input_types, "last_image" in input_types)
+                   or references_problem("references" in input_types,
+                                         [name for name in CONDITIONS if name in input_types]))
         if problem or not isinstance(frames, int):
             return problem or True
         if not 1 <= frames <= MAX_FRAMES:

@@ -129,6 +129,15 @@ def last_image_problem(image: bool, last_image: bool) -> str | None:
     return None
 
 
+def references_problem(references: bool, others: list[str]) -> str | None:
+    """The Video Sampler's references (reference to video) take the place of its other conditions (`others`: the
+    connected ones of image, last_image, reference_video)."""
+    if references and others:
+        return (f"references with {', '.join(others)}: a reference to video run takes its pictures as references "
+                "(TPU Video Reference); disconnect the others.")
+    return None
+
+
 def denoise_problem(denoise: float, has_image: bool) -> str | None:
     """`has_image`: an image (or a LATENT) to start from is connected."""
     if not 0 < denoise <= 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..errors import UserInputError
 from ..families import (FIRSTLAST2VIDEO, IMAGE2VIDEO, INCONTEXT2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, Family,
                         TaskPipeline)
-from ..input_checks import reference_frames_problem
+from ..input_checks import reference_frames_problem, references_problem
 from ..outputs import AUDIO, FRAMES, KINDS, OutputKind
 from .base import SampleRequest, Task
 from .images import pil_image
@@ -77,9 +77,11 @@ class Reference2Video(Text2Video):
     name = REFERENCE2VIDEO
 
     def validate(self, family: Family, pipeline: TaskPipeline, request: SampleRequest) -> None:
-        if request.images or request.reference_video is not None:
-            raise UserInputError("references with image, last_image or reference_video: a reference to video run "
-                                 "takes its pictures as references (TPU Video Reference); disconnect the others.")
+        others = ["image", "last_image"][:len(request.images)]  # the Video Sampler's images, in order
+        if request.reference_video is not None:
+            others.append("reference_video")
+        if problem := references_problem(True, others):
+            raise UserInputError(problem)
         super().validate(family, pipeline, request)
         for reference in request.references:
             if problem := reference.problem():
