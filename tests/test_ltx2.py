@@ -150,8 +150,8 @@ def test_a_last_image_needs_the_first_and_a_model_with_first_last_frame_to_video
     with pytest.raises(UserInputError, match=r"Wan 2.2 WanPipeline has no firstlast2video pipeline, and a last_image "
                                              r"is connected\. It runs: text2video with no image \(WanPipeline\); "
                                              r"image2video with a start image \(WanImageToVideoPipeline\)\. Connect "
-                                             r"or disconnect the Sampler's image, last_image and reference_video "
-                                             r"inputs to match\."):
+                                             r"or disconnect the Sampler's image, last_image, reference_video and "
+                                             r"references inputs to match\."):
         prepare("WanPipeline", both, {"expand_timesteps": True})
 
 
