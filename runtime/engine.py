@@ -16,7 +16,8 @@ from . import memory_plan
 from .device import (DeviceInfo, available_host_memory_bytes, is_out_of_memory, missing_device_op, missing_op_advice,
                      resolve_device)
 from .distributed.group import WorkerGroups
-from .errors import DeviceOutOfMemoryError, MissingDeviceOpError
+from .distributed.sharding import uneven_gather_advice, uneven_gather_on_cpu
+from .errors import DeviceOutOfMemoryError, MissingDeviceOpError, UserInputError
 from .preview import PreviewSpec
 from .handle import PipelineHandle
 from .local_run import realise, run_locally
@@ -66,6 +67,8 @@ class Engine:
                 op = missing_device_op(error)
                 if op is not None:
                     raise MissingDeviceOpError(missing_op_advice(op, handle.model_class, plan.device.type)) from error
+                if uneven_gather_on_cpu(error):
+                    raise UserInputError(uneven_gather_advice(handle.model_class, plan.layout[1])) from error
                 if not is_out_of_memory(error):
                     raise
                 log.warning("TPU Diffusers: %s", "".join(traceback.format_exception(error)).rstrip())

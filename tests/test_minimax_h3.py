@@ -186,23 +186,31 @@ def test_reference_to_video_loads_its_partition_in_place_and_equals_ref2va(tiny_
 def test_two_context_parallel_ranks_give_the_single_process_video_and_sound(tiny_h3, engine):
     """Context parallelism with diffusers' plan, 2 CPU ranks (gloo): each holds the whole pipeline and runs half of
     the packed sequence (this prompt's 10 text tokens, unpadded, the stereo sound's 2 x 207 rows, 37 x 1 x 2 video
-    tokens). A reference run then loads ref2va's transformer_ref in place of transformer on the same warm group (its
+    tokens). At 32x32 this text to video's sequence is 461 rows, which 2 ranks split unevenly (Ulysses Anything):
+    gloo's all_gather takes equal parts only, so the ranks refuse it with a message on what to change, and the group
+    runs on. A reference run then loads ref2va's transformer_ref in place of transformer on the same warm group (its
     pictures' rows and tokens join the sequence), and CP splits it too. Each equals one process's frames and sound.
-    64x32: at 32x32 this text to video's sequence is 461 rows, which 2 ranks split unevenly (Ulysses Anything), and
-    gloo's all_gather of the uneven halves fails (it takes equal sizes only); measured, 64x32's image to video (500
-    rows) equals one process's too, left out here for time."""
+    Measured, 64x32's image to video (500 rows) equals one process's too, left out here for time."""
     mesh = MeshSpec(chips=2, context_parallel=2)
     cp_engine = Engine()
+    handle = PipelineHandle.of(source=tiny_h3, model_class=PIPELINE, mesh=mesh)
+
+    def equals_one_process(task, references):
+        video = request(batch_size=1, width=64, references=references)
+        single = engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE), video)
+        result = cp_engine.generate(handle, video)
+        assert result.info.task == task and result.info.context_parallel == 2
+        assert (result.images - single.images).abs().max() <= 1 / 255
+        torch.testing.assert_close(result.audio["waveform"], single.audio["waveform"], atol=1e-4, rtol=0)
+        denoiser = "transformer_ref" if references else "transformer"
+        assert f"context parallel (Ulysses): {denoiser} over 2 ranks" in result.info.notes
+
     try:
-        for task, references in (("text2video", ()), ("reference2video", REFERENCES)):
-            video = request(batch_size=1, width=64, references=references)
-            single = engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE), video)
-            result = cp_engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE, mesh=mesh), video)
-            assert result.info.task == task and result.info.context_parallel == 2
-            assert (result.images - single.images).abs().max() <= 1 / 255
-            torch.testing.assert_close(result.audio["waveform"], single.audio["waveform"], atol=1e-4, rtol=0)
-            denoiser = "transformer_ref" if references else "transformer"
-            assert f"context parallel (Ulysses): {denoiser} over 2 ranks" in result.info.notes
+        equals_one_process("text2video", ())
+        with pytest.raises(UserInputError, match=r"does not split into 2 equal parts, and CPU ranks "
+                                                 r"\(torch.distributed's gloo\) gather equal parts only"):
+            cp_engine.generate(handle, request(batch_size=1))
+        equals_one_process("reference2video", REFERENCES)
     finally:
         cp_engine.unload()
 

@@ -101,6 +101,26 @@ def apply_context_parallel(pipe, denoisers: tuple[str, ...], cp_mesh, plan=None,
         f"{name} over {context_parallel_degree(getattr(pipe, name))} ranks" for name in present)
 
 
+# gloo (CPU ranks) takes an all_gather only of parts the input's size: ProcessGroupGloo::allgather checks each one
+# ("invalid tensor size at index i"). Ulysses Anything (Family.cp_any_length) gathers a sequence the ranks do not divide
+# in parts of unequal length (NCCL takes those), after the last block: the sequence's length is known only then.
+GLOO_UNEVEN_GATHER = "ProcessGroupGloo::allgather: invalid tensor size"
+
+
+def uneven_gather_on_cpu(error: BaseException) -> bool:
+    """Whether `error` is gloo refusing the unequal parts of a sequence that CPU context-parallel ranks split."""
+    return isinstance(error, RuntimeError) and GLOO_UNEVEN_GATHER in str(error)
+
+
+def uneven_gather_advice(model_class: str, degree: int) -> str:
+    """What a user does when CPU ranks cannot gather a sequence their count does not divide."""
+    return (f"Context parallelism over {degree} CPU ranks cannot run this request of {model_class}: its sequence (the "
+            f"prompt's tokens with the video's and the sound's) does not split into {degree} equal parts, and CPU "
+            f"ranks (torch.distributed's gloo) gather equal parts only. Change the prompt by a word or the width, "
+            f"height or frames, or run it without context parallelism on CPU (CUDA's NCCL gathers unequal parts; "
+            f"not tested here, nor on TPU).")
+
+
 def context_parallel_degree(module) -> int:
     """Ranks the module's tokens are split over, as its diffusers parallel config says (1 without CP)."""
     config = getattr(module, "_parallel_config", None)
