@@ -13,7 +13,7 @@ import os
 
 from .errors import UserInputError
 from .families import FAMILIES, Family, family_for, supported
-from .single_file import (DENOISER_PREFIX, HeaderView, check_file_for_slot, check_files_against_configs,
+from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs,
                           components_in_checkpoint, config_folder, default_config_repo, family_of_file, model_class_of,
                           settings_of, variant_of)
 from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
@@ -102,13 +102,10 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
 
 
 def check_supported_file(model: HeaderView, family: Family) -> None:
-    """A diffusion-model file that is of the family's kind but not one it can load (told by its name or a key)."""
+    """A diffusion-model file that is of the family's kind but not one it can load (told by its name)."""
     part = next((part for part in family.unsupported_files if part in model.name.lower()), None)
     if part:
         raise UserInputError(f"'{model.name}' is named '{part}': {family.unsupported_files[part]}.")
-    key = next((key for key in family.unsupported_keys if key in model or DENOISER_PREFIX + key in model), None)
-    if key:
-        raise UserInputError(f"'{model.name}' carries '{key}': {family.unsupported_keys[key]}.")
 
 
 def comfy_files_of(model: HeaderView) -> dict:

@@ -427,8 +427,11 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
 
     config = cls.load_config(folder, subfolder=name, local_files_only=True)
     lacks = kind.lacks if kind is not None else ()
+    form = kind.form_of(weights) if kind is not None else None  # another form of the model (ModelForm)
 
     def empty_model():
+        if form is not None:
+            return form.empty_model(cls, config, weights)
         with init_empty_weights():
             model = cls.from_config(config)
         for part in lacks:  # not in the file: left out of the model, never random weights
@@ -441,6 +444,8 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
     own = kind is not None and kind.to_diffusers is not None and kind.keys()[0] in weights
     if set(weights) == expected:
         state = weights
+    elif form is not None:
+        state = form.to_diffusers(given, config)
     else:
         state = kind.to_diffusers(weights) if own else _converter(cls, kind)(checkpoint=given, config=config)
     missing = sorted(expected - set(state))
@@ -449,7 +454,7 @@ def _load_diffusers(name, cls, weights, folder, dtype, kind: FileKind | None = N
         unexpected += sorted(given)  # what its converter left behind
     if missing or unexpected:
         return None, missing, unexpected, [], []
-    if own or lacks or not _single_file_loadable(cls):
+    if own or lacks or form is not None or not _single_file_loadable(cls):
         model = empty_model()
         model.load_state_dict(state, strict=True, assign=True)
     else:

@@ -5,7 +5,8 @@ call per video with seed + i); its 17n + 5 frame rule refused when the run is pl
 (t2va/fl2va's `transformer`, or ref2va's `transformer_ref` for a reference run, which says so); an IC-LoRA's reference
 video refused. Its diffusion-model
 files in Comfy-Org's layout (tools/tiny_single_files.minimax_h3_files) through the File Loader's plan: the video and
-sound of the folder holding the file's values; pruned and ref2va files refused when queued."""
+sound of the folder holding the file's values, the templates' pruned file (ComfyUI's curve form) too; ref2va files
+refused when queued."""
 
 import shutil
 from pathlib import Path
@@ -275,17 +276,37 @@ def test_its_diffusion_model_file_gives_the_folders_video_and_sound(h3_files, en
     torch.testing.assert_close(made.audio["waveform"], waveform, atol=1e-4, rtol=0)
 
 
-def test_pruned_and_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_files, tmp_path):
-    """A pruned file (ComfyUI's curve form) cannot become diffusers' weights; a ref2va file has fl2va's keys but is
-    another model; the VAEs and the text encoder come only from a folder with their weights."""
+def test_the_templates_pruned_file_gives_the_video_and_sound_of_the_file_it_was_pruned_from(h3_files, engine):
+    """ComfyUI's curve form (the templates' minimax_h3_fl2va_pruned_int8_convrot): its time embedder is a table of the
+    time embedding's curve, its AdaLN projections take the curve's coordinates, without SiLU. Pruned at the full rank
+    from the unpruned int8 file (its blocks' int8 layers as they are), it gives that file's video and sound up to the
+    table's interpolation (measured 2e-7); both are diffusers' modular pipeline's."""
+    from tpu_diffusers_runtime.file_choice import plan
+
+    folder, unpruned = h3_files["int8_convrot"]
+    made = {}
+    for name, path in (("pruned", h3_files["pruned"]), ("unpruned", unpruned)):
+        source, model_class, files = plan(str(path), {}, "auto", [str(folder.parent)])
+        assert (source, files) == (str(folder), (("transformer", str(path)),))
+        made[name] = engine.generate(PipelineHandle.of(source=source, model_class=model_class, files=files),
+                                     request(batch_size=1))
+        if name == "pruned":
+            transformer = next(iter(engine.cache._pipelines.values())).pipe.transformer
+            assert tuple(transformer.time_embedder.table.shape) == (1025, 16)
+            assert transformer.transformer_blocks[0].adaln_proj.linear.weight.dtype == torch.float32
+    assert (made["pruned"].images - made["unpruned"].images).abs().max() <= 1e-5
+    torch.testing.assert_close(made["pruned"].audio["waveform"], made["unpruned"].audio["waveform"], atol=1e-6, rtol=0)
+    frames, waveform, _ = reference(str(folder), "t2va", 1)
+    assert (made["pruned"].images - frames).abs().max() <= 1 / 255
+    torch.testing.assert_close(made["pruned"].audio["waveform"], waveform, atol=1e-4, rtol=0)
+
+
+def test_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_files, tmp_path):
+    """A ref2va file has fl2va's keys but is another model; the VAEs and the text encoder come only from a folder
+    with their weights."""
     from tpu_diffusers_runtime.file_choice import plan
 
     folder, path = h3_files["bf16"]
-    with pytest.raises(UserInputError, match=r"'minimax_h3_fl2va_pruned_int8_convrot.safetensors' carries "
-                                             r"'adaln_t_table': it is a pruned MiniMax H3 .* Pick the unpruned "
-                                             r"minimax_h3_fl2va_int8_convrot.safetensors or "
-                                             r"minimax_h3_fl2va_bf16.safetensors \(Comfy-Org/MiniMax-H3\)\.$"):
-        plan(str(h3_files["pruned"]), {}, "auto", [str(folder.parent)])
     ref2va = tmp_path / "minimax_h3_ref2va_bf16.safetensors"
     ref2va.symlink_to(path)
     with pytest.raises(UserInputError, match=r"is named 'ref2va': reference to video's own transformer is not read "
@@ -302,7 +323,8 @@ def test_pruned_and_ref2va_files_and_configs_without_weights_are_refused_when_qu
 def test_the_int8_convrot_file_holds_the_folders_weights_and_keeps_its_layers_quantized(h3_files):
     """diffusers' converter splits the stacked q/k/v and swaps fc1's halves: the model holds exactly the folder's
     weights. Kept quantized, q/k/v are row blocks of the file's layer and stay int8; fc1's swapped halves are a new
-    tensor, left dequantized (the run info counts them)."""
+    tensor, left dequantized (the run info counts them). The pruned file keeps the same layers quantized, but its
+    AdaLN projections (float32 there)."""
     from diffusers import MiniMaxH3Transformer3DModel
 
     from tpu_diffusers_runtime.resident_weights import ResidentLinear
@@ -322,6 +344,11 @@ def test_the_int8_convrot_file_holds_the_folders_weights_and_keeps_its_layers_qu
     assert {f"transformer_blocks.0.attn.to_{p}" for p in "qkv"} <= resident
     assert "transformer_blocks.0.ff.net.0.proj" not in resident
     assert any("2 quantized layers of the file left dequantized" in note for note in notes)
+    pruned = load_pipeline(PipelineHandle.of(source=str(folder), model_class=PIPELINE, files=(
+        ("transformer", str(h3_files["pruned"])),), quantized_weights=QuantizedWeights.KEEP_QUANTIZED),
+        device_info("cpu"), notes=notes).transformer  # the same int8 layers, but for its float32 AdaLN and curve
+    assert {name for name, module in pruned.named_modules() if isinstance(module, ResidentLinear)} == {
+        name for name in resident if not name.startswith(("time_embedder.", "norm_out.")) and "adaln" not in name}
 
 
 def test_a_reference_run_compiles_its_own_transformers_blocks_under_offload_and_matches_eager(tiny_h3):

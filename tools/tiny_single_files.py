@@ -1404,21 +1404,48 @@ def minimax_h3_to_original(sd: dict) -> dict:
 def minimax_h3_files(folder, out) -> dict[str, Path]:
     """MiniMax H3's diffusion models as Comfy-Org's files hold them, from a tiny folder's transformer: bf16 without a
     prefix (minimax_h3_fl2va_bf16), int8 ConvRot under model.diffusion_model. (minimax_h3_fl2va_int8_convrot;
-    `transformer_holding(folder, minimax_h3_int8_values)` then makes a folder hold what it loads as), and a pruned one
-    (the curve form's `adaln_t_table` for the time embedder and rank-8 AdaLN projections: only its header is read)."""
+    `transformer_holding(folder, minimax_h3_int8_values)` then makes a folder hold what it loads as), and the pruned
+    one (minimax_h3_fl2va_pruned_int8_convrot: that int8 file with `minimax_h3_curve_form` of what it loads as in place
+    of its time embedder and AdaLN projections, those in float32, as ComfyUI keeps them)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     original = minimax_h3_to_original(folder_weights(folder, "transformer"))
-    pruned = {k: v for k, v in original.items() if not k.startswith("time_embedder.")}
-    pruned.update({k: v[:, :8] for k, v in pruned.items() if ".adaln_proj.linear.weight" in k},
-                  adaln_t_table=torch.zeros(1025, 8))
     int8 = comfy_quantized(original, "int8_convrot", MINIMAX_H3_CONVROT_GROUP)
+    curve = minimax_h3_curve_form(comfy_valued(original, "int8_convrot", MINIMAX_H3_CONVROT_GROUP))
+    pruned = {**{k: v for k, v in int8.items() if not k.startswith("time_embedder.") and ".adaln_proj." not in k},
+              **{k: v for k, v in curve.items() if "adaln" in k}}
     bf16 = {k: v.to(torch.bfloat16) for k, v in original.items()}
     return {"transformer": _save(bf16, out / "minimax_h3_fl2va_bf16.safetensors"),
             "transformer_int8_convrot": _save(_prefixed(int8, "model.diffusion_model."),
                                               out / "minimax_h3_fl2va_int8_convrot.safetensors"),
-            "transformer_pruned": _save(comfy_quantized(pruned, "int8_convrot", MINIMAX_H3_CONVROT_GROUP),
-                                        out / "minimax_h3_fl2va_pruned_int8_convrot.safetensors")}
+            "transformer_pruned": _save(pruned, out / "minimax_h3_fl2va_pruned_int8_convrot.safetensors")}
+
+
+def minimax_h3_curve_form(original: dict, rank: int | None = None, grid: int = 1025) -> dict:
+    """A transformer in MiniMax's layout pruned to ComfyUI's curve form (how its comfy/ldm/minimax/model.py reads one):
+    the curve g(t) = SiLU(time_embedder(t)) sampled at `grid` t in [0, 1], centred on its mean m and factored
+    G - m = U S V^T; with V_r its leading `rank` right singular vectors, the file holds `adaln_t_table` (G - m) V_r and
+    each AdaLN projection W V_r with W m folded into its bias, and no time embedder. Then W V_r c(t) + b' = W g(t) + b
+    up to the rank-r truncation and the table's linear interpolation: exact at the full rank (the default; the
+    released files use rank 8 of 2688)."""
+    proj_in_w, proj_in_b = original["time_embedder.proj_in.weight"], original["time_embedder.proj_in.bias"]
+    proj_out_w, proj_out_b = original["time_embedder.proj_out.weight"], original["time_embedder.proj_out.bias"]
+    half = proj_in_w.shape[1] // 2
+    t = torch.linspace(0, 1, grid, dtype=torch.float64)
+    angles = t[:, None] * torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)[None]
+    sinusoids = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+    hidden = torch.nn.functional.silu(sinusoids @ proj_in_w.double().T + proj_in_b.double())
+    curve = torch.nn.functional.silu(hidden @ proj_out_w.double().T + proj_out_b.double())
+    mean = curve.mean(0)
+    basis = torch.linalg.svd(curve - mean, full_matrices=False).Vh[:rank].T  # [width, rank]
+    out = {k: v for k, v in original.items() if not k.startswith("time_embedder.")}
+    out["adaln_t_table"] = ((curve - mean) @ basis).float()
+    for key in [k for k in out if k.endswith(".adaln_proj.linear.weight")]:
+        weight = out[key].double()
+        out[key] = (weight @ basis).float()
+        bias = key.replace(".weight", ".bias")
+        out[bias] = (out[bias].double() + weight @ mean).float()
+    return out
 
 
 def minimax_h3_int8_values(sd: dict) -> dict:

@@ -225,6 +225,18 @@ class CanvasRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelForm:
+    """Another form of a model that files of a kind hold, which the model's class runs once a few of its modules are
+    swapped for the form's (MiniMax H3's pruned "curve form"): told by a key only files of that form have."""
+
+    key: str  # a key only this form's files carry (after any checkpoint prefix)
+    # (the class, its config, the file's weights) -> the empty model (on the meta device) in this form
+    empty_model: Callable
+    # (the file's weights, a copy the function may pop from; the class's config) -> the state dict in that model's layout
+    to_diffusers: Callable
+
+
+@dataclasses.dataclass(frozen=True)
 class FileKind:
     """What a single weights file is, told by one key it carries (after any checkpoint prefix): its
     original layout's key first, then the diffusers/transformers layout's. `keys` is called when needed
@@ -261,6 +273,12 @@ class FileKind:
     # submodules of the component a file of this kind does not carry: the model is built without them (None), so
     # nothing runs random weights (LTX-2.5's diffusion-decoder VAE: no conv decoder, its own decoder decodes)
     lacks: tuple[str, ...] = ()
+    # other forms of the model that its files may hold (`ModelForm`), loaded as that form where a file carries its key
+    forms: tuple[ModelForm, ...] = ()
+
+    def form_of(self, weights) -> ModelForm | None:
+        """The form a file's weights (or its header's keys) are in, where it is not the class's own."""
+        return next((form for form in self.forms if form.key in weights), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,9 +464,6 @@ class Family:
     # {lower-case part of a diffusion-model file's name: what to use instead}: files of the family's kind that it
     # cannot load (Wan 2.1's have Wan 2.2's keys, but other configs), refused when the prompt is queued
     unsupported_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # {key a diffusion-model file of its kind may carry: why it cannot load such a file and what to use instead}: files
-    # of another form of the model than diffusers' class (MiniMax H3's pruned ones), refused when the prompt is queued
-    unsupported_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # components no single file fills (diffusers has no converter for them): the File Loader reads them from the
     # configs folder's weights, which it then needs (MiniMax H3's VAEs and text encoder)
     folder_components: tuple[str, ...] = ()

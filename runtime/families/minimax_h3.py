@@ -14,16 +14,19 @@ chain), run by a second transformer, `transformer_ref`, as large as the first. A
 (`ModularBlocks.partitions`): t2va/fl2va's `transformer`, or for a reference run ref2va's `transformer_ref` in its place
 (the run's info says so), never both.
 
-Single files: the File Loader reads Comfy-Org's unpruned fl2va diffusion models (bf16, int8 ConvRot) with diffusers' own
-converter ("stacked" q/k/v, as every published single file is). Comfy-Org's "pruned" files are another form of the
-model (ComfyUI's curve form: `adaln_t_table`, a 1025 x 8 table of the timestep curve interpolated linearly, replaces the
-time embedder, and each AdaLN projection is cut to that rank-8 basis), which diffusers' class does not run and which
-cannot be turned back into its weights (the full projections are gone): refused. diffusers has no converter for its VAEs
-nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
+Single files: the File Loader reads Comfy-Org's fl2va diffusion models (bf16, int8 ConvRot) with diffusers' own
+converter ("stacked" q/k/v, as every published single file is), and its "pruned" ones, the templates' (ComfyUI's curve
+form: `adaln_t_table`, the time embedding's curve sampled on a grid, replaces the time embedder, and each AdaLN
+projection is cut to that curve's rank-8 basis), as diffusers' class with those modules swapped (`CURVE_FORM`).
+diffusers has no converter for its VAEs nor its Qwen3-VL text encoder, so those come from the configs folder's weights
+(`Family.folder_components`).
 """
 
+import functools
+
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
-                   FileKind, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
+                   FileKind, FrameRule, MemoryModel, ModelForm, ModularBlocks, ReferenceModel, ReferenceRule,
+                   TaskPipeline)
 from .components import diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
@@ -34,9 +37,85 @@ WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va",
 REFERENCE_RULE = ReferenceRule(most={IMAGE: 9, VIDEO: 3, AUDIO: 3}, total=12, sound_rate=32_000, picture_edge=2048,
                                canvas_edge=768, canvas_pixels=768 * 1344, fps=24.0, least_video_frames=13)
 
+
+def curve_form_model(cls, config, weights):
+    """The empty MiniMaxH3Transformer3DModel in ComfyUI's curve form (comfy/ldm/minimax/model.py, `adaln_curve_grid`):
+    its time embedder is the file's `adaln_t_table` [grid, rank], a curve interpolated linearly at t in [0, 1] (t
+    itself, not its sinusoids), and each AdaLN projection (the blocks' and the output norm's) takes that curve's rank
+    coordinates as they are, without the SiLU diffusers' projections apply to a time embedding, in float32 (as ComfyUI
+    keeps them). Built from the class with `time_embed_dim` = rank, then those modules swapped: the blocks,
+    attention, rotary embedding and heads are diffusers' own."""
+    import torch
+    from accelerate import init_empty_weights
+
+    grid, rank = weights["adaln_t_table"].shape
+    timestep_curve, curve_modulation, curve_norm_out = _curve_classes()
+    with init_empty_weights():
+        model = cls.from_config({**config, "time_embed_dim": rank})
+    model.time_proj = torch.nn.Identity()  # the curve takes t itself, not its sinusoids
+    model.time_embedder = timestep_curve(grid, rank)
+    for block in model.transformer_blocks:
+        block.adaln_proj.__class__ = curve_modulation
+    model.norm_out.__class__ = curve_norm_out
+    model._keep_in_fp32_modules = [*cls._keep_in_fp32_modules, "adaln_proj", "norm_out"]
+    return model
+
+
+def curve_form_weights(checkpoint, config) -> dict:
+    """A curve-form file's weights in that model's layout: diffusers' converter for everything but the table (its
+    renames also take `blocks.N.adaln_proj.linear` and `final_layer.adaln_proj.linear` to diffusers' names), the table
+    as the curve's."""
+    from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
+
+    table = checkpoint.pop("adaln_t_table")
+    state = convert_minimax_h3_transformer_checkpoint_to_diffusers(checkpoint, config)
+    return {**state, "time_embedder.table": table}
+
+
+@functools.cache
+def _curve_classes():
+    """The curve form's modules (torch and diffusers imported only when one is loaded)."""
+    import torch
+    from diffusers.models.transformers.transformer_minimax_h3 import (MiniMaxH3AdaLayerNormModulation,
+                                                                      MiniMaxH3AdaLayerNormOut)
+
+    class TimestepCurve(torch.nn.Module):
+        """t in [0, 1] -> its point on the sampled curve, interpolated linearly between the table's two nearest rows
+        (t clamped to the ends)."""
+
+        def __init__(self, grid: int, rank: int):
+            super().__init__()
+            self.register_buffer("table", torch.empty(grid, rank, dtype=torch.float32))
+
+        def forward(self, timestep):
+            position = timestep.to(torch.float32).clamp(0.0, 1.0) * (self.table.shape[0] - 1)
+            lower = position.floor().long().clamp(max=self.table.shape[0] - 2)
+            return torch.lerp(self.table[lower], self.table[lower + 1], (position - lower).unsqueeze(1))
+
+    class CurveModulation(MiniMaxH3AdaLayerNormModulation):
+        """A block's AdaLN projection of the curve's coordinates: diffusers' own, without the SiLU."""
+
+        def forward(self, temb):
+            temb = self.linear(temb.to(self.linear.weight.dtype)).view(-1, 6 * self.hidden_size)
+            return temb.chunk(6, dim=-1)
+
+    class CurveNormOut(MiniMaxH3AdaLayerNormOut):
+        """The output norm's shift and scale from the curve's coordinates: diffusers' own, without the SiLU."""
+
+        def forward(self, hidden_states, temb, timestep_indices):
+            shift, scale = self.linear(temb.to(self.linear.weight.dtype)).chunk(2, dim=-1)
+            hidden_states = self.norm(hidden_states)
+            return hidden_states * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(
+                0, timestep_indices)
+
+    return TimestepCurve, CurveModulation, CurveNormOut
+
+
+# ComfyUI's pruned files ("curve form"): the table replaces the time embedder, each AdaLN projection is cut to its rank
+CURVE_FORM = ModelForm("adaln_t_table", curve_form_model, curve_form_weights)
 # "token_refiner.blocks.0.attn.qkv_proj.weight" in the original (and ComfyUI's) layout, diffusers' names beside it
 TRANSFORMER = FileKind("minimax_h3_transformer", "a MiniMax H3 diffusion model", lambda: (
-    *diffusers_detection_keys("minimax-h3"), "token_refiner.refiner_blocks.0.attn.to_q.weight"))
+    *diffusers_detection_keys("minimax-h3"), "token_refiner.refiner_blocks.0.attn.to_q.weight"), forms=(CURVE_FORM,))
 UNPRUNED = "minimax_h3_fl2va_int8_convrot.safetensors"  # Comfy-Org's unpruned files: this and the bf16 one
 
 
@@ -140,11 +219,6 @@ FAMILY = Family(
     folder_components=("text_encoder", "vae", "audio_vae"),
     default_config_repo="MiniMaxAI/MiniMax-H3",
     diffusers_model_types=("minimax-h3",),
-    unsupported_keys={"adaln_t_table": f"it is a pruned MiniMax H3 (ComfyUI's curve form: a table of the timestep "
-                                       f"curve replaces the time embedder, each AdaLN projection is cut to its rank-8 "
-                                       f"basis), which diffusers' MiniMaxH3Transformer3DModel does not run and which "
-                                       f"cannot be turned back into its weights. Pick the unpruned {UNPRUNED} or "
-                                       f"minimax_h3_fl2va_bf16.safetensors (Comfy-Org/MiniMax-H3)"},
     # ref2va's transformer has fl2va's keys and shapes: only its name tells it
     unsupported_files={"ref2va": f"reference to video's own transformer is not read from a file yet (a reference run "
                                  f"loads transformer_ref from the configs folder's weights); pick the fl2va model "
