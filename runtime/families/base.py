@@ -261,6 +261,9 @@ class FileKind:
     # submodules of the component a file of this kind does not carry: the model is built without them (None), so
     # nothing runs random weights (LTX-2.5's diffusion-decoder VAE: no conv decoder, its own decoder decodes)
     lacks: tuple[str, ...] = ()
+    # its quantized layers are dequantized on load whatever the Loader's quantized weights say (MiniMax H3's int8
+    # ConvRot video VAE: no VAE is kept quantized; its conversion splits and reorders most of those layers anyway)
+    dequantized: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

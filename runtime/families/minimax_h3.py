@@ -18,13 +18,17 @@ Single files: the File Loader reads Comfy-Org's unpruned fl2va diffusion models 
 converter ("stacked" q/k/v, as every published single file is). Comfy-Org's "pruned" files are another form of the
 model (ComfyUI's curve form: `adaln_t_table`, a 1025 x 8 table of the timestep curve interpolated linearly, replaces the
 time embedder, and each AdaLN projection is cut to that rank-8 basis), which diffusers' class does not run and which
-cannot be turned back into its weights (the full projections are gone): refused. diffusers has no converter for its VAEs
-nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
+cannot be turned back into its weights (the full projections are gone): refused. Its video VAE (fp16 or int8 ConvRot,
+dequantized on load) and audio VAE files are converted by the pack (minimax_h3_vae.py: diffusers has no converter for
+them). diffusers has no converter for its Qwen3-VL text encoder either, which comes from the configs folder's weights
+(`Family.folder_components`).
 """
 
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
-                   FileKind, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
+                   FileKind, FileSlot, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule,
+                   TaskPipeline)
 from .components import diffusers_detection_keys
+from .minimax_h3_vae import AUDIO_VAE, VIDEO_VAE
 
 PIPELINE = "MiniMaxH3ModularPipeline"
 WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
@@ -136,8 +140,9 @@ FAMILY = Family(
     comfy_latent=None,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("minimax_h3_fl2va_bf16.safetensors", UNPRUNED),
-    file_slots=(),
-    folder_components=("text_encoder", "vae", "audio_vae"),
+    file_slots=(FileSlot("vae", VIDEO_VAE, "minimax_h3_video_vae_int8_convrot.safetensors"),
+                FileSlot("audio_vae", AUDIO_VAE, "minimax_h3_audio_vae_fp32.safetensors")),
+    folder_components=("text_encoder",),
     default_config_repo="MiniMaxAI/MiniMax-H3",
     diffusers_model_types=("minimax-h3",),
     unsupported_keys={"adaln_t_table": f"it is a pruned MiniMax H3 (ComfyUI's curve form: a table of the timestep "
