@@ -168,3 +168,23 @@ def test_a_vae_file_of_other_latent_statistics_than_the_configs_is_refused(vae_f
                                              rf"the configs are of two different VAEs\)"):
         load_component(component, cls, str(path), str(vae_files["fp16"]), torch.float32, {}, [],
                        model_file=str(vae_files["files"]["transformer"]))
+
+
+def test_the_int8_convrot_video_vae_is_said_and_planned_dequantized(vae_files):
+    """The File Loader's status and the memory plan, from the headers: its int8 ConvRot layers are not kept
+    quantized, whatever quantized_weights says (the diffusion model's are)."""
+    from tpu_diffusers_runtime.file_choice import file_status
+    from tpu_diffusers_runtime.memory_plan import quantized_sizes
+
+    files = vae_files["files"]
+    chosen = (("transformer", str(files["transformer_int8_convrot"])), ("vae", str(files["vae_int8_convrot"])),
+              ("audio_vae", str(files["audio_vae"])))
+    status = file_status(chosen, QuantizedWeights.KEEP_QUANTIZED, "tpu")
+    assert status[0].startswith("transformer: ") and status[0].endswith("kept quantized on the chip, dequantized per "
+                                                                        "layer as they run")
+    assert status[1] == ("vae: 4 int8 ConvRot layers; dequantized on load (a MiniMax H3 video VAE is not kept "
+                         "quantized)")
+    assert len(status) == 2  # the audio VAE has no quantized layers
+    sizes = quantized_sizes(PipelineHandle.of(source=str(vae_files["int8_convrot"]), model_class=PIPELINE,
+                                              files=chosen), str(vae_files["int8_convrot"]))
+    assert set(sizes) == {"transformer", "audio_vae"} and sizes["transformer"][0] > 0
