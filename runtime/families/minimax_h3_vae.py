@@ -5,7 +5,10 @@ Loader's own (`FileKind.converter`: they need the class's config).
 
 Sources: ComfyUI's comfy/ldm/minimax/vae.py and audio_vae.py (the module trees its files load into, strict) and the
 VAE branches of comfy/sd.py (detection keys); diffusers' scripts/convert_minimax_h3_to_diffusers.py (the renames and
-tensor changes from MiniMax's original video VAE, whose names ComfyUI keeps).
+tensor changes from MiniMax's original video VAE, whose names ComfyUI keeps). Not confirmed: no Comfy-Org file was
+read (their headers included); what they hold is taken from the module trees ComfyUI loads them into strictly (the
+buffers `latents_mean`, `latents_std`, `decoder.mask_token` and the audio VAE's `filter`s among them). Tested with
+tiny files written in that layout (tools/tiny_single_files.minimax_h3_vae_files, tests/test_minimax_h3_vae_files.py).
 """
 
 from __future__ import annotations
@@ -99,7 +102,10 @@ def audio_vae_to_diffusers(checkpoint: dict, config) -> dict:
     weight_g x weight_v / |weight_v| is W again. The split of the original's own g and v is gone from the file (only
     their product was kept); this one gives the same weights. Which convs are weight-normed is the class's (built
     from the config on the meta device). The latent statistics are checked against the config and dropped; the
-    Kaiser `filter` buffers keep their names (ComfyUI's file carries them, strict)."""
+    Kaiser `filter` buffers keep their names and values (ComfyUI registers them as persistent buffers and loads
+    strict, so its file carries them; one ComfyUI copy read, comfyanonymous/ComfyUI@2266077, exponentiates the
+    upsampler's filter when it runs, Comfy-Org/ComfyUI@7b30bf3 and diffusers do not: the filters are taken as the
+    Kaiser filters diffusers builds, which the tiny files hold)."""
     import torch
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKLMiniMaxH3Audio
