@@ -188,3 +188,21 @@ def test_the_int8_convrot_video_vae_is_said_and_planned_dequantized(vae_files):
     sizes = quantized_sizes(PipelineHandle.of(source=str(vae_files["int8_convrot"]), model_class=PIPELINE,
                                               files=chosen), str(vae_files["int8_convrot"]))
     assert set(sizes) == {"transformer", "audio_vae"} and sizes["transformer"][0] > 0
+
+
+@pytest.mark.parametrize("component", ["vae", "audio_vae"])
+def test_a_vae_file_in_diffusers_layout_loads_as_it_is(vae_files, tmp_path, component):
+    """A diffusers folder's own VAE weights saved as one file (weight_g / weight_v, to_q / to_k / to_v): told by the
+    same keys, loaded without conversion."""
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+
+    from tpu_diffusers_runtime.single_file import load_component
+
+    folder = vae_files["fp16"]
+    path = tmp_path / f"minimax_h3_{component}_diffusers.safetensors"
+    shutil.copy(folder / component / "diffusion_pytorch_model.safetensors", path)
+    cls = {"vae": AutoencoderKLMiniMaxH3, "audio_vae": AutoencoderKLMiniMaxH3Audio}[component]
+    got = load_component(component, cls, str(path), str(folder), torch.float32, {}, [],
+                         model_file=str(vae_files["files"]["transformer"])).state_dict()
+    want = cls.from_pretrained(folder / component).state_dict()
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
