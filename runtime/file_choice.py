@@ -13,9 +13,9 @@ import os
 
 from .errors import UserInputError
 from .families import FAMILIES, Family, family_for, supported
-from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs,
-                          components_in_checkpoint, config_folder, default_config_repo, family_of_file, model_class_of,
-                          settings_of, variant_of)
+from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
+                          config_folder, default_config_repo, family_of_file, kind_of_file, model_class_of, settings_of,
+                          variant_of)
 from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
 from .specs import QuantizedWeights
 
@@ -210,7 +210,10 @@ def file_status(files, choice: QuantizedWeights, device_type: str) -> list[str]:
             continue
         counts = collections.Counter(words for _, words in layers)
         formats = ", ".join(f"{count} {words}" for words, count in sorted(counts.items()))
-        if not any(name in ROW_FORMATS for name, _ in layers):
+        kind = kind_of_file(path)
+        if kind is not None and kind.dequantized:
+            where = f"dequantized on load ({kind.words} is not kept quantized)"
+        elif not any(name in ROW_FORMATS for name, _ in layers):
             where = "dequantized on load (only int8 and fp8 layers stay quantized)"
         elif resolved.keeps_quantized:
             where = "int8/fp8 layers kept quantized on the chip, dequantized per layer as they run"

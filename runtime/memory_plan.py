@@ -344,14 +344,14 @@ def latent_decoder_problem(handle, family: Family, request, budget: int, where: 
 
 def quantized_sizes(handle, folder: str) -> dict:
     """ModelSizes.quantized of a handle's files, from their headers (the layers the loader keeps quantized)."""
-    from .single_file import check_file_for_slot
+    from .single_file import check_file_for_slot, kind_of_file
     from .sources import config_values, read_model_index
 
     settings = config_values(read_model_index(folder, is_folder=True))
     model_file = dict(handle.files).get(family_for(handle.model_class, settings=settings).denoiser)
     return {component: stored_sizes(path, check_file_for_slot(path, component, handle.model_class, settings,
                                                               model_file))
-            for component, path in handle.files}
+            for component, path in handle.files if not getattr(kind_of_file(path), "dequantized", False)}
 
 
 # bytes per element of the safetensors header's dtypes the quantized layers use

@@ -213,6 +213,11 @@ def _denoiser_prefix(header: HeaderView) -> str:
     return DENOISER_PREFIX if any(k.startswith(DENOISER_PREFIX) for k in header) else ""
 
 
+def kind_of_file(path) -> FileKind | None:
+    """The kind of a file of one component (no checkpoint prefix), or None when no kind's keys are in it."""
+    return _kind(_header(path))
+
+
 def _words(kind: FileKind | None) -> str:
     return kind.words if kind else "no model TPU Diffusers recognises"
 
@@ -567,7 +572,7 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
                      "models need a text encoder file with its vision part.")
     if isinstance(model, torch.nn.Module):
         model.eval().requires_grad_(False)
-        if quantized_weights.keeps_quantized:
+        if quantized_weights.keeps_quantized and not kind.dequantized:
             _keep_quantized(name, model, prefix, weights, quantized, quantized_weights, notes)
     return model
 

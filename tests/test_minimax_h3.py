@@ -302,8 +302,8 @@ def test_the_templates_pruned_file_gives_the_video_and_sound_of_the_file_it_was_
 
 
 def test_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_files, tmp_path):
-    """A ref2va file has fl2va's keys but is another model; the VAEs and the text encoder come only from a folder
-    with their weights."""
+    """A ref2va file has fl2va's keys but is another model; the text encoder comes only from a folder with its
+    weights, the VAEs from one or from their files (tests/test_minimax_h3_vae_files.py)."""
     from tpu_diffusers_runtime.file_choice import plan
 
     folder, path = h3_files["bf16"]
@@ -313,10 +313,11 @@ def test_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_fil
                                              r"from a file yet \(a reference run loads transformer_ref from the configs "
                                              r"folder's weights\)"):
         plan(str(ref2va), {}, "auto", [str(folder.parent)])
-    with pytest.raises(UserInputError, match=r"MiniMax H3's text_encoder, vae, audio_vae are not read from single "
-                                             r"files .* pick its diffusers folder, with their weights, as configs"):
+    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs vae "
+                                             r"\(minimax_h3_video_vae_int8_convrot.safetensors\), audio_vae"):
         plan(str(path), {}, "auto", [])  # auto's hub id gives configs only
-    with pytest.raises(UserInputError, match=r"MiniMax H3's vae is not read from a single file .* leave it at 'none'"):
+    with pytest.raises(UserInputError, match=r"is a MiniMax H3 diffusion model, but vae of MiniMax H3 needs a MiniMax "
+                                             r"H3 video VAE"):
         plan(str(path), {"vae": str(path)}, "auto", [str(folder.parent)])
 
 

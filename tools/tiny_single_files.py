@@ -919,11 +919,16 @@ def qwen_edit_2511_configs(folder) -> None:
 def transformer_holding(folder, values) -> None:
     """Replace a folder's transformer weights by `values` of them (a function of its state dict), so that a file of
     that precision holds exactly the folder's weights."""
+    component_holding(folder, "transformer", values)
+
+
+def component_holding(folder, component: str, values) -> None:
+    """`transformer_holding` for any diffusers component of a folder (a VAE)."""
     import json
 
     import diffusers
 
-    path = Path(folder, "transformer")
+    path = Path(folder, component)
     model = getattr(diffusers, json.loads((path / "config.json").read_text())["_class_name"]).from_pretrained(path)
     model.load_state_dict(values(model.state_dict()))
     model.save_pretrained(path)
@@ -1452,3 +1457,110 @@ def minimax_h3_int8_values(sd: dict) -> dict:
     """What `minimax_h3_files`' int8 ConvRot diffusion model holds of a transformer's weights (rows quantize
     independently, so diffusers' layout holds the same values as the fused original)."""
     return comfy_valued(sd, "int8_convrot", MINIMAX_H3_CONVROT_GROUP)
+
+
+# MiniMax H3's VAE files as ComfyUI's templates download them (Comfy-Org/MiniMax-H3): the video VAE in MiniMax's
+# original names (ComfyUI's comfy/ldm/minimax/vae.py MiniMaxH3VideoVAE) with the latent statistics and the unused
+# decoder.mask_token as buffers; its int8 ConvRot form quantizes only the ViT decoder's block linears (comfy/sd.py
+# gives the quantized ops to the decoder only; x_embedder and proj_out are plain layers there); the audio VAE
+# (comfy/ldm/minimax/audio_vae.py) in diffusers' names with each weight-normed conv folded into one `weight`.
+# diffusers key pattern -> ComfyUI's (the inverse of runtime/families/minimax_h3_vae.py's renames), the first match wins
+MINIMAX_H3_VIDEO_VAE_NAMES = (
+    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.conv_shortcut\.", r"encoder.down.\1.block.\2.nin_shortcut."),
+    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.down.\1.block.\2."),
+    (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample."),
+    (r"^decoder\.proj_in\.", "decoder.x_embedder."),
+    (r"\.attn\.to_out\.0\.", ".attn.to_out."),
+    (r"\.ff\.net\.0\.proj\.", ".ff.w1."),
+    (r"\.ff\.net\.2\.", ".ff.w2."),
+)
+# the decoder's block linears in each layout: what the int8 ConvRot file quantizes
+MINIMAX_H3_VAE_LINEARS = re.compile(r"^decoder\.transformer_blocks\.\d+\.(attn\.to_(qkv|q|k|v|out|out\.0)|"
+                                    r"ff\.(w1|w2|net\.0\.proj|net\.2))\.weight$")
+
+
+def _component_config(folder, component: str) -> dict:
+    import json
+
+    return json.loads(Path(folder, component, "config.json").read_text())
+
+
+def minimax_h3_video_vae_to_comfy(sd: dict, config: dict) -> dict:
+    """AutoencoderKLMiniMaxH3 weights in ComfyUI's layout: q/k/v fused per head ([q_h; k_h; v_h] for each head h:
+    ComfyUI views to_qkv's output as (heads, 3 x head width) and chunks it), ff.w1 as [gate; up] (diffusers' SwiGLU
+    reads [up; gate]), MiniMax's names, and the buffers ComfyUI's module saves: latents_mean / latents_std (the
+    config's) and decoder.mask_token (zeros, unused)."""
+    heads, width = config["decoder_num_attention_heads"], config["decoder_attention_head_dim"]
+    out = {"latents_mean": torch.tensor(config["latents_mean"]), "latents_std": torch.tensor(config["latents_std"]),
+           "decoder.mask_token": torch.zeros(1, 1, heads * width)}
+    for key, value in sd.items():
+        if ".attn.to_k." in key or ".attn.to_v." in key:
+            continue
+        if ".attn.to_q." in key:
+            rest = value.shape[1:]
+            parts = [sd[key.replace(".to_q.", f".to_{name}.")].reshape(heads, width, *rest) for name in "qkv"]
+            value = torch.stack(parts, dim=1).reshape(3 * heads * width, *rest)
+            key = key.replace(".attn.to_q.", ".attn.to_qkv.")
+        if ".ff.net.0.proj." in key:
+            value = _swap_halves(value)
+        out[next((re.sub(p, r, key) for p, r in MINIMAX_H3_VIDEO_VAE_NAMES if re.search(p, key)), key)] = value
+    return out
+
+
+def minimax_h3_audio_vae_to_comfy(sd: dict, config: dict) -> dict:
+    """AutoencoderKLMiniMaxH3Audio weights as ComfyUI's file holds them: each weight_g / weight_v pair as the one
+    weight torch's weight_norm makes of it (dim 0), and the config's latent statistics as buffers."""
+    out = {"latents_mean": torch.tensor(config["latents_mean"]), "latents_std": torch.tensor(config["latents_std"])}
+    for key, value in sd.items():
+        if key.endswith(".weight_g"):
+            continue
+        if key.endswith(".weight_v"):
+            layer = key[: -len(".weight_v")]
+            out[f"{layer}.weight"] = torch._weight_norm(value, sd[f"{layer}.weight_g"], 0)
+        else:
+            out[key] = value
+    return out
+
+
+def minimax_h3_vae_files(folder, out) -> dict[str, Path]:
+    """MiniMax H3's VAE files from a tiny folder: the video VAE in fp16 (minimax_h3_video_vae_fp16) and with its
+    decoder's block linears int8 ConvRot (minimax_h3_video_vae_int8_convrot; groups of 16, the tiny decoder is 32
+    wide; the rest fp16), and the audio VAE in fp32 (minimax_h3_audio_vae_fp32). `component_holding` with
+    `minimax_h3_video_vae_values` / `minimax_h3_audio_vae_values` makes a folder hold what they load as."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    video = minimax_h3_video_vae_to_comfy(folder_weights(folder, "vae"), _component_config(folder, "vae"))
+    fp16 = {k: v.to(torch.float16) for k, v in video.items()}
+    linears = {k: v for k, v in fp16.items() if MINIMAX_H3_VAE_LINEARS.match(k)}
+    int8 = {**fp16, **comfy_quantized(linears, "int8_convrot", MINIMAX_H3_CONVROT_GROUP)}
+    audio = minimax_h3_audio_vae_to_comfy(folder_weights(folder, "audio_vae"), _component_config(folder, "audio_vae"))
+    return {"vae_fp16": _save(fp16, out / "minimax_h3_video_vae_fp16.safetensors"),
+            "vae_int8_convrot": _save(int8, out / "minimax_h3_video_vae_int8_convrot.safetensors"),
+            "audio_vae": _save({k: v.float() for k, v in audio.items()}, out / "minimax_h3_audio_vae_fp32.safetensors")}
+
+
+def minimax_h3_video_vae_values(precision: str):
+    """What `minimax_h3_vae_files`' video VAE file of `precision` ("fp16", "int8_convrot") holds of a folder's
+    AutoencoderKLMiniMaxH3 weights, in float32 (rows quantize independently, so the split q/k/v and the swapped w1
+    halves hold the fused layers' values)."""
+    def values(sd: dict) -> dict:
+        sd = {k: v.to(torch.float16).float() for k, v in sd.items()}
+        if precision == "int8_convrot":
+            sd.update(comfy_valued({k: v for k, v in sd.items() if MINIMAX_H3_VAE_LINEARS.match(k)}, "int8_convrot",
+                                   MINIMAX_H3_CONVROT_GROUP))
+        return sd
+
+    return values
+
+
+def minimax_h3_audio_vae_values(sd: dict) -> dict:
+    """A folder's audio VAE weights as its folded file gives them back: each weight_v the folded weight itself and
+    weight_g its norm over every dim but 0 (the same weights; the split of the original g and v is not in the file)."""
+    out = dict(sd)
+    for key in sd:
+        if key.endswith(".weight_v"):
+            layer = key[: -len(".weight_v")]
+            weight = torch._weight_norm(sd[key], sd[f"{layer}.weight_g"], 0)
+            out[key] = weight
+            out[f"{layer}.weight_g"] = weight.flatten(1).norm(dim=1).reshape(-1, *[1] * (weight.dim() - 1))
+    return out

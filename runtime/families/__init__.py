@@ -34,6 +34,7 @@ FILE_KINDS: tuple[FileKind, ...] = (
     ltx2.AUDIO_VAE, ltx2.DIFFUSION_DECODER_VAE, ltx2.VIDEO_VAE, ltx2.VOCODER, ltx2.CONNECTORS,  # keys of their own;
     # LTX-2.5's diffusion-decoder VAE also has the conv VAE's statistics: before it
     ltx2.GEMMA4, ltx2.GEMMA3,  # Gemma 4 has Gemma 3's layer norms: before it
+    minimax_h3.VIDEO_VAE, minimax_h3.AUDIO_VAE,  # keys of their own; the video VAE also has KL_VAE's: before it
     # Wan 2.2's VAE has Wan 2.1's keys, UMT5 has T5's: each before the other; Qwen-Image 2.1's VAE has Wan 2.2's and
     # the FLUX.1/SD3 VAE's diffusers keys
     flux2.VAE, qwenimage21.VAE, wan.WAN22_VAE, WAN_VAE, KL_VAE, CLIP, wan.UMT5, T5, qwenimage.QWEN25VL,

@@ -279,6 +279,9 @@ class FileKind:
     def form_of(self, weights) -> ModelForm | None:
         """The form a file's weights (or its header's keys) are in, where it is not the class's own."""
         return next((form for form in self.forms if form.key in weights), None)
+    # its quantized layers are dequantized on load whatever the Loader's quantized weights say (MiniMax H3's int8
+    # ConvRot video VAE: no VAE is kept quantized; its conversion splits and reorders most of those layers anyway)
+    dequantized: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,17 +17,19 @@ chain), run by a second transformer, `transformer_ref`, as large as the first. A
 Single files: the File Loader reads Comfy-Org's fl2va diffusion models (bf16, int8 ConvRot) with diffusers' own
 converter ("stacked" q/k/v, as every published single file is), and its "pruned" ones, the templates' (ComfyUI's curve
 form: `adaln_t_table`, the time embedding's curve sampled on a grid, replaces the time embedder, and each AdaLN
-projection is cut to that curve's rank-8 basis), as diffusers' class with those modules swapped (`CURVE_FORM`).
-diffusers has no converter for its VAEs nor its Qwen3-VL text encoder, so those come from the configs folder's weights
-(`Family.folder_components`).
+projection is cut to that curve's rank-8 basis), as diffusers' class with those modules swapped (`CURVE_FORM`). Its
+video VAE (fp16 or int8 ConvRot, dequantized on load) and audio VAE files are converted by the pack (minimax_h3_vae.py:
+diffusers has no converter for them). diffusers has no converter for its Qwen3-VL text encoder either, which comes from
+the configs folder's weights (`Family.folder_components`).
 """
 
 import functools
 
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
-                   FileKind, FrameRule, MemoryModel, ModelForm, ModularBlocks, ReferenceModel, ReferenceRule,
+                   FileKind, FileSlot, FrameRule, MemoryModel, ModelForm, ModularBlocks, ReferenceModel, ReferenceRule,
                    TaskPipeline)
 from .components import diffusers_detection_keys
+from .minimax_h3_vae import AUDIO_VAE, VIDEO_VAE
 
 PIPELINE = "MiniMaxH3ModularPipeline"
 WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
@@ -215,8 +217,9 @@ FAMILY = Family(
     comfy_latent=None,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("minimax_h3_fl2va_bf16.safetensors", UNPRUNED),
-    file_slots=(),
-    folder_components=("text_encoder", "vae", "audio_vae"),
+    file_slots=(FileSlot("vae", VIDEO_VAE, "minimax_h3_video_vae_int8_convrot.safetensors"),
+                FileSlot("audio_vae", AUDIO_VAE, "minimax_h3_audio_vae_fp32.safetensors")),
+    folder_components=("text_encoder",),
     default_config_repo="MiniMaxAI/MiniMax-H3",
     diffusers_model_types=("minimax-h3",),
     # ref2va's transformer has fl2va's keys and shapes: only its name tells it
