@@ -14,8 +14,8 @@ import os
 from .errors import UserInputError
 from .families import FAMILIES, Family, family_for, supported
 from .single_file import (DENOISER_PREFIX, HeaderView, check_file_for_slot, check_files_against_configs,
-                          components_in_checkpoint, config_folder, default_config_repo, family_of_file, model_class_of,
-                          settings_of, variant_of)
+                          check_layers_read, components_in_checkpoint, config_folder, default_config_repo,
+                          family_of_file, model_class_of, settings_of, variant_of)
 from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
 from .specs import QuantizedWeights
 
@@ -77,6 +77,7 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
             raise UserInputError(f"{family.name} has no {name}; leave it at 'none'. {family.name} takes: "
                                  f"{describe_slots(family, comfy_files)}.")
         check_file_for_slot(header, name, family.base_class, settings, model)
+        check_layers_read(header.keys(), header.name, name, family)
         check_file_name(header, slots[name], comfy_files)
         if name in family.extra_denoisers:
             check_same_model(model, header, name, comfy_files.get(name, slots[name].comfy_file))

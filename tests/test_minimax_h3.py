@@ -269,7 +269,7 @@ def test_its_diffusion_model_file_gives_the_folders_video_and_sound(h3_files, en
 
 def test_pruned_and_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_files, tmp_path):
     """A pruned file (ComfyUI's curve form) cannot become diffusers' weights; a ref2va file has fl2va's keys but is
-    another model; the VAEs and the text encoder come only from a folder with their weights."""
+    another model; the VAEs come only from a folder with their weights, the text encoder from one or its file."""
     from tpu_diffusers_runtime.file_choice import plan
 
     folder, path = h3_files["bf16"]
@@ -284,9 +284,12 @@ def test_pruned_and_ref2va_files_and_configs_without_weights_are_refused_when_qu
                                              r"from a file yet \(a reference run loads transformer_ref from the configs "
                                              r"folder's weights\)"):
         plan(str(ref2va), {}, "auto", [str(folder.parent)])
-    with pytest.raises(UserInputError, match=r"MiniMax H3's text_encoder, vae, audio_vae are not read from single "
-                                             r"files .* pick its diffusers folder, with their weights, as configs"):
+    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs text_encoder "
+                                             r"\(qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors\)"):
         plan(str(path), {}, "auto", [])  # auto's hub id gives configs only
+    with pytest.raises(UserInputError, match=r"'minimax_h3_fl2va_bf16.safetensors' is a MiniMax H3 diffusion model, "
+                                             r"but text_encoder of MiniMax H3 needs a Qwen3-VL text encoder"):
+        plan(str(path), {"text_encoder": str(path)}, "auto", [])
     with pytest.raises(UserInputError, match=r"MiniMax H3's vae is not read from a single file .* leave it at 'none'"):
         plan(str(path), {"vae": str(path)}, "auto", [str(folder.parent)])
 

@@ -1425,3 +1425,39 @@ def minimax_h3_int8_values(sd: dict) -> dict:
     """What `minimax_h3_files`' int8 ConvRot diffusion model holds of a transformer's weights (rows quantize
     independently, so diffusers' layout holds the same values as the fused original)."""
     return comfy_valued(sd, "int8_convrot", MINIMAX_H3_CONVROT_GROUP)
+
+
+MINIMAX_H3_TEXT_LAYERS = 50  # ComfyUI's file: Qwen3-VL 32B cut after the layer H3's blocks read
+
+
+def minimax_h3_text_encoder_layout(sd: dict, layers: int = MINIMAX_H3_TEXT_LAYERS) -> dict:
+    """Comfy-Org's MiniMax H3 text encoder (ComfyUI's comfy/text_encoders/minimax.py: Qwen3-VL 32B "truncated to 50
+    layers", no final norm) from a Qwen3VLForConditionalGeneration state dict: ComfyUI's Qwen3-VL names (`model.`
+    language model beside `visual.`), its first `layers` decoder layers, no `model.norm`, no `lm_head` (None: all)."""
+    out = {}
+    for key, value in sd.items():
+        if key.startswith("lm_head.") or (layers is not None and key == "model.language_model.norm.weight"):
+            continue
+        key = key.replace("model.language_model.", "model.", 1).replace("model.visual.", "visual.", 1)
+        layer = re.match(r"model\.layers\.(\d+)\.", key)
+        if layers is None or not layer or int(layer.group(1)) < layers:
+            out[key] = value
+    return out
+
+
+def minimax_h3_text_encoder_files(folder, out) -> dict[str, Path]:
+    """MiniMax H3's text encoder as Comfy-Org's qwen3vl_32b_minimax_h3_nvfp4_awq holds it (50 layers in ComfyUI's
+    layout, the language model's linears nvfp4 with AWQ pre-scales where they fit comfy-kitchen's layout, the rest
+    bf16), and the
+    folder's whole text encoder in that layout (every layer and the final norm: a Qwen3-VL file that is not cut), bf16."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = folder_weights(folder, "text_encoder")
+    whole = {k: v.to(torch.bfloat16) for k, v in minimax_h3_text_encoder_layout(sd, None).items()}
+    cut = minimax_h3_text_encoder_layout(sd)
+    language = {k: v for k, v in cut.items() if k.startswith("model.layers.")}  # the vision tower stays bf16
+    quantized = {**{k: v.to(torch.bfloat16) for k, v in cut.items() if k not in language},
+                 **comfy_quantized(language, "nvfp4_awq")}
+    return {"text_encoder": _save(quantized,
+                                  out / "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"),
+            "text_encoder_whole": _save(whole, out / "qwen3vl_32b_bf16.safetensors")}

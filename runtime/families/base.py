@@ -283,6 +283,10 @@ class FileSlot:
     # lower-case parts of a file name that say the file belongs elsewhere, though its kind fits (Wan 2.2's
     # high-noise expert picked for the low-noise expert's slot)
     not_named: tuple[str, ...] = ()
+    # a text encoder its pipeline reads only up to the hidden states after this many decoder layers (MiniMax H3:
+    # hidden_states[50]): a file holding at least these layers fills it, and the layers past the file's (and a final
+    # norm it lacks) are left out of the model, never run (single_file._cut_text_model); 0 = every layer is needed
+    layers_read: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

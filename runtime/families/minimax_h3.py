@@ -23,8 +23,8 @@ nor its Qwen3-VL text encoder, so those come from the configs folder's weights (
 """
 
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
-                   FileKind, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
-from .components import diffusers_detection_keys
+                   FileKind, FileSlot, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
+from .components import QWEN3VL, diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
 WORKFLOWS = {TEXT2VIDEO: "t2va", IMAGE2VIDEO: "fl2va", FIRSTLAST2VIDEO: "fl2va", REFERENCE2VIDEO: "ref2va"}
@@ -38,6 +38,8 @@ REFERENCE_RULE = ReferenceRule(most={IMAGE: 9, VIDEO: 3, AUDIO: 3}, total=12, so
 TRANSFORMER = FileKind("minimax_h3_transformer", "a MiniMax H3 diffusion model", lambda: (
     *diffusers_detection_keys("minimax-h3"), "token_refiner.refiner_blocks.0.attn.to_q.weight"))
 UNPRUNED = "minimax_h3_fl2va_int8_convrot.safetensors"  # Comfy-Org's unpruned files: this and the bf16 one
+TEXT_ENCODER = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # Comfy-Org's: 50 layers, no final norm, vision tower
+TEXT_LAYER = 50  # its blocks' text_encoder_layer: they read hidden_states[50], the output of decoder layer 50
 
 
 def first_last(first, last) -> dict:
@@ -136,8 +138,9 @@ FAMILY = Family(
     comfy_latent=None,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("minimax_h3_fl2va_bf16.safetensors", UNPRUNED),
-    file_slots=(),
-    folder_components=("text_encoder", "vae", "audio_vae"),
+    # ComfyUI's Qwen3-VL 32B cut after layer 50 (the layer its blocks read): single_file._cut_text_model
+    file_slots=(FileSlot("text_encoder", QWEN3VL, TEXT_ENCODER, layers_read=TEXT_LAYER),),
+    folder_components=("vae", "audio_vae"),
     default_config_repo="MiniMaxAI/MiniMax-H3",
     diffusers_model_types=("minimax-h3",),
     unsupported_keys={"adaln_t_table": f"it is a pruned MiniMax H3 (ComfyUI's curve form: a table of the timestep "
