@@ -1447,17 +1447,24 @@ def minimax_h3_text_encoder_layout(sd: dict, layers: int = MINIMAX_H3_TEXT_LAYER
 
 def minimax_h3_text_encoder_files(folder, out) -> dict[str, Path]:
     """MiniMax H3's text encoder as Comfy-Org's qwen3vl_32b_minimax_h3_nvfp4_awq holds it (50 layers in ComfyUI's
-    layout, the language model's linears nvfp4 with AWQ pre-scales where they fit comfy-kitchen's layout, the rest
-    bf16), and the
+    layout; the language model's linears nvfp4 with AWQ pre-scales, where they fit comfy-kitchen's layout, their JSON
+    with `full_precision_matrix_mult`; the token embedding int8_tensorwise; the rest, vision tower included, bf16: the
+    350 nvfp4 + 1 int8 layers third-party checks count in the real file, unverified), and the
     folder's whole text encoder in that layout (every layer and the final norm: a Qwen3-VL file that is not cut), bf16."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sd = folder_weights(folder, "text_encoder")
     whole = {k: v.to(torch.bfloat16) for k, v in minimax_h3_text_encoder_layout(sd, None).items()}
+    import json
+
     cut = minimax_h3_text_encoder_layout(sd)
     language = {k: v for k, v in cut.items() if k.startswith("model.layers.")}  # the vision tower stays bf16
-    quantized = {**{k: v.to(torch.bfloat16) for k, v in cut.items() if k not in language},
-                 **comfy_quantized(language, "nvfp4_awq")}
+    embed = {"model.embed_tokens.weight": cut["model.embed_tokens.weight"]}
+    quantized = {**{k: v.to(torch.bfloat16) for k, v in cut.items() if k not in language and k not in embed},
+                 **comfy_quantized(embed, "int8"), **comfy_quantized(language, "nvfp4_awq")}
+    nvfp4 = json.dumps({"format": "nvfp4", "full_precision_matrix_mult": True}).encode()
+    quantized.update({k: torch.tensor(list(nvfp4), dtype=torch.uint8) for k in quantized
+                      if k.startswith("model.layers.") and k.endswith(".comfy_quant")})
     return {"text_encoder": _save(quantized,
                                   out / "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"),
             "text_encoder_whole": _save(whole, out / "qwen3vl_32b_bf16.safetensors")}
