@@ -18,8 +18,18 @@ Single files: the File Loader reads Comfy-Org's unpruned fl2va diffusion models 
 converter ("stacked" q/k/v, as every published single file is). Comfy-Org's "pruned" files are another form of the
 model (ComfyUI's curve form: `adaln_t_table`, a 1025 x 8 table of the timestep curve interpolated linearly, replaces the
 time embedder, and each AdaLN projection is cut to that rank-8 basis), which diffusers' class does not run and which
-cannot be turned back into its weights (the full projections are gone): refused. diffusers has no converter for its VAEs
-nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
+cannot be turned back into its weights (the full projections are gone): refused. diffusers has no converter for its VAEs,
+so those come from the configs folder's weights (`Family.folder_components`).
+
+The text encoder file (Comfy-Org's qwen3vl_32b_minimax_h3_nvfp4_awq, ComfyUI's Qwen3-VL layout with the vision tower,
+its language model's linears nvfp4 with AWQ pre-scales) is Qwen3-VL 32B cut after decoder layer 50, the layer H3 reads
+(ComfyUI's comfy/text_encoders/minimax.py): no layers 51 to 64, no final norm, no lm_head. diffusers' blocks read
+`hidden_states[50]` and refuse a text encoder of <= 50 layers (a 50-layer stack's last hidden state is normed), so the
+slot's `layers_read` has the loader build the text encoder with the file's 50 layers only while its config keeps the
+folder's count (64): its hidden states are each layer's raw output (transformers' tie of the last one to the normed
+output off) and the missing norm is an identity, so `hidden_states[50]` is the whole model's and no layer past 50 is
+built or run, random or not (single_file._cut_text_model). A whole Qwen3-VL 32B file loads as it is; one of fewer than
+50 layers is refused.
 """
 
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
@@ -94,7 +104,8 @@ def latent_frames(frames: int) -> int:
 # diffusers 0.42.1's class defaults (its default repo is MiniMaxAI/MiniMax-H3): 33.12B parameters, 61.7 GiB in bf16
 # (the 66.3 GB of Comfy-Org's minimax_h3_fl2va_bf16 file), 2.60B (its 5.21 GB fp16 video VAE) and 0.15B (its 605 MB
 # fp32 audio VAE) match the released files. One partition loads per run (t2va/fl2va: `transformer`). The text encoder
-# is Qwen3-VL 32B's published shape (33.4B): all its weights load though the blocks read its 50th layer.
+# is Qwen3-VL 32B's published shape (33.4B): a folder's weights all load though the blocks read its 50th layer (its
+# 50-layer file loads those only).
 QWEN3_VL_32B = ("transformers", "Qwen3VLForConditionalGeneration", dict(
     text_config=dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
                      num_attention_heads=64, num_key_value_heads=8, head_dim=128),
