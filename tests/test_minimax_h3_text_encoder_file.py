@@ -106,6 +106,33 @@ def test_the_cut_file_loads_its_50_layers_only_and_gives_the_folders_prompt_embe
     assert 0 < (state[q_proj] - original).abs().max() < original.abs().max()
 
 
+def test_under_the_releases_64_layer_config_it_still_builds_the_files_50_layers_only(h3_text, tmp_path):
+    """The release's text encoder config has 64 layers: the file fills its first 50, none of the 14 others is built
+    (no random layer), the config keeps 64, and the prompt embeddings are the 51-layer folder model's."""
+    import json
+
+    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+    folder, files = h3_text
+    released = Path(shutil.copytree(folder, tmp_path / "MiniMax-H3"))
+    config = json.loads((released / "text_encoder" / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] = 64
+    config["text_config"].pop("layer_types", None)
+    (released / "text_encoder" / "config.json").write_text(json.dumps(config))
+    notes = []
+    pipe = load_pipeline(PipelineHandle.of(source=str(released), model_class=PIPELINE,
+                                           files=(("text_encoder", str(files["text_encoder"])),)),
+                         device_info("cpu"), notes=notes)
+    assert len(pipe.text_encoder.model.language_model.layers) == 50
+    assert pipe.text_encoder.config.text_config.num_hidden_layers == 64
+    assert any("holds the first 50 of its 64 decoder layers and no final norm" in note for note in notes), notes
+    processor = Qwen3VLProcessor.from_pretrained(folder / "processor")
+    want = Qwen3VLForConditionalGeneration.from_pretrained(folder / "text_encoder").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(prompt_embeds(pipe.text_encoder, processor), prompt_embeds(want, processor),
+                                   rtol=0, atol=1e-6)
+
+
 def test_its_text_encoder_file_gives_the_folders_video_and_sound(h3_text, engine):
     """Picked beside the diffusion model in the File Loader, the plan reads both files; the run's video and sound are
     the folder's (text encoder holding the file's values) run as diffusers' users run it."""
