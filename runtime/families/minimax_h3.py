@@ -33,7 +33,8 @@ built or run, random or not (single_file._cut_text_model). A whole Qwen3-VL 32B 
 """
 
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
-                   FileKind, FileSlot, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule, TaskPipeline)
+                   FileKind, FileSlot, FrameRule, MemoryModel, ModularBlocks, ReferenceModel, ReferenceRule,
+                   TaskPipeline)
 from .components import QWEN3VL, diffusers_detection_keys
 
 PIPELINE = "MiniMaxH3ModularPipeline"
