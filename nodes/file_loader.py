@@ -39,11 +39,9 @@ def slot_files(component: str) -> str:
 
 
 def family_files(family) -> str:
-    """A family's files for the node's description: its diffusion models' and each other slot's, and what only its
-    configs folder gives."""
-    folder = f"; {', '.join(family.folder_components)} from the configs folder" if family.folder_components else ""
+    """A family's files for the node's description: its diffusion models' and each other slot's."""
     files = [family.denoiser_files[0], *(slot.comfy_file for slot in family.file_slots)]
-    return f"{family.name} ({', '.join(files)}{folder})"
+    return f"{family.name} ({', '.join(files)})"
 
 
 def model_files() -> list[str]:

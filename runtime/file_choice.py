@@ -13,9 +13,9 @@ import os
 
 from .errors import UserInputError
 from .families import FAMILIES, Family, family_for, supported
-from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, components_in_checkpoint,
-                          config_folder, default_config_repo, family_of_file, kind_of_file, model_class_of, settings_of,
-                          variant_of)
+from .single_file import (HeaderView, check_file_for_slot, check_files_against_configs, check_layers_read,
+                          components_in_checkpoint, config_folder, default_config_repo, family_of_file, kind_of_file,
+                          model_class_of, settings_of, variant_of)
 from .sources import config_values, has_weights, list_model_folders, read_model_index, resolve_model_folder
 from .specs import QuantizedWeights
 
@@ -67,16 +67,13 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
     for name, header in picked.items():
         if name not in slots:
             what = f"'{model.name}' is {family.name}" + (f" ({', '.join(settings)})" if settings else "")
-            if name in family.folder_components:
-                raise UserInputError(f"{family.name}'s {name} is not read from a single file (diffusers has no "
-                                     f"converter for it): leave it at 'none'; it comes from the configs folder's "
-                                     f"weights.")
             if name in family.extra_denoisers:  # a variant of the family with one diffusion model
                 raise UserInputError(f"{what}, which has one diffusion model: it takes no second diffusion model "
                                      f"({name}); leave it at 'none'. It takes: {describe_slots(family, comfy_files)}.")
             raise UserInputError(f"{family.name} has no {name}; leave it at 'none'. {family.name} takes: "
                                  f"{describe_slots(family, comfy_files)}.")
         check_file_for_slot(header, name, family.base_class, settings, model)
+        check_layers_read(header.keys(), header.name, name, family)
         check_file_name(header, slots[name], comfy_files)
         if name in family.extra_denoisers:
             check_same_model(model, header, name, comfy_files.get(name, slots[name].comfy_file))
@@ -93,11 +90,6 @@ def choose_files(model: HeaderView, family: Family, picked: dict[str, HeaderView
         raise UserInputError(f"{family.name} from single files also needs " + ", ".join(
             f"{name} ({comfy_files.get(name, slots[name].comfy_file)})" for name in missing) + f". {family.name} "
             f"takes: {describe_slots(family, comfy_files)}.")
-    unread = [name for name in family.folder_components if name not in configs_have_weights]
-    if unread:
-        raise UserInputError(f"{family.name}'s {', '.join(unread)} are not read from single files (diffusers has no "
-                             f"converter for them): pick its diffusers folder, with their weights, as configs (e.g. "
-                             f"{family.default_config_repo.split('/')[-1]} in models/diffusers).")
     return tuple(sorted(files.items()))
 
 

@@ -15,6 +15,7 @@ Everything a user can get wrong is checked from the safetensors header alone (`f
 from __future__ import annotations
 
 import os
+import re
 
 from . import quant_formats
 from .errors import ModelLoadError, UserInputError
@@ -488,15 +489,73 @@ def _to_dtype(model, dtype):
     return model
 
 
-def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None = None):
+# a decoder layer's keys in a text encoder's state dict (transformers' and ComfyUI's names; not a vision tower's blocks)
+DECODER_LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
+
+
+def decoder_layers(keys) -> int:
+    """How many decoder layers a text encoder's keys hold (its highest layer index + 1; 0 for none)."""
+    found = [int(m.group(1)) for m in map(DECODER_LAYER.match, keys) if m]
+    return max(found) + 1 if found else 0
+
+
+def check_layers_read(keys, file: str, component: str, family: Family) -> None:
+    """Refuse a text encoder file with fewer decoder layers than its pipeline reads (`FileSlot.layers_read`)."""
+    slot = family.slot(component)
+    held = decoder_layers(keys)
+    if slot is not None and slot.layers_read and held < slot.layers_read:
+        raise UserInputError(f"'{file}' holds {held} decoder layers, but {family.name} reads the hidden states after "
+                             f"layer {slot.layers_read} of its {component}: it is {slot.kind.words} of another model. "
+                             f"Pick ComfyUI's {slot.comfy_file} (or another with at least {slot.layers_read} layers).")
+
+
+def _cut_text_model(model, config_layers: int, held: int, missing: list[str], name: str, file: str,
+                    notes: list[str]) -> list[str]:
+    """A text encoder built with only the decoder layers its file holds (`held`, fewer than its config's
+    `config_layers`; at least the slot's `layers_read`), for a pipeline that reads the hidden states after a layer the
+    file has (a file cut right after the layer its pipeline reads: `FileSlot.layers_read`). The layers past the file's
+    are not in the model at all, so nothing runs random weights; the config keeps `config_layers` (the model the file
+    was cut from: what diffusers' blocks check before they read a layer's output). Its hidden states are each layer's
+    raw output (`tie_last_hidden_states` off: else transformers puts the normed output in the last one), so
+    hidden_states[i] is the full model's for every i <= held. A final norm the file lacks becomes an identity (such a
+    file's conditioning is its last layer's output, unnormed), so the model's `last_hidden_state` is then the last
+    layer's output, not the full model's: no pipeline reading such a slot uses it. Returns the missing keys left to
+    refuse."""
+    import torch
+
+    text = next(module for module in model.modules()
+                if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and hasattr(module, "norm")
+                and len(module.layers) == held)
+    prefix = next(n for n, m in model.named_modules() if m is text)
+    norm = f"{prefix}.norm.weight"
+    if norm in missing:
+        text.norm = torch.nn.Identity()
+        missing = [k for k in missing if k != norm]
+    text.config.tie_last_hidden_states = False
+    getattr(model.config, "text_config", model.config).num_hidden_layers = config_layers
+    notes.append(f"{name}: '{file}' holds the first {held} of its {config_layers} decoder layers"
+                 f"{' and no final norm' if isinstance(text.norm, torch.nn.Identity) else ''}; the pipeline reads no "
+                 f"layer past them, so the model keeps those {held} layers and runs no others.")
+    return missing
+
+
+def _load_transformers(name, cls, weights, folder, dtype, kind: FileKind | None = None, layers_read: int = 0,
+                       file: str = "", notes: list[str] | None = None):
     old, new = kind.text_only_prefix if kind is not None and kind.text_only_prefix else (None, None)
     if old and any(k.startswith(old + "layers.") for k in weights):
         weights = {new + k[len(old):] if k.startswith(old) else k: v for k, v in weights.items()}
     config = cls.config_class.from_pretrained(os.path.join(folder, name))
     if kind is not None and kind.to_transformers and kind.keys()[0] in weights:  # a file in its original layout
         weights = kind.to_transformers(cls, config, weights)
+    text_config = getattr(config, "text_config", config)
+    config_layers, held = text_config.num_hidden_layers, decoder_layers(weights)
+    cut = bool(layers_read) and layers_read <= held < config_layers
+    if cut:  # built with the file's layers only (_cut_text_model)
+        text_config.num_hidden_layers = held
     model, info = cls.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, output_loading_info=True)
     missing = [k for k in info["missing_keys"] if not k.removeprefix("model.").startswith(UNUSED_PARTS)]
+    if cut:
+        missing = _cut_text_model(model, config_layers, held, missing, name, file, notes if notes is not None else [])
     unexpected = [k for k in info["unexpected_keys"] if not k.endswith(IGNORED_UNEXPECTED)]
     random_vision = [k for k in info["missing_keys"] if k.removeprefix("model.").startswith(VISION_PARTS)]
     return model, missing, unexpected, sorted(info["mismatched_keys"]), random_vision
@@ -547,10 +606,12 @@ def load_component(name: str, cls, path: str, config_folder: str, dtype, weights
     if carries_latent_decoder(family, name, path):
         kind = family.latent_decoder.file_kind  # its own component's part of it, as that kind converts it
     want = kind.words
+    check_layers_read(weights, file, name, family)
     try:
         if cls.__module__.startswith("transformers"):
+            layers_read = family.slot(name).layers_read if family.slot(name) else 0
             model, missing, unexpected, mismatched, random_vision = _load_transformers(
-                name, cls, weights, config_folder, dtype, kind)
+                name, cls, weights, config_folder, dtype, kind, layers_read, file, notes)
         else:
             model, missing, unexpected, mismatched, random_vision = _load_diffusers(
                 name, cls, weights, config_folder, dtype, kind)
@@ -627,6 +688,7 @@ def check_files_against_configs(files, config_folder: str, model_class: str) -> 
         model = meta_model(config_folder, component, library, cls_name)
         header = _header(path)
         prefix = check_file_for_slot(header, component, model_class, settings, model_file)
+        check_layers_read([k[len(prefix):] for k in header if k.startswith(prefix)], header.name, component, family)
         in_file = _by_suffix(k[len(prefix):] for k in header if k.startswith(prefix))
         for key, tensor in model.state_dict().items():
             file_key = prefix + in_file.get(key, "\0")

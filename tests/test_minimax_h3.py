@@ -313,9 +313,13 @@ def test_ref2va_files_and_configs_without_weights_are_refused_when_queued(h3_fil
                                              r"from a file yet \(a reference run loads transformer_ref from the configs "
                                              r"folder's weights\)"):
         plan(str(ref2va), {}, "auto", [str(folder.parent)])
-    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs vae "
+    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs text_encoder "
+                                             r"\(qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors\), vae "
                                              r"\(minimax_h3_video_vae_int8_convrot.safetensors\), audio_vae"):
         plan(str(path), {}, "auto", [])  # auto's hub id gives configs only
+    with pytest.raises(UserInputError, match=r"'minimax_h3_fl2va_bf16.safetensors' is a MiniMax H3 diffusion model, "
+                                             r"but text_encoder of MiniMax H3 needs a Qwen3-VL text encoder"):
+        plan(str(path), {"text_encoder": str(path)}, "auto", [])
     with pytest.raises(UserInputError, match=r"is a MiniMax H3 diffusion model, but vae of MiniMax H3 needs a MiniMax "
                                              r"H3 video VAE"):
         plan(str(path), {"vae": str(path)}, "auto", [str(folder.parent)])

@@ -137,12 +137,14 @@ def test_a_wrong_file_in_a_vae_slot_is_refused_when_queued(vae_files):
     with pytest.raises(UserInputError, match=r"'minimax_h3_fl2va_bf16.safetensors' is a MiniMax H3 diffusion model, "
                                              r"but vae of MiniMax H3 needs a MiniMax H3 video VAE\."):
         plan(transformer, {"vae": transformer}, "auto", roots)
-    # a configs-only folder (auto's hub id): both VAEs are needed as files, the text encoder from a folder
-    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs vae "
+    # a configs-only folder (auto's hub id): the text encoder and both VAEs are needed as files
+    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs text_encoder "
+                                             r"\(qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors\), vae "
                                              r"\(minimax_h3_video_vae_int8_convrot.safetensors\), audio_vae "
-                                             r"\(minimax_h3_audio_vae_fp32.safetensors\)"):
+                                             r"\(minimax_h3_audio_vae_fp32.safetensors\)\."):
         plan(transformer, {}, "auto", [])
-    with pytest.raises(UserInputError, match=r"MiniMax H3's text_encoder are not read from single files"):
+    with pytest.raises(UserInputError, match=r"MiniMax H3 from single files also needs text_encoder "
+                                             r"\(qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors\)\."):
         plan(transformer, {"vae": video, "audio_vae": audio}, "auto", [])
 
 

@@ -1522,6 +1522,24 @@ def minimax_h3_audio_vae_to_comfy(sd: dict, config: dict) -> dict:
     return out
 
 
+MINIMAX_H3_TEXT_LAYERS = 50  # ComfyUI's file: Qwen3-VL 32B cut after the layer H3's blocks read
+
+
+def minimax_h3_text_encoder_layout(sd: dict, layers: int = MINIMAX_H3_TEXT_LAYERS) -> dict:
+    """Comfy-Org's MiniMax H3 text encoder (ComfyUI's comfy/text_encoders/minimax.py: Qwen3-VL 32B "truncated to 50
+    layers", no final norm) from a Qwen3VLForConditionalGeneration state dict: ComfyUI's Qwen3-VL names (`model.`
+    language model beside `visual.`), its first `layers` decoder layers, no `model.norm`, no `lm_head` (None: all)."""
+    out = {}
+    for key, value in sd.items():
+        if key.startswith("lm_head.") or (layers is not None and key == "model.language_model.norm.weight"):
+            continue
+        key = key.replace("model.language_model.", "model.", 1).replace("model.visual.", "visual.", 1)
+        layer = re.match(r"model\.layers\.(\d+)\.", key)
+        if layers is None or not layer or int(layer.group(1)) < layers:
+            out[key] = value
+    return out
+
+
 def minimax_h3_vae_files(folder, out) -> dict[str, Path]:
     """MiniMax H3's VAE files from a tiny folder: the video VAE in fp16 (minimax_h3_video_vae_fp16) and with its
     decoder's block linears int8 ConvRot (minimax_h3_video_vae_int8_convrot; groups of 16, the tiny decoder is 32
@@ -1564,3 +1582,28 @@ def minimax_h3_audio_vae_values(sd: dict) -> dict:
             out[key] = weight
             out[f"{layer}.weight_g"] = weight.flatten(1).norm(dim=1).reshape(-1, *[1] * (weight.dim() - 1))
     return out
+
+
+def minimax_h3_text_encoder_files(folder, out) -> dict[str, Path]:
+    """MiniMax H3's text encoder as Comfy-Org's qwen3vl_32b_minimax_h3_nvfp4_awq holds it (50 layers in ComfyUI's
+    layout; the language model's linears nvfp4 with AWQ pre-scales, where they fit comfy-kitchen's layout, their JSON
+    with `full_precision_matrix_mult`; the token embedding int8_tensorwise; the rest, vision tower included, bf16: the
+    350 nvfp4 + 1 int8 layers third-party checks count in the real file, unverified), and the
+    folder's whole text encoder in that layout (every layer and the final norm: a Qwen3-VL file that is not cut), bf16."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = folder_weights(folder, "text_encoder")
+    whole = {k: v.to(torch.bfloat16) for k, v in minimax_h3_text_encoder_layout(sd, None).items()}
+    import json
+
+    cut = minimax_h3_text_encoder_layout(sd)
+    language = {k: v for k, v in cut.items() if k.startswith("model.layers.")}  # the vision tower stays bf16
+    embed = {"model.embed_tokens.weight": cut["model.embed_tokens.weight"]}
+    quantized = {**{k: v.to(torch.bfloat16) for k, v in cut.items() if k not in language and k not in embed},
+                 **comfy_quantized(embed, "int8"), **comfy_quantized(language, "nvfp4_awq")}
+    nvfp4 = json.dumps({"format": "nvfp4", "full_precision_matrix_mult": True}).encode()
+    quantized.update({k: torch.tensor(list(nvfp4), dtype=torch.uint8) for k in quantized
+                      if k.startswith("model.layers.") and k.endswith(".comfy_quant")})
+    return {"text_encoder": _save(quantized,
+                                  out / "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"),
+            "text_encoder_whole": _save(whole, out / "qwen3vl_32b_bf16.safetensors")}

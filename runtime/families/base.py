@@ -304,6 +304,10 @@ class FileSlot:
     # lower-case parts of a file name that say the file belongs elsewhere, though its kind fits (Wan 2.2's
     # high-noise expert picked for the low-noise expert's slot)
     not_named: tuple[str, ...] = ()
+    # a text encoder its pipeline reads only up to the hidden states after this many decoder layers (MiniMax H3:
+    # hidden_states[50]): a file holding at least these layers fills it, and the layers past the file's (and a final
+    # norm it lacks) are left out of the model, never run (single_file._cut_text_model); 0 = every layer is needed
+    layers_read: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,9 +471,6 @@ class Family:
     # {lower-case part of a diffusion-model file's name: what to use instead}: files of the family's kind that it
     # cannot load (Wan 2.1's have Wan 2.2's keys, but other configs), refused when the prompt is queued
     unsupported_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # components no single file fills (diffusers has no converter for them): the File Loader reads them from the
-    # configs folder's weights, which it then needs (MiniMax H3's VAEs and text encoder)
-    folder_components: tuple[str, ...] = ()
     # (denoiser) -> None, before it is compiled: sets up what its first call would set up lazily in a way
     # torch.compile cannot trace (Z-Image's rotary table), so a fresh model compiles with fullgraph
     prepare_compile: Callable | None = None

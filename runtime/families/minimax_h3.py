@@ -19,8 +19,17 @@ converter ("stacked" q/k/v, as every published single file is), and its "pruned"
 form: `adaln_t_table`, the time embedding's curve sampled on a grid, replaces the time embedder, and each AdaLN
 projection is cut to that curve's rank-8 basis), as diffusers' class with those modules swapped (`CURVE_FORM`). Its
 video VAE (fp16 or int8 ConvRot, dequantized on load) and audio VAE files are converted by the pack (minimax_h3_vae.py:
-diffusers has no converter for them). diffusers has no converter for its Qwen3-VL text encoder either, which comes from
-the configs folder's weights (`Family.folder_components`).
+diffusers has no converter for them).
+
+The text encoder file (Comfy-Org's qwen3vl_32b_minimax_h3_nvfp4_awq, ComfyUI's Qwen3-VL layout with the vision tower,
+its language model's linears nvfp4 with AWQ pre-scales) is Qwen3-VL 32B cut after decoder layer 50, the layer H3 reads
+(ComfyUI's comfy/text_encoders/minimax.py): no layers 51 to 64, no final norm, no lm_head. diffusers' blocks read
+`hidden_states[50]` and refuse a text encoder of <= 50 layers (a 50-layer stack's last hidden state is normed), so the
+slot's `layers_read` has the loader build the text encoder with the file's 50 layers only while its config keeps the
+folder's count (64): its hidden states are each layer's raw output (transformers' tie of the last one to the normed
+output off) and the missing norm is an identity, so `hidden_states[50]` is the whole model's and no layer past 50 is
+built or run, random or not (single_file._cut_text_model). A whole Qwen3-VL 32B file loads as it is; one of fewer than
+50 layers is refused.
 """
 
 import functools
@@ -28,7 +37,7 @@ import functools
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
                    FileKind, FileSlot, FrameRule, MemoryModel, ModelForm, ModularBlocks, ReferenceModel, ReferenceRule,
                    TaskPipeline)
-from .components import diffusers_detection_keys
+from .components import QWEN3VL, diffusers_detection_keys
 from .minimax_h3_vae import AUDIO_VAE, VIDEO_VAE
 
 PIPELINE = "MiniMaxH3ModularPipeline"
@@ -119,6 +128,8 @@ CURVE_FORM = ModelForm("adaln_t_table", curve_form_model, curve_form_weights)
 TRANSFORMER = FileKind("minimax_h3_transformer", "a MiniMax H3 diffusion model", lambda: (
     *diffusers_detection_keys("minimax-h3"), "token_refiner.refiner_blocks.0.attn.to_q.weight"), forms=(CURVE_FORM,))
 UNPRUNED = "minimax_h3_fl2va_int8_convrot.safetensors"  # Comfy-Org's unpruned files: this and the bf16 one
+TEXT_ENCODER = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # Comfy-Org's: 50 layers, no final norm, vision tower
+TEXT_LAYER = 50  # its blocks' text_encoder_layer: they read hidden_states[50], the output of decoder layer 50
 
 
 def first_last(first, last) -> dict:
@@ -173,7 +184,8 @@ def latent_frames(frames: int) -> int:
 # diffusers 0.42.1's class defaults (its default repo is MiniMaxAI/MiniMax-H3): 33.12B parameters, 61.7 GiB in bf16
 # (the 66.3 GB of Comfy-Org's minimax_h3_fl2va_bf16 file), 2.60B (its 5.21 GB fp16 video VAE) and 0.15B (its 605 MB
 # fp32 audio VAE) match the released files. One partition loads per run (t2va/fl2va: `transformer`). The text encoder
-# is Qwen3-VL 32B's published shape (33.4B): all its weights load though the blocks read its 50th layer.
+# is Qwen3-VL 32B's published shape (33.4B): a folder's weights all load though the blocks read its 50th layer (its
+# 50-layer file loads those only).
 QWEN3_VL_32B = ("transformers", "Qwen3VLForConditionalGeneration", dict(
     text_config=dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
                      num_attention_heads=64, num_key_value_heads=8, head_dim=128),
@@ -217,9 +229,10 @@ FAMILY = Family(
     comfy_latent=None,
     denoiser_kind=TRANSFORMER,
     denoiser_files=("minimax_h3_fl2va_bf16.safetensors", UNPRUNED),
-    file_slots=(FileSlot("vae", VIDEO_VAE, "minimax_h3_video_vae_int8_convrot.safetensors"),
+    # the text encoder: ComfyUI's Qwen3-VL 32B cut after layer 50 (the layer its blocks read): single_file._cut_text_model
+    file_slots=(FileSlot("text_encoder", QWEN3VL, TEXT_ENCODER, layers_read=TEXT_LAYER),
+                FileSlot("vae", VIDEO_VAE, "minimax_h3_video_vae_int8_convrot.safetensors"),
                 FileSlot("audio_vae", AUDIO_VAE, "minimax_h3_audio_vae_fp32.safetensors")),
-    folder_components=("text_encoder",),
     default_config_repo="MiniMaxAI/MiniMax-H3",
     diffusers_model_types=("minimax-h3",),
     # ref2va's transformer has fl2va's keys and shapes: only its name tells it
