@@ -199,12 +199,15 @@ def test_the_minimax_h3_tp_plan_shards_its_values_outputs_and_ffns_at_the_releas
 
 
 def test_a_minimax_h3_run_that_cannot_fit_is_refused_naming_what_to_change():
-    """MiniMax H3 has no mesh yet (no TP plan, context parallelism off): at its 16:9 canvas in bf16 a v5e chip fits
-    no layout and no smaller size (its transformer and text encoder are ~62 GiB each), which the refusal says; a v6e
-    chip with int8 weights is told the same; a v5p chip is told model CPU offload, never a mesh."""
+    """No mesh fits MiniMax H3 on a small chip (its TP plan shards 48% of the transformer, but TP keeps the whole
+    pipeline on the chips, the ~62 GiB text encoder whole; context parallelism splits no weight): at its 16:9 canvas
+    in bf16 a v5e chip fits no layout and no smaller size (its transformer and text encoder are ~62 GiB each), which
+    the refusal says; a v6e chip with int8 weights is told the same; a v5p chip is told model CPU offload on one
+    chip (no TP mesh fits it in bf16: ~109 GiB per chip at tp 8)."""
     bf16 = reference_sizes(H3_BF16)
     assert 2 * bf16.params["transformer"] / GIB == pytest.approx(61.7, abs=0.05)  # one partition, as released
     assert memory_plan.latent_tokens(bf16, 1344, 768, 124) == 37 * 24 * 42  # 17n + 5 frames: 5n + 2 latent frames
+    assert estimate(bf16, Layout(tp=8), 1344, 768, 124, 1).total / GIB == pytest.approx(109.1, abs=0.05)
     request = SampleRequest(prompt="a cat", width=1344, height=768, frames=124)
     message = refusal(minimax_h3.FAMILY, bf16, Layout(), request, 16 * GIB, "a v5e chip",
                       world_sizes=launchable_world_sizes("v5e"))

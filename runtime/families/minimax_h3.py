@@ -20,6 +20,11 @@ model (ComfyUI's curve form: `adaln_t_table`, a 1025 x 8 table of the timestep c
 time embedder, and each AdaLN projection is cut to that rank-8 basis), which diffusers' class does not run and which
 cannot be turned back into its weights (the full projections are gone): refused. diffusers has no converter for its VAEs
 nor its Qwen3-VL text encoder, so those come from the configs folder's weights (`Family.folder_components`).
+
+Parallelism: context parallelism with diffusers' `_cp_plan` (its packed sequence's length depends on the prompt: split
+unevenly where the ranks do not divide it, `cp_any_length`; the token refiner's text attention runs outside it), or
+tensor parallelism with the family's plan (`tensor_parallel_plan`: diffusers gives the class none), for whichever
+partition loads; a replica is one or the other, never both (refused when planned).
 """
 
 from .base import (AUDIO, FIRSTLAST2VIDEO, IMAGE, IMAGE2VIDEO, REFERENCE2VIDEO, TEXT2VIDEO, VIDEO, CanvasRule, Family,
