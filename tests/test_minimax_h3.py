@@ -240,11 +240,13 @@ def test_two_tensor_parallel_ranks_give_the_single_process_video_and_sound(tiny_
     assert result.info.transformer_bytes_per_rank == (local_bytes(transformer) - planned // 2,) * 2
 
 
-def test_a_tp_mesh_is_checked_and_each_partition_loads_sharded_with_the_family_plan(tiny_h3):
-    """Before a TP launch the mesh passes (H3 has the family's plan; tp 2 divides the tiny model's 2 heads) and a
-    context-parallel x tensor-parallel replica is refused; on a TP rank both partitions' transformers, t2va/fl2va's
-    `transformer` and ref2va's `transformer_ref`, load with a TensorParallelConfig over the replica's mesh, and the
-    class's `_tp_plan` is the family's for that config."""
+def test_a_tp_mesh_is_checked_and_each_partition_loads_sharded_with_the_family_plan(tiny_h3, tmp_path):
+    """Before a TP launch the mesh passes (H3 has the family's plan; tp 2 divides the tiny model's 2 heads of 16
+    channels; its Qwen3-VL's one key/value head does not: it stays whole), a head width tp does not divide is refused
+    (the plan splits each head's value channels), and a context-parallel x tensor-parallel replica is refused; on a TP
+    rank both partitions' transformers, t2va/fl2va's `transformer` and ref2va's `transformer_ref`, load with a
+    TensorParallelConfig over the replica's mesh, and the class's `_tp_plan` is the family's for that config."""
+    import json
     from diffusers import MiniMaxH3Transformer3DModel
 
     from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, shardable_families
@@ -255,6 +257,13 @@ def test_a_tp_mesh_is_checked_and_each_partition_loads_sharded_with_the_family_p
     assert "MiniMax H3" in shardable_families()
     assert check_mesh(MeshSpec(chips=2, shard_text_encoder=False), tiny_h3, device_info("cpu"))[0] == \
         "mesh: 1 replica(s) x 2-way tensor parallel over 2 ranks"
+    odd = tmp_path / "odd-heads"
+    shutil.copytree(tiny_h3, odd)
+    config_path = odd / "transformer_ref" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "attention_head_dim": 15}))
+    with pytest.raises(UserInputError, match=r"tp 2 \(chips / replicas\) does not divide the transformer's 15-channel "
+                                             r"heads \(attention_head_dim\): .* one of \[1\]"):
+        check_mesh(MeshSpec(chips=2, shard_text_encoder=False), str(odd), device_info("cpu"))
     with pytest.raises(UserInputError, match="context parallel or tensor parallel, not both"):
         mesh_shape(MeshSpec(chips=4, context_parallel=2, replicas=1), 4)
 
