@@ -306,7 +306,7 @@ def _check_transformer(source: str, denoiser: str, cls: str, tp: int, family: Fa
         raise UserInputError(f"tp {tp} (chips / replicas) does not divide the transformer's {heads} attention "
                              f"heads; make chips / replicas one of {valid}.")
     if getattr(getattr(diffusers, cls), "_tp_plan", None) is None or getattr(diffusers, cls) in FAMILY_PLANNED:
-        # the families' plans (Wan's, LTX-2's, MiniMax H3's) split each head's value channels over the ranks
+        # a family's plan (Family.tp_plan) splits each head's value channels over the ranks, per head
         for key in (key for key in sorted(config) if key.endswith("attention_head_dim")):
             width = config[key]
             if width and width % tp:
