@@ -271,10 +271,11 @@ def test_zimage_refuses_tp_saying_what_works_and_its_replicas_give_the_single_pr
     denoisers' _tp_plan) and points to replicas, which run it as one process does."""
     from tpu_diffusers_runtime.distributed.mesh import shardable_families
 
-    assert shardable_families() == "FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2, Qwen-Image 2.1 and LTX-2"
+    assert shardable_families() == ("FLUX.1, FLUX.2, QwenImage, FLUX.2 [klein], Wan 2.2, Qwen-Image 2.1, LTX-2 and "
+                                    "MiniMax H3")
     with pytest.raises(UserInputError, match=r"ZImageTransformer2DModel has no tensor-parallel plan in diffusers, so "
-                                             r"it cannot be sharded \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\], Wan 2.2, Qwen-Image 2.1 and LTX-2 "
-                                             r"can\). "
+                                             r"it cannot be sharded \(FLUX.1, FLUX.2, QwenImage, FLUX.2 \[klein\], Wan 2.2, Qwen-Image 2.1, LTX-2 "
+                                             r"and MiniMax H3 can\). "
                                              r"Use replicas instead: turn shard_transformer off"):
         engine.generate(handle_for(tiny, "zimage", mesh=MeshSpec(chips=2)), request())
     assert engine.workers.current is None  # refused before anything launched

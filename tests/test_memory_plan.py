@@ -174,15 +174,40 @@ def test_reference_to_video_counts_its_pictures_and_videos_at_the_sizes_the_mode
 
 
 H3_BF16, H3_INT8 = minimax_h3.REFERENCE_MODELS
+H3_BF16_CONFIG = minimax_h3.REFERENCE_MODELS[H3_BF16].components["transformer"][2]
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_the_minimax_h3_tp_plan_shards_its_values_outputs_and_ffns_at_the_release_widths(tp):
+    """The family's plan at the release's config (56 heads x 128, built on the meta device): per head for the values
+    and outputs, per SwiGLU half for the FFN's input, in the 50 blocks and the token refiner; q/k, the AdaLN
+    projections and the rest whole: 48.4% of the 33.1B parameters, as its docstring says."""
+    from diffusers import MiniMaxH3Transformer3DModel
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    transformer = memory_plan.meta_module(MiniMaxH3Transformer3DModel, H3_BF16_CONFIG)
+    assert minimax_h3.FAMILY.tp_plan is minimax_h3.tensor_parallel_plan
+    specs = resolve_tp_shard_specs(transformer, minimax_h3.tensor_parallel_plan(transformer.config), tp)  # divisible
+    params = dict(transformer.named_parameters())
+    sharded = sum(params[name].numel() for name, spec in specs.items() if spec.dim is not None)
+    assert sharded / sum(p.numel() for p in params.values()) == pytest.approx(0.484, abs=0.001)
+    assert not any(".to_q." in name or ".to_k." in name or "norm" in name or "adaln" in name for name in specs)
+    assert specs["transformer_blocks.49.attn.to_v.weight"].block_sizes == [128] * 56
+    assert specs["token_refiner.refiner_blocks.1.attn.to_out.0.weight"] == (1, [128] * 56)
+    assert specs["transformer_blocks.0.ff.net.0.proj.weight"] == (0, [14336, 14336])  # value half, gate half
+    assert specs["transformer_blocks.0.ff.net.2.weight"] == (1, [14336])
 
 
 def test_a_minimax_h3_run_that_cannot_fit_is_refused_naming_what_to_change():
-    """MiniMax H3 has no mesh yet (no TP plan, context parallelism off): at its 16:9 canvas in bf16 a v5e chip fits
-    no layout and no smaller size (its transformer and text encoder are ~62 GiB each), which the refusal says; a v6e
-    chip with int8 weights is told the same; a v5p chip is told model CPU offload, never a mesh."""
+    """No mesh fits MiniMax H3 on a small chip (its TP plan shards 48% of the transformer, but TP keeps the whole
+    pipeline on the chips, the ~62 GiB text encoder whole; context parallelism splits no weight): at its 16:9 canvas
+    in bf16 a v5e chip fits no layout and no smaller size (its transformer and text encoder are ~62 GiB each), which
+    the refusal says; a v6e chip with int8 weights is told the same; a v5p chip is told model CPU offload on one
+    chip (no TP mesh fits it in bf16: ~109 GiB per chip at tp 8)."""
     bf16 = reference_sizes(H3_BF16)
     assert 2 * bf16.params["transformer"] / GIB == pytest.approx(61.7, abs=0.05)  # one partition, as released
     assert memory_plan.latent_tokens(bf16, 1344, 768, 124) == 37 * 24 * 42  # 17n + 5 frames: 5n + 2 latent frames
+    assert estimate(bf16, Layout(tp=8), 1344, 768, 124, 1).total / GIB == pytest.approx(109.1, abs=0.05)
     request = SampleRequest(prompt="a cat", width=1344, height=768, frames=124)
     message = refusal(minimax_h3.FAMILY, bf16, Layout(), request, 16 * GIB, "a v5e chip",
                       world_sizes=launchable_world_sizes("v5e"))

@@ -216,6 +216,82 @@ def test_two_context_parallel_ranks_give_the_single_process_video_and_sound(tiny
         cp_engine.unload()
 
 
+def test_two_tensor_parallel_ranks_give_the_single_process_video_and_sound(tiny_h3, engine):
+    """The family's TP plan (diffusers has none), 2 CPU ranks (gloo), text to video: each rank holds a 1/2 slice of
+    every attention's value and output projections (per head: the tiny model's 2 heads x 16) and of each SwiGLU FFN
+    (per half), in the block and the token refiner; the frames and the sound equal one process's, and each rank holds
+    all of the transformer less half of what the plan shards (the tiny Qwen3-VL stays whole: only the transformer is
+    asked). A reference run's transformer_ref is sharded by the same plan (the test below checks that it is asked
+    for); a reference run (REFERENCES, 2 steps) on 2 TP ranks, measured once, equals one process's frames within
+    2.4e-7 and sound within 3.7e-8 with each rank holding half of transformer_ref's planned weights; left out here
+    for time (~8 min on a shared 2-core CPU, most of it the single-process reference run)."""
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    from tpu_diffusers_runtime.distributed.sharding import local_bytes
+    from tpu_diffusers_runtime.families import minimax_h3
+
+    handle = PipelineHandle.of(source=tiny_h3, model_class=PIPELINE)
+    video = request(batch_size=1, steps=2)
+    single = engine.generate(handle, video)
+    transformer = engine.realise(handle)[0].pipe.transformer
+    params = dict(transformer.named_parameters())
+    specs = resolve_tp_shard_specs(transformer, minimax_h3.tensor_parallel_plan(transformer.config), 2)
+    planned = sum(params[name].numel() * params[name].element_size() for name, spec in specs.items()
+                  if spec.dim is not None)
+    tp_engine = Engine()
+    try:
+        result = tp_engine.generate(PipelineHandle.of(source=tiny_h3, model_class=PIPELINE,
+                                                      mesh=MeshSpec(chips=2, shard_text_encoder=False)), video)
+    finally:
+        tp_engine.unload()
+    assert result.info.task == "text2video" and result.info.mesh_shape == (1, 1, 2)
+    assert (result.images - single.images).abs().max() <= 1 / 255
+    torch.testing.assert_close(result.audio["waveform"], single.audio["waveform"], atol=1e-4, rtol=0)
+    assert result.info.sharded_fraction_per_rank == (0.5, 0.5)
+    assert result.info.transformer_bytes_per_rank == (local_bytes(transformer) - planned // 2,) * 2
+
+
+def test_a_tp_mesh_is_checked_and_each_partition_loads_sharded_with_the_family_plan(tiny_h3, tmp_path):
+    """Before a TP launch the mesh passes (H3 has the family's plan; tp 2 divides the tiny model's 2 heads of 16
+    channels; its Qwen3-VL's one key/value head does not: it stays whole), a head width tp does not divide is refused
+    (the plan splits each head's value channels), and a context-parallel x tensor-parallel replica is refused; on a TP
+    rank both partitions' transformers, t2va/fl2va's `transformer` and ref2va's `transformer_ref`, load with a
+    TensorParallelConfig over the replica's mesh, and the class's `_tp_plan` is the family's for that config."""
+    import json
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from tpu_diffusers_runtime.distributed.mesh import check_mesh, mesh_shape, shardable_families
+    from tpu_diffusers_runtime.distributed.sharding import Sharding
+    from tpu_diffusers_runtime.families import minimax_h3
+    from tpu_diffusers_runtime.model_folder import component_config
+
+    assert "MiniMax H3" in shardable_families()
+    assert check_mesh(MeshSpec(chips=2, shard_text_encoder=False), tiny_h3, device_info("cpu"))[0] == \
+        "mesh: 1 replica(s) x 2-way tensor parallel over 2 ranks"
+    odd = tmp_path / "odd-heads"
+    shutil.copytree(tiny_h3, odd)
+    config_path = odd / "transformer_ref" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "attention_head_dim": 15}))
+    with pytest.raises(UserInputError, match=r"tp 2 \(chips / replicas\) does not divide the transformer's 15-channel "
+                                             r"heads \(attention_head_dim\): .* one of \[1\]"):
+        check_mesh(MeshSpec(chips=2, shard_text_encoder=False), str(odd), device_info("cpu"))
+    with pytest.raises(UserInputError, match="context parallel or tensor parallel, not both"):
+        mesh_shape(MeshSpec(chips=4, context_parallel=2, replicas=1), 4)
+
+    class TwoRanks:  # what Sharding reads of the replica's tp mesh before a load
+        def size(self):
+            return 2
+
+    mesh = TwoRanks()
+    sharding = Sharding(MeshSpec(chips=2, shard_text_encoder=False), mesh, minimax_h3.FAMILY)
+    for name in ("transformer", "transformer_ref"):
+        assert sharding.load_kwargs(tiny_h3, name)["parallel_config"].mesh is mesh
+        plan = minimax_h3.tensor_parallel_plan(component_config(tiny_h3, name))
+        assert {key: type(style) for key, style in MiniMaxH3Transformer3DModel._tp_plan.items()} == \
+            {key: type(style) for key, style in plan.items()}
+    assert sharding.sharded == {"transformer", "transformer_ref"} and sharding.load_kwargs(tiny_h3, "vae") == {}
+
+
 @pytest.mark.parametrize("references, message", [
     ((Reference("audio", audio=SOUND, sample_rate=32_000),), "only beside a picture or a video"),
     ((Reference("image", frames=PIXELS[None] / 255.0),) * 10, "at most 9 image references; 10 are connected"),

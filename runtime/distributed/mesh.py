@@ -299,11 +299,21 @@ def _check_transformer(source: str, denoiser: str, cls: str, tp: int, family: Fa
                              f"({shardable_families()} can). Use replicas instead: turn shard_transformer off (each "
                              "chip then holds the whole pipeline and runs its share of the batch), or drop the TP "
                              "Mesh.")
-    heads = component_config(source, denoiser).get("num_attention_heads")
+    config = component_config(source, denoiser)
+    heads = config.get("num_attention_heads")
     if heads and heads % tp:
         valid = [n for n in range(1, heads + 1) if heads % n == 0]
         raise UserInputError(f"tp {tp} (chips / replicas) does not divide the transformer's {heads} attention "
                              f"heads; make chips / replicas one of {valid}.")
+    if getattr(getattr(diffusers, cls), "_tp_plan", None) is None or getattr(diffusers, cls) in FAMILY_PLANNED:
+        # a family's plan (Family.tp_plan) splits each head's value channels over the ranks, per head
+        for key in (key for key in sorted(config) if key.endswith("attention_head_dim")):
+            width = config[key]
+            if width and width % tp:
+                valid = [n for n in range(1, width + 1) if width % n == 0 and not (heads and heads % n)]
+                raise UserInputError(f"tp {tp} (chips / replicas) does not divide the transformer's {width}-channel "
+                                     f"heads ({key}): its TP plan splits each head's value channels over the ranks; "
+                                     f"make chips / replicas one of {valid}.")
     return []
 
 

@@ -30,6 +30,11 @@ folder's count (64): its hidden states are each layer's raw output (transformers
 output off) and the missing norm is an identity, so `hidden_states[50]` is the whole model's and no layer past 50 is
 built or run, random or not (single_file._cut_text_model). A whole Qwen3-VL 32B file loads as it is; one of fewer than
 50 layers is refused.
+
+Parallelism: context parallelism with diffusers' `_cp_plan` (its packed sequence's length depends on the prompt: split
+unevenly where the ranks do not divide it, `cp_any_length`; the token refiner's text attention runs outside it), or
+tensor parallelism with the family's plan (`tensor_parallel_plan`: diffusers gives the class none), for whichever
+partition loads; a replica is one or the other, never both (refused when planned).
 """
 
 import functools
@@ -156,6 +161,42 @@ def references(given) -> dict:
     return {"references": [made[reference.kind](reference) for reference in given]}
 
 
+def tensor_parallel_plan(config) -> dict:
+    """A `_tp_plan` for a MiniMaxH3Transformer3DModel of this config (diffusers 0.42.1 gives it none), for both
+    partitions (`transformer`, `transformer_ref`: one class, one config shape).
+
+    Its attention (self-attention over the one packed sequence, no cross-attention, no gate, unfused to_q/to_k/to_v)
+    normalises q and k per head (RMSNorm over attention_head_dim), but its processor reshapes them by `attn.heads`,
+    the whole count: a column shard of to_q/to_k would leave every rank all heads at a fraction of their width, whose
+    per-head norms, rotary angles and q k^T are not those of the whole heads. So to_q/to_k stay whole, as Wan's
+    (runtime/families/wan.py), and what is sharded is exact:
+    - each attention's value projection per head (PackedColwiseParallel, one block per head): every rank keeps a
+      1/tp slice of each head's value channels (values take no rotary), and attention gives that slice of each head's
+      output (softmax(q k^T) v is linear in v's channels); `to_out.0` takes it (PackedRowwiseParallel, the same
+      blocks) and all-reduces;
+    - the SwiGLU FFN: `ff.net.0.proj` holds the value half then the gate half (diffusers' SwiGLU chunks it in two),
+      so it is split per half (PackedColwiseParallel([1, 1])): each rank a 1/tp slice of both, which its own SiLU gate
+      multiplies; `ff.net.2` rowwise, all-reduced.
+    Both for the 50 blocks and the text's token refiner blocks (the same attention and FFN, no AdaLN). Whole on every
+    rank: q/k and their norms, each block's AdaLN projection (`adaln_proj.linear`, 2688 -> 6 x 3 x 5376: 13.0B of the
+    33.1B; its output is cut into six hidden-wide parameters that each multiply the whole residual, and its input, the
+    shared timestep embedding, is whole: neither a column nor a row shard of it is exact), the input projections, the
+    time embedder, norm_out and the output heads. The blocks are one per head: the plan depends on the head count, and
+    tp must divide the heads and each head's width (56 x 128: tp 2, 4, 8). q k^T is computed whole on every rank: this
+    plan saves weights, not attention time. 48.4% of the release's 33.1B parameters are sharded
+    (tests/test_memory_plan.py)."""
+    from diffusers.hooks.tensor_parallel import PackedColwiseParallel, PackedRowwiseParallel
+
+    per_head = [1] * config["num_attention_heads"]
+    plan = {}
+    for blocks in ("transformer_blocks", "token_refiner.refiner_blocks"):
+        plan[f"{blocks}.*.attn.to_v"] = PackedColwiseParallel(per_head)
+        plan[f"{blocks}.*.attn.to_out.0"] = PackedRowwiseParallel(per_head)
+        plan[f"{blocks}.*.ff.net.0.proj"] = PackedColwiseParallel([1, 1])  # SwiGLU: value half, gate half
+        plan[f"{blocks}.*.ff.net.2"] = "rowwise"
+    return plan
+
+
 def first_latent_frame(pipe, latents, height, width):
     """The loop's video latents are [B, 24, latent frames, h, w]: the first latent frame is the preview."""
     return latents[:, :, 0]
@@ -250,7 +291,8 @@ FAMILY = Family(
     # its blocks' canvas (canvas_short_edge, canvas_max_pixels, the 1:4 to 4:1 check), which they apply only to a size
     # they pick themselves: the pack always passes one, so it holds it to the same canvas
     canvas_rule=CanvasRule(768, 768 * 1344, 4.0, "the canvas its blocks pick sizes on"),
-    partition_denoisers=("transformer_ref",),
+    partition_denoisers=("transformer_ref",),  # sharded under tp like `transformer` (Family.denoisers)
+    tp_plan=tensor_parallel_plan,  # diffusers gives its transformer none
     cp_any_length=True,  # its text's tokens are not padded: the packed sequence's length depends on the prompt
     cp_local_attention=("token_refiner",),  # the text's own attention, before it joins the sequence
 )
