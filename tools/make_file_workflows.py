@@ -392,17 +392,19 @@ WORKFLOWS = {
         images=(("wan22_start_corgi.png", {"image": 0}),),
         upscaler="ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors", sound=True),
     "minimax_h3_i2v_int8_sound_one_chip_files": Workflow(
-        "One TPU v5p chip (95 GB HBM) or v7x device (96 GB), about 160 GB of host RAM. MiniMax H3's unpruned int8 "
-        "ConvRot diffusion model (Comfy-Org/MiniMax-H3): models/diffusion_models/minimax_h3_fl2va_int8_convrot."
-        "safetensors; its Qwen3-VL 32B text encoder and both VAEs from a MiniMax H3 diffusers folder in models/"
-        "diffusers (MiniMaxAI/MiniMax-H3, with their weights: diffusers has no converters for their single files). "
-        "The template's pruned file (minimax_h3_fl2va_pruned_int8_convrot) is another form of the model, refused. "
-        "Model CPU offload: the chip holds one model at a time, the bf16 text encoder (~62 GiB) the largest; the int8 "
-        "layers stay int8 on the chip. Image to video with its stereo sound: 1344x768, 124 frames (5 s at 24 fps), 30 "
-        "steps (guidance-distilled: guidance and negative prompt unused). Context parallelism over v6e-8 is not "
-        "built yet. Designed, not run on a chip.",
-        [("TPUFileLoader", ["minimax_h3_fl2va_int8_convrot.safetensors", "none", "none", "none", "none", "auto",
-                            "auto", "auto", "none", "auto", "none"]),
+        "One TPU v5p chip (95 GB HBM) or v7x device (96 GB), about 160 GB of host RAM. MiniMax H3 from the files its "
+        "ComfyUI templates download (Comfy-Org/MiniMax-H3): models/diffusion_models/minimax_h3_fl2va_pruned_int8_"
+        "convrot.safetensors (the pruned int8 ConvRot diffusion model, ComfyUI's curve form), models/text_encoders/"
+        "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors (Qwen3-VL 32B cut after layer 50; its nvfp4 layers dequantized "
+        "to bf16 on load), models/vae/minimax_h3_video_vae_int8_convrot.safetensors and minimax_h3_audio_vae_fp32."
+        "safetensors; configs auto (the small config files of MiniMaxAI/MiniMax-H3). Model CPU offload: the chip "
+        "holds one model at a time, the bf16 text encoder (~50 GiB) the largest; the transformer's int8 layers stay "
+        "int8 on the chip. Image to video with its stereo sound: 1344x768, 124 frames (5 s at 24 fps), 30 steps "
+        "(guidance-distilled: guidance and negative prompt unused). Designed, not run on a chip; the files read here "
+        "are tiny ones in their layout.",
+        [("TPUFileLoader", ["minimax_h3_fl2va_pruned_int8_convrot.safetensors", "qwen3vl_32b_minimax_h3_nvfp4_awq."
+                            "safetensors", "none", "none", "minimax_h3_video_vae_int8_convrot.safetensors", "auto",
+                            "auto", "auto", "none", "auto", "minimax_h3_audio_vae_fp32.safetensors"]),
          OFFLOAD,
          ("TPUVideoSampler", ["the corgi from the picture runs along the beach toward the camera and barks, waves "
                               "crashing, golden hour", "", 1344, 768, 124, 30, 1.0, 42, "fixed", 1]),
