@@ -940,7 +940,6 @@ def bf16_valued_transformer(folder) -> None:
     transformer_holding(folder, lambda sd: {k: v.to(torch.bfloat16).float() for k, v in sd.items()})
 
 
-
 def qwen3vl_file_layout(sd: dict) -> dict:
     """ComfyUI's Qwen3-VL files (its Qwen3VL module): the language model as "model." beside "visual."; transformers'
     Qwen3VLModel names it "language_model."."""
@@ -995,7 +994,6 @@ def zimage_files(folder, out) -> dict[str, Path]:
                               out / "qwen_3_4b.safetensors"),
         "vae": _save(vae_to_ldm(folder_weights(folder, "vae"), 4), out / "ae.safetensors"),
     }
-
 
 
 def qwenimage21_files(folder, out) -> dict[str, Path]:

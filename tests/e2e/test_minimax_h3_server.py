@@ -3,8 +3,9 @@ stereo sound into Create Video + Save Video, and reference to video from ComfyUI
 frames, rate and sound; Get Video Components' audio as a sound clip) chained through TPU Video Reference nodes. The
 frames (Save Image) and the sound (the AUDIO saved as an array by a node of another pack: ComfyUI's Save Audio needs
 torchaudio) equal diffusers' modular pipeline run as its users run it (the workflow's components, same seed): frames
-within one 8-bit level, sound within 1e-4. Reference chains the node or the model cannot take are refused on the
-node."""
+within one 8-bit level, sound within 1e-4. The templates' four files in the File Loader (written tiny, in their
+layouts) make image to video as the folder holding what they load as. Reference chains the node or the model cannot
+take are refused on the node."""
 
 from __future__ import annotations
 
@@ -102,12 +103,41 @@ def h3_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(h3_models, tmp_path_factory):
+def template_files(h3_models, tmp_path_factory):
+    """The files ComfyUI's MiniMax H3 templates load, written from the tiny folder in their layouts (the pruned int8
+    ConvRot diffusion model, pruned at the full rank; the Qwen3-VL text encoder cut at 50, nvfp4 AWQ; the int8 ConvRot
+    video VAE; the fp32 audio VAE), and a configs folder named as `auto` finds it that holds what they load as."""
+    import shutil
+
+    import tiny_single_files as tsf
+    from test_minimax_h3_text_encoder_file import file_values
+    from transformers import Qwen3VLForConditionalGeneration
+
+    root = tmp_path_factory.mktemp("h3-template-files")
+    made = {**tsf.minimax_h3_files(h3_models / MODEL, root / "files"),
+            **tsf.minimax_h3_text_encoder_files(h3_models / MODEL, root / "files"),
+            **tsf.minimax_h3_vae_files(h3_models / MODEL, root / "files")}
+    files = {"transformer": made["transformer_pruned"], "text_encoder": made["text_encoder"],
+             "vae": made["vae_int8_convrot"], "audio_vae": made["audio_vae"]}
+    configs = root / "MiniMax-H3"
+    shutil.copytree(h3_models / MODEL, configs)
+    tsf.transformer_holding(configs, tsf.minimax_h3_int8_values)  # what the unpruned file it was pruned from loads as
+    tsf.component_holding(configs, "vae", tsf.minimax_h3_video_vae_values("int8_convrot"))
+    tsf.component_holding(configs, "audio_vae", tsf.minimax_h3_audio_vae_values)
+    text_encoder = Qwen3VLForConditionalGeneration.from_pretrained(configs / "text_encoder")
+    text_encoder.load_state_dict({**text_encoder.state_dict(), **file_values(files["text_encoder"])})
+    text_encoder.save_pretrained(configs / "text_encoder")
+    return configs, files
+
+
+@pytest.fixture(scope="module")
+def server(h3_models, template_files, tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-h3")
     write_inputs(base / "input")  # before start: Load Video lists its files when the server starts
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / "save_audio_array.py").write_text(SAVE_AUDIO_ARRAY)
-    with comfy_server(base, h3_models, args=["--preview-method", "none"]) as running:
+    with comfy_server(base, h3_models, single_files={"minimax_h3": template_files},
+                      args=["--preview-method", "none"]) as running:
         yield running
 
 
@@ -180,6 +210,25 @@ def test_text_to_video_with_its_stereo_sound_into_create_video_and_save_video(se
     [video] = entry["outputs"][SAVE_VIDEO]["images"]
     with av.open(str(server.output_dir / video.get("subfolder", "") / video["filename"])) as container:
         assert container.streams.video[0].frames == FRAMES and container.streams.audio[0].channels == 2
+
+
+def test_image_to_video_from_the_templates_files_in_the_file_loader(server, template_files):
+    """The shipped workflow's graph (workflows/minimax_h3_i2v_int8_sound_one_chip_files.json): the File Loader with the
+    templates' four files and configs auto, a Load Image picture as the first frame: diffusers' fl2va blocks on the
+    folder holding what the files load as."""
+    configs, files = template_files
+    prompt = h3_prompt(image=["30", 0])
+    prompt["30"] = {"class_type": "LoadImage", "inputs": {"image": "h3_picture_1.png"}}
+    prompt[LOADER] = {"class_type": "TPUFileLoader", "inputs": {
+        "model": f"minimax_h3/{files['transformer'].name}", "text_encoder": f"minimax_h3/{files['text_encoder'].name}",
+        "text_encoder_2": "none", "text_encoder_3": "none", "vae": f"minimax_h3/{files['vae'].name}",
+        "configs": "auto", "dtype": "auto", "device": "auto", "model_2": "none", "quantized_weights": "auto",
+        "audio_vae": f"minimax_h3/{files['audio_vae'].name}"}}
+    entry = run_ok(server, prompt)
+    info = run_info(entry)
+    assert info["task"] == "image2video"
+    picture = Image.open(server.base_dir / "input" / "h3_picture_1.png").convert("RGB")
+    assert_made_as_diffusers(server, entry, modular_pipeline(configs, "fl2va", image=picture))
 
 
 def test_reference_to_video_with_two_pictures_loads_its_own_transformer_and_says_so(server, h3_models):
